@@ -1,0 +1,1 @@
+"""timer-adapters-memory: coming."""

@@ -1,0 +1,1 @@
+"""timer-adapters-sqlite: coming."""

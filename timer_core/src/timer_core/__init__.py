@@ -1,0 +1,121 @@
+"""Timer's pure domain: timers, messages, ports and workflows, with no I/O of its own.
+
+Hosts compose it with adapters (``timer_adapters_sqlite``, ``timer_adapters_nats``,
+``timer_adapters_memory`` or their own) that implement :mod:`timer_core.ports`.
+"""
+
+from timer_core._entry import TimerEntry, TimerKey, TimerState
+from timer_core._ids import CausationId, CorrelationId, EnvelopeId, ServiceCallId, TenantId
+from timer_core._messages import (
+    CancelTimer,
+    Command,
+    DueTimeReached,
+    Message,
+    MessageEnvelope,
+    MessageMetadata,
+    ScheduleTimer,
+)
+from timer_core._time import (
+    ceil_ms,
+    floor_ms,
+    format_timestamp,
+    from_epoch_ms,
+    parse_timestamp,
+    require_utc,
+    to_epoch_ms,
+)
+from timer_core.codec import decode_command, decode_envelope, decode_event, encode_envelope
+from timer_core.errors import (
+    DecodeError,
+    IllegalTransition,
+    InvalidIdentifier,
+    InvalidTimestamp,
+    PublishError,
+    SchemaVersionError,
+    StoreError,
+    StoreUnavailable,
+    TimerError,
+    ValidationError,
+)
+from timer_core.instrumentation import NO_INSTRUMENTATION, Instrumentation
+from timer_core.ports import (
+    Clock,
+    CommandBatchHandler,
+    CommandOutcome,
+    CommandSource,
+    DueCursor,
+    EnvelopeIdGenerator,
+    EventPublisher,
+    SystemClock,
+    TimerOperation,
+    TimerStore,
+    Uuid7EnvelopeIds,
+)
+from timer_core.worker import TimerWorker
+from timer_core.workflows import (
+    FiringReport,
+    build_due_event,
+    cancel_timer,
+    fire_due_timers,
+    handle_commands,
+    schedule_timer,
+)
+
+__all__ = [
+    "NO_INSTRUMENTATION",
+    "CancelTimer",
+    "CausationId",
+    "Clock",
+    "Command",
+    "CommandBatchHandler",
+    "CommandOutcome",
+    "CommandSource",
+    "CorrelationId",
+    "DecodeError",
+    "DueCursor",
+    "DueTimeReached",
+    "EnvelopeId",
+    "EnvelopeIdGenerator",
+    "EventPublisher",
+    "FiringReport",
+    "IllegalTransition",
+    "Instrumentation",
+    "InvalidIdentifier",
+    "InvalidTimestamp",
+    "Message",
+    "MessageEnvelope",
+    "MessageMetadata",
+    "PublishError",
+    "ScheduleTimer",
+    "SchemaVersionError",
+    "ServiceCallId",
+    "StoreError",
+    "StoreUnavailable",
+    "SystemClock",
+    "TenantId",
+    "TimerEntry",
+    "TimerError",
+    "TimerKey",
+    "TimerOperation",
+    "TimerState",
+    "TimerStore",
+    "TimerWorker",
+    "Uuid7EnvelopeIds",
+    "ValidationError",
+    "build_due_event",
+    "cancel_timer",
+    "ceil_ms",
+    "decode_command",
+    "decode_envelope",
+    "decode_event",
+    "encode_envelope",
+    "fire_due_timers",
+    "floor_ms",
+    "format_timestamp",
+    "from_epoch_ms",
+    "handle_commands",
+    "parse_timestamp",
+    "require_utc",
+    "schedule_timer",
+    "to_epoch_ms",
+]

@@ -1,0 +1,116 @@
+"""The timer itself: one single-shot timer per (tenant, service call), ``Scheduled -> Reached``."""
+
+from __future__ import annotations
+
+import enum
+from datetime import datetime
+from typing import NamedTuple
+
+import attrs
+
+from timer_core._ids import CorrelationId, ServiceCallId, TenantId
+from timer_core._time import ceil_ms, floor_ms, require_utc
+from timer_core.errors import IllegalTransition
+
+__all__ = ["TimerEntry", "TimerKey", "TimerState"]
+
+
+class TimerState(enum.StrEnum):
+    """Where a timer is in its life; ``Reached`` is final (a reached timer is never re-armed)."""
+
+    SCHEDULED = "Scheduled"
+    REACHED = "Reached"
+
+
+class TimerKey(NamedTuple):
+    """The identity of a timer: one per service call per tenant."""
+
+    tenant_id: TenantId
+    service_call_id: ServiceCallId
+
+
+def _due(value: datetime) -> datetime:
+    return ceil_ms(require_utc(value, "dueAt"))
+
+
+def _instant(value: datetime) -> datetime:
+    return floor_ms(require_utc(value))
+
+
+def _optional_instant(value: datetime | None) -> datetime | None:
+    return None if value is None else _instant(value)
+
+
+def _optional_correlation(value: str | None) -> CorrelationId | None:
+    return None if value is None else CorrelationId(value)
+
+
+@attrs.frozen(slots=True)
+class TimerEntry:
+    """A stored timer.
+
+    All instants are aware UTC datetimes at millisecond precision: ``due_at`` is rounded up
+    (never fire early), the others down. ``reached_at`` is set exactly when ``state`` is
+    ``Reached``.
+    """
+
+    tenant_id: TenantId = attrs.field(converter=TenantId)
+    service_call_id: ServiceCallId = attrs.field(converter=ServiceCallId)
+    due_at: datetime = attrs.field(converter=_due)
+    registered_at: datetime = attrs.field(converter=_instant)
+    correlation_id: CorrelationId | None = attrs.field(
+        default=None, converter=_optional_correlation
+    )
+    state: TimerState = attrs.field(default=TimerState.SCHEDULED, converter=TimerState)
+    reached_at: datetime | None = attrs.field(default=None, converter=_optional_instant)
+
+    def __attrs_post_init__(self) -> None:
+        if (self.state is TimerState.REACHED) != (self.reached_at is not None):
+            raise IllegalTransition(
+                f"timer {self.tenant_id}/{self.service_call_id}: reached_at must be set "
+                f"exactly when the state is Reached (state={self.state}, "
+                f"reached_at={self.reached_at})"
+            )
+
+    @property
+    def key(self) -> TimerKey:
+        """The timer's identity."""
+        return TimerKey(self.tenant_id, self.service_call_id)
+
+    @property
+    def is_scheduled(self) -> bool:
+        """Whether the timer is still waiting to fire."""
+        return self.state is TimerState.SCHEDULED
+
+    def is_due(self, now: datetime) -> bool:
+        """Whether a ``Scheduled`` timer should fire at ``now`` (``dueAt <= now``, inclusive)."""
+        return self.state is TimerState.SCHEDULED and self.due_at <= now
+
+    def reach(self, reached_at: datetime) -> TimerEntry:
+        """The same timer, fired at ``reached_at``.
+
+        Raises :class:`IllegalTransition` if it is already ``Reached`` or not yet due.
+        """
+        reached_at = _instant(reached_at)
+        if self.state is not TimerState.SCHEDULED:
+            raise IllegalTransition(
+                f"timer {self.tenant_id}/{self.service_call_id} is already Reached"
+            )
+        if reached_at < self.due_at:
+            raise IllegalTransition(
+                f"timer {self.tenant_id}/{self.service_call_id} is due at {self.due_at}, "
+                f"cannot be reached at {reached_at}"
+            )
+        return attrs.evolve(self, state=TimerState.REACHED, reached_at=reached_at)
+
+    def reschedule(
+        self, due_at: datetime, registered_at: datetime, correlation_id: str | None
+    ) -> TimerEntry:
+        """The same timer with a new due time; raises :class:`IllegalTransition` if Reached."""
+        if self.state is not TimerState.SCHEDULED:
+            raise IllegalTransition(
+                f"timer {self.tenant_id}/{self.service_call_id} is Reached and is never re-armed"
+            )
+        return attrs.evolve(
+            self, due_at=due_at, registered_at=registered_at, correlation_id=correlation_id
+        )

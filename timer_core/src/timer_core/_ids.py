@@ -1,0 +1,110 @@
+"""Validated identifiers: strings that are safe as NATS subject tokens and SQL keys."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from typing import ClassVar, Self
+
+import uuid_utils
+
+from timer_core.errors import InvalidIdentifier
+
+__all__ = [
+    "CausationId",
+    "CorrelationId",
+    "EnvelopeId",
+    "ServiceCallId",
+    "TenantId",
+]
+
+_TOKEN = re.compile(r"[A-Za-z0-9_-]{1,128}")
+_UUID7 = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}")
+
+
+class _Token(str):
+    """A string of 1 to 128 characters from ``[A-Za-z0-9_-]``, checked on construction."""
+
+    __slots__ = ()
+    kind: ClassVar[str] = "identifier"
+
+    def __new__(cls, value: str) -> Self:
+        if type(value) is cls:
+            return value
+        if not isinstance(value, str):
+            raise InvalidIdentifier(f"{cls.kind} must be a string, got {type(value).__name__}")
+        if _TOKEN.fullmatch(value) is None:
+            raise InvalidIdentifier(
+                f"{cls.kind} must be 1-128 characters of [A-Za-z0-9_-], got {_show(value)}"
+            )
+        return super().__new__(cls, value)
+
+
+class TenantId(_Token):
+    """The tenant a timer belongs to; every store query but the poller's is scoped by it."""
+
+    __slots__ = ()
+    kind = "tenantId"
+
+
+class ServiceCallId(_Token):
+    """The service call a timer is for; with the tenant, the timer's key."""
+
+    __slots__ = ()
+    kind = "serviceCallId"
+
+
+class CorrelationId(_Token):
+    """The request trace id carried from the ``ScheduleTimer`` to its ``DueTimeReached``."""
+
+    __slots__ = ()
+    kind = "correlationId"
+
+
+class CausationId(_Token):
+    """The id of the message that caused this one."""
+
+    __slots__ = ()
+    kind = "causationId"
+
+
+class EnvelopeId(str):
+    """A message id: a lowercase UUID version 7 string."""
+
+    __slots__ = ()
+
+    def __new__(cls, value: str) -> Self:
+        if type(value) is cls:
+            return value
+        if not isinstance(value, str):
+            raise InvalidIdentifier(f"id must be a string, got {type(value).__name__}")
+        if _UUID7.fullmatch(value) is None:
+            raise InvalidIdentifier(f"id must be a lowercase UUID v7, got {_show(value)}")
+        return super().__new__(cls, value)
+
+    @classmethod
+    def generate(cls) -> EnvelopeId:
+        """A fresh, time-ordered UUID v7."""
+        return str.__new__(cls, str(uuid_utils.uuid7()))
+
+    @classmethod
+    def for_firing(cls, tenant_id: str, service_call_id: str, due_at_ms: int) -> EnvelopeId:
+        """The id of the firing of one timer at one due time: the same on every re-publish.
+
+        A UUID v7 whose time field is the due time and whose random bits are a SHA-256 of the
+        timer key and due time, so every instance and every restart computes the same id
+        without storing it (contract, semantics 6).
+        """
+        digest = hashlib.sha256(
+            f"{tenant_id}\x00{service_call_id}\x00{due_at_ms}".encode()
+        ).digest()
+        ms = min(max(due_at_ms, 0), (1 << 48) - 1)
+        rand_a = int.from_bytes(digest[0:2], "big") & 0x0FFF
+        rand_b = int.from_bytes(digest[2:10], "big") & ((1 << 62) - 1)
+        value = (ms << 80) | (0x7 << 76) | (rand_a << 64) | (0b10 << 62) | rand_b
+        h = f"{value:032x}"
+        return str.__new__(cls, f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}")
+
+
+def _show(value: str) -> str:
+    return repr(value) if len(value) <= 40 else repr(value[:40]) + f"... ({len(value)} chars)"

@@ -1,0 +1,103 @@
+"""The messages of the wire contract: two commands into the timer, one event out of it."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Generic, Literal, TypeVar
+
+import attrs
+
+from timer_core._entry import _due, _instant, _optional_correlation
+from timer_core._ids import CausationId, CorrelationId, EnvelopeId, ServiceCallId, TenantId
+
+__all__ = [
+    "CancelTimer",
+    "Command",
+    "DueTimeReached",
+    "Message",
+    "MessageEnvelope",
+    "MessageMetadata",
+    "ScheduleTimer",
+]
+
+
+@attrs.frozen(slots=True)
+class ScheduleTimer:
+    """Command: fire ``DueTimeReached`` for this service call when ``due_at`` has come."""
+
+    tenant_id: TenantId = attrs.field(converter=TenantId)
+    service_call_id: ServiceCallId = attrs.field(converter=ServiceCallId)
+    due_at: datetime = attrs.field(converter=_due)
+    tag: Literal["ScheduleTimer"] = attrs.field(default="ScheduleTimer", init=False)
+
+
+@attrs.frozen(slots=True)
+class CancelTimer:
+    """Command: remove this service call's timer if it has not fired yet."""
+
+    tenant_id: TenantId = attrs.field(converter=TenantId)
+    service_call_id: ServiceCallId = attrs.field(converter=ServiceCallId)
+    tag: Literal["CancelTimer"] = attrs.field(default="CancelTimer", init=False)
+
+
+@attrs.frozen(slots=True)
+class DueTimeReached:
+    """Event: the timer of this service call came due and was fired at ``reached_at``."""
+
+    tenant_id: TenantId = attrs.field(converter=TenantId)
+    service_call_id: ServiceCallId = attrs.field(converter=ServiceCallId)
+    due_at: datetime = attrs.field(converter=_due)
+    reached_at: datetime = attrs.field(converter=_instant)
+    tag: Literal["DueTimeReached"] = attrs.field(default="DueTimeReached", init=False)
+
+
+Command = ScheduleTimer | CancelTimer
+Message = ScheduleTimer | CancelTimer | DueTimeReached
+P = TypeVar("P", ScheduleTimer, CancelTimer, DueTimeReached, Command, Message)
+
+
+def _optional_causation(value: str | None) -> CausationId | None:
+    return None if value is None else CausationId(value)
+
+
+@attrs.frozen(slots=True)
+class MessageMetadata:
+    """What a message carries for tracing: the request's correlation id and its cause."""
+
+    correlation_id: CorrelationId | None = attrs.field(
+        default=None, converter=_optional_correlation
+    )
+    causation_id: CausationId | None = attrs.field(default=None, converter=_optional_causation)
+
+
+@attrs.frozen(slots=True)
+class MessageEnvelope(Generic[P]):
+    """One message on the wire: routing and tracing fields around a payload.
+
+    ``type`` is always ``payload.tag`` and ``tenant_id`` always ``payload.tenant_id``;
+    the constructor derives both so they cannot disagree.
+    """
+
+    id: EnvelopeId = attrs.field(converter=EnvelopeId)
+    payload: P
+    timestamp_ms: int
+    aggregate_id: ServiceCallId | None = None
+    correlation_id: CorrelationId | None = attrs.field(
+        default=None, converter=_optional_correlation
+    )
+    causation_id: CausationId | None = attrs.field(default=None, converter=_optional_causation)
+
+    @property
+    def type(self) -> str:
+        """The message type, equal to the payload's ``_tag``."""
+        return self.payload.tag
+
+    @property
+    def tenant_id(self) -> TenantId:
+        """The tenant the message belongs to (routing and partition key)."""
+        return self.payload.tenant_id
+
+    @property
+    def metadata(self) -> MessageMetadata:
+        """The tracing fields of this envelope."""
+        return MessageMetadata(self.correlation_id, self.causation_id)

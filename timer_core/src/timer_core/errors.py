@@ -1,0 +1,64 @@
+"""The error vocabulary of Timer: every adapter translates its driver's errors into these."""
+
+from __future__ import annotations
+
+__all__ = [
+    "DecodeError",
+    "IllegalTransition",
+    "InvalidIdentifier",
+    "InvalidTimestamp",
+    "PublishError",
+    "SchemaVersionError",
+    "StoreError",
+    "StoreUnavailable",
+    "TimerError",
+    "ValidationError",
+]
+
+
+class TimerError(Exception):
+    """Base class of every error Timer raises on purpose."""
+
+
+class ValidationError(TimerError, ValueError):
+    """A value from outside does not satisfy the contract."""
+
+
+class InvalidIdentifier(ValidationError):
+    """An identifier is not 1-128 characters of ``[A-Za-z0-9_-]`` (or not a UUID v7 for ids)."""
+
+
+class InvalidTimestamp(ValidationError):
+    """A timestamp is malformed, out of range, or has no time zone."""
+
+
+class DecodeError(ValidationError):
+    """A message could not be decoded; ``field`` names the JSON path and ``reason`` says why.
+
+    ``str(error)`` is one line, suitable for the ``Timer-Error`` dead-letter header.
+    """
+
+    def __init__(self, field: str, reason: str) -> None:
+        self.field = field
+        self.reason = reason
+        super().__init__(f"{field}: {reason}" if field else reason)
+
+
+class IllegalTransition(TimerError):
+    """A timer was asked to move between states in a way its state machine forbids."""
+
+
+class StoreError(TimerError):
+    """The timer store failed to read or write; the operation may be retried."""
+
+
+class StoreUnavailable(StoreError):
+    """The store is locked, full, closed or unreachable right now (transient)."""
+
+
+class SchemaVersionError(StoreError):
+    """The database was written by a newer Timer than this one; refusing to touch it."""
+
+
+class PublishError(TimerError):
+    """An event was not acknowledged by the broker; the timer stays ``Scheduled``."""

@@ -1,0 +1,39 @@
+"""The hook through which Timer reports what a host turns into metrics; no-op by default."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from timer_core._entry import TimerEntry
+from timer_core._messages import Command, MessageEnvelope
+from timer_core.errors import PublishError
+
+__all__ = ["Instrumentation", "NO_INSTRUMENTATION"]
+
+
+class Instrumentation:
+    """Override the methods you care about; each is called on the event loop and must be cheap.
+
+    The base class does nothing, so libraries can call it unconditionally.
+    """
+
+    def command_handled(self, envelope: MessageEnvelope[Command], outcome: str) -> None:
+        """A valid command was applied; ``outcome`` is a :class:`CommandOutcome` value."""
+
+    def command_rejected(self, subject: str, reason: str) -> None:
+        """A command could not be decoded and was dead-lettered with ``reason``."""
+
+    def timers_fired(self, entries: Sequence[TimerEntry]) -> None:
+        """These timers were published and marked ``Reached`` (lateness = reached - due)."""
+
+    def publish_failed(self, entry: TimerEntry, error: PublishError) -> None:
+        """Publishing this timer's event failed; it stays ``Scheduled`` for a later pass."""
+
+    def poll_completed(self, duration_s: float, fired: int) -> None:
+        """One pass of the worker (find, publish, mark) finished."""
+
+    def worker_error(self, error: BaseException) -> None:
+        """A worker pass failed as a whole (store down); the worker backs off and retries."""
+
+
+NO_INSTRUMENTATION = Instrumentation()

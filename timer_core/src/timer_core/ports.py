@@ -1,0 +1,309 @@
+"""The ports Timer's workflows talk through. Their docstrings are the contract adapters keep.
+
+Adapters translate every driver error into :mod:`timer_core.errors`; the conformance suite in
+:mod:`timer_core.testing` checks each promise written here.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import enum
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import UTC, datetime
+from types import TracebackType
+from typing import NamedTuple, Protocol, Self, runtime_checkable
+
+from timer_core._entry import TimerEntry, TimerKey
+from timer_core._ids import CorrelationId, EnvelopeId, ServiceCallId, TenantId
+from timer_core._messages import Command, DueTimeReached, MessageEnvelope
+from timer_core._time import to_epoch_ms
+from timer_core.errors import PublishError
+
+__all__ = [
+    "Clock",
+    "CommandBatchHandler",
+    "CommandOutcome",
+    "CommandSource",
+    "DueCursor",
+    "EnvelopeIdGenerator",
+    "EventPublisher",
+    "SystemClock",
+    "TimerOperation",
+    "TimerStore",
+    "Uuid7EnvelopeIds",
+]
+
+
+class CommandOutcome(enum.StrEnum):
+    """What a command did to the store."""
+
+    SCHEDULED = "scheduled"
+    """A ``ScheduleTimer`` stored a new timer or rescheduled a ``Scheduled`` one."""
+    IGNORED_REACHED = "ignored_reached"
+    """A ``ScheduleTimer`` for a ``Reached`` timer: nothing changed (no re-arm)."""
+    CANCELLED = "cancelled"
+    """A ``CancelTimer`` removed a ``Scheduled`` timer."""
+    CANCEL_NOOP = "cancel_noop"
+    """A ``CancelTimer`` for a ``Reached`` or unknown timer: nothing changed."""
+
+    @property
+    def counted_as(self) -> str:
+        """The metrics bucket: ``stored`` when the store changed, else ``ignored``."""
+        return (
+            "stored" if self in (CommandOutcome.SCHEDULED, CommandOutcome.CANCELLED) else "ignored"
+        )
+
+
+class DueCursor(NamedTuple):
+    """A position in the due-timer order ``(due_at, tenant_id, service_call_id)``."""
+
+    due_at: datetime
+    tenant_id: TenantId
+    service_call_id: ServiceCallId
+
+    @classmethod
+    def of(cls, entry: TimerEntry) -> DueCursor:
+        """The cursor just at ``entry``: a query ``after`` it starts with the next timer."""
+        return cls(entry.due_at, entry.tenant_id, entry.service_call_id)
+
+
+#: A write the store applies: a :class:`TimerEntry` schedules (upsert), a :class:`TimerKey`
+#: cancels.
+TimerOperation = TimerEntry | TimerKey
+
+
+class TimerStore(abc.ABC):
+    """Durable storage of timers, keyed by ``(tenant_id, service_call_id)``.
+
+    Every method that reads or writes timers is scoped by tenant, except :meth:`find_due`,
+    :meth:`next_due_at`, :meth:`count_scheduled` and :meth:`purge_reached`, which the worker
+    runs across tenants. Instants are aware UTC datetimes at millisecond precision and come
+    back exactly as stored. Failures raise :class:`~timer_core.errors.StoreError`
+    (:class:`~timer_core.errors.StoreUnavailable` for transient ones: locked, full, down),
+    never a driver's own exception. Methods are safe to call concurrently from one event loop.
+    """
+
+    async def start(self) -> None:  # noqa: B027 - optional hook
+        """Open connections and apply migrations. Idempotent. The default does nothing."""
+
+    async def aclose(self) -> None:  # noqa: B027 - optional hook
+        """Release resources; writes already returned stay durable. The default does nothing."""
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    @abc.abstractmethod
+    async def apply(self, operations: Sequence[TimerOperation]) -> list[CommandOutcome]:
+        """Apply schedules and cancels in the given order, atomically, and durably.
+
+        A :class:`TimerEntry` (state ``Scheduled``) is an upsert: a new key is stored; a key
+        that is ``Scheduled`` gets the entry's ``due_at``, ``registered_at`` and
+        ``correlation_id`` (outcome ``SCHEDULED`` either way); a ``Reached`` key is left
+        untouched (``IGNORED_REACHED``). A :class:`TimerKey` cancels: a ``Scheduled`` timer is
+        deleted (``CANCELLED``); a ``Reached`` or unknown key is a no-op (``CANCEL_NOOP``).
+        Later operations see the effects of earlier ones. Returns one outcome per operation,
+        in order, only after all of them are committed durably; on error none is applied.
+        """
+
+    async def schedule(self, entry: TimerEntry) -> CommandOutcome:
+        """Upsert one timer (see :meth:`apply`)."""
+        (outcome,) = await self.apply([entry])
+        return outcome
+
+    async def cancel(self, tenant_id: TenantId, service_call_id: ServiceCallId) -> CommandOutcome:
+        """Cancel one timer (see :meth:`apply`)."""
+        (outcome,) = await self.apply([TimerKey(tenant_id, service_call_id)])
+        return outcome
+
+    @abc.abstractmethod
+    async def get(self, tenant_id: TenantId, service_call_id: ServiceCallId) -> TimerEntry | None:
+        """The tenant's timer for this service call, ``Scheduled`` or ``Reached``, or None."""
+
+    @abc.abstractmethod
+    async def find_due(
+        self, now: datetime, limit: int, *, after: DueCursor | None = None
+    ) -> list[TimerEntry]:
+        """Up to ``limit`` ``Scheduled`` timers of all tenants with ``due_at <= now``.
+
+        Ordered by ``(due_at, tenant_id, service_call_id)``; with ``after``, only timers
+        strictly after that position (keyset pagination). Served by an index: its cost
+        grows with ``limit``, not with the number of stored timers.
+        """
+
+    @abc.abstractmethod
+    async def find_due_for_tenant(
+        self, tenant_id: TenantId, now: datetime, limit: int
+    ) -> list[TimerEntry]:
+        """Like :meth:`find_due` for one tenant only, in ``due_at`` order."""
+
+    @abc.abstractmethod
+    async def mark_reached(self, entries: Sequence[TimerEntry]) -> int:
+        """Record firings, all in one transaction; returns how many timers changed.
+
+        Each entry is a timer in state ``Reached`` (as made by :meth:`TimerEntry.reach`). The
+        stored timer with its key is updated only while it is ``Scheduled`` with the same
+        ``due_at``: a timer rescheduled, cancelled or already marked since it was read is left
+        alone, so a second mark keeps the first ``reached_at``.
+        """
+
+    @abc.abstractmethod
+    async def find_by_correlation(
+        self, tenant_id: TenantId, correlation_id: CorrelationId
+    ) -> list[TimerEntry]:
+        """The tenant's timers scheduled with this correlation id, in key order."""
+
+    @abc.abstractmethod
+    async def list_for_tenant(
+        self,
+        tenant_id: TenantId,
+        *,
+        limit: int = 1000,
+        after: ServiceCallId | None = None,
+    ) -> list[TimerEntry]:
+        """The tenant's timers in ``service_call_id`` order, after ``after``, up to ``limit``."""
+
+    @abc.abstractmethod
+    async def next_due_at(self) -> datetime | None:
+        """The earliest ``due_at`` of any ``Scheduled`` timer, or None when none is pending."""
+
+    @abc.abstractmethod
+    async def count_scheduled(self) -> int:
+        """How many timers of all tenants are ``Scheduled``."""
+
+    @abc.abstractmethod
+    async def purge_reached(self, reached_before: datetime, limit: int) -> int:
+        """Delete up to ``limit`` ``Reached`` timers fired before ``reached_before``.
+
+        Retention: returns how many were deleted; ``Scheduled`` timers are never deleted.
+        """
+
+
+class EventPublisher(abc.ABC):
+    """Publishes ``DueTimeReached`` envelopes to the broker, at least once.
+
+    An envelope counts as published only once the broker acknowledged it durably. Publishing
+    the same envelope id twice is allowed (re-publish after a crash) and the broker is
+    expected to drop the duplicate within its duplicate window.
+    """
+
+    async def start(self) -> None:  # noqa: B027 - optional hook
+        """Connect. Idempotent. The default does nothing."""
+
+    async def aclose(self) -> None:  # noqa: B027 - optional hook
+        """Disconnect after the publishes in flight. The default does nothing."""
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    @abc.abstractmethod
+    async def publish_many(
+        self, envelopes: Sequence[MessageEnvelope[DueTimeReached]]
+    ) -> list[PublishError | None]:
+        """Publish a batch, several in flight at once; one result per envelope, in order.
+
+        ``None`` means acknowledged; a :class:`PublishError` means that envelope was not
+        (refused, timed out, disconnected). One failure never fails the others. Never
+        raises for a single envelope's failure.
+        """
+
+    async def publish(self, envelope: MessageEnvelope[DueTimeReached]) -> None:
+        """Publish one envelope; raises :class:`PublishError` unless acknowledged."""
+        (error,) = await self.publish_many([envelope])
+        if error is not None:
+            raise error
+
+
+CommandBatchHandler = Callable[
+    [Sequence[MessageEnvelope[Command]]], Awaitable[Sequence[CommandOutcome]]
+]
+
+
+class CommandSource(abc.ABC):
+    """Delivers decoded commands from the broker to the timer, at least once.
+
+    A message that cannot be decoded is dead-lettered by the source (with the
+    :class:`~timer_core.errors.DecodeError` message as reason) and never reaches the
+    handler. A batch is acknowledged only after the handler returned for it; if the handler
+    raises, the batch is not acknowledged and is redelivered later. Commands for one timer
+    key reach the handler in the order they were sent.
+    """
+
+    @abc.abstractmethod
+    async def run(self, handler: CommandBatchHandler) -> None:
+        """Fetch and hand over batches until :meth:`stop` is called, then return."""
+
+    @abc.abstractmethod
+    async def stop(self) -> None:
+        """Stop fetching; the batch in the handler is finished (and acked) before run returns."""
+
+
+@runtime_checkable
+class Clock(Protocol):
+    """Where Timer reads the time: the wall clock to compare due times, a monotonic one to wait.
+
+    ``now`` is an aware UTC datetime and may jump (NTP, manual change); ``sleep`` waits on the
+    monotonic clock and is unaffected by such jumps.
+    """
+
+    def now(self) -> datetime: ...
+
+    def monotonic(self) -> float: ...
+
+    async def sleep(self, seconds: float) -> None: ...
+
+
+class SystemClock:
+    """The real clocks: ``datetime.now(UTC)``, ``time.monotonic`` and ``asyncio.sleep``."""
+
+    def now(self) -> datetime:
+        return datetime.now(UTC)
+
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(max(0.0, seconds))
+
+
+class EnvelopeIdGenerator(Protocol):
+    """Makes envelope ids: fresh ones for commands, stable ones for firings."""
+
+    def new_id(self) -> EnvelopeId:
+        """A fresh UUID v7."""
+        ...
+
+    def firing_id(self, entry: TimerEntry) -> EnvelopeId:
+        """The id of firing ``entry`` at its ``due_at``: the same every time it is asked."""
+        ...
+
+
+class Uuid7EnvelopeIds:
+    """Default ids: random UUID v7s, and firing ids derived from key and due time."""
+
+    def new_id(self) -> EnvelopeId:
+        return EnvelopeId.generate()
+
+    def firing_id(self, entry: TimerEntry) -> EnvelopeId:
+        return EnvelopeId.for_firing(
+            entry.tenant_id, entry.service_call_id, to_epoch_ms(entry.due_at)
+        )

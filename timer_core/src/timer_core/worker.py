@@ -1,0 +1,184 @@
+"""The worker: an asyncio loop that fires due timers, waking on the earliest due time.
+
+It sleeps until the next timer is due, never longer than the polling interval (the safety
+net for timers written behind its back), and is woken at once when a timer is scheduled
+earlier than its current wake-up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from datetime import datetime, timedelta
+
+from timer_core.errors import StoreError
+from timer_core.instrumentation import NO_INSTRUMENTATION, Instrumentation
+from timer_core.ports import (
+    Clock,
+    DueCursor,
+    EnvelopeIdGenerator,
+    EventPublisher,
+    TimerStore,
+    Uuid7EnvelopeIds,
+)
+from timer_core.workflows import FiringReport, fire_due_timers
+
+__all__ = ["TimerWorker"]
+
+log = logging.getLogger(__name__)
+
+
+class TimerWorker:
+    """Runs :func:`~timer_core.workflows.fire_due_timers` until stopped.
+
+    - drains a backlog batch after batch without sleeping while batches come back full;
+    - continues past timers whose publish failed (keyset cursor), then backs off before
+      retrying them, so a broker outage neither spins nor starves other timers;
+    - a failing pass (store down) is logged and retried with capped exponential backoff;
+      the loop never dies of one bad pass;
+    - :meth:`stop` lets the pass in flight finish, then :meth:`run` returns.
+    """
+
+    def __init__(
+        self,
+        store: TimerStore,
+        publisher: EventPublisher,
+        clock: Clock,
+        *,
+        polling_interval: float = 5.0,
+        batch_size: int = 100,
+        ids: EnvelopeIdGenerator | None = None,
+        instrumentation: Instrumentation = NO_INSTRUMENTATION,
+        initial_backoff: float = 0.05,
+        max_backoff: float = 30.0,
+    ) -> None:
+        if polling_interval <= 0:
+            raise ValueError("polling_interval must be positive")
+        if batch_size < 1:
+            raise ValueError("batch_size must be at least 1")
+        self._store = store
+        self._publisher = publisher
+        self._clock = clock
+        self._interval = polling_interval
+        self._batch_size = batch_size
+        self._ids = ids or Uuid7EnvelopeIds()
+        self._instrumentation = instrumentation
+        self._initial_backoff = initial_backoff
+        self._max_backoff = max_backoff
+        self._wake = asyncio.Event()
+        self._stop = asyncio.Event()
+        self._wake_at: datetime | None = None
+        self._running = False
+        self.last_pass_at: float | None = None
+        """Monotonic time the last pass completed without a store error (for health checks)."""
+        self.passes = 0
+        """How many passes completed."""
+
+    def notify_scheduled(self, due_at: datetime) -> None:
+        """Tell the worker a timer is due at ``due_at``; it wakes now if that is earlier."""
+        if self._wake_at is None or due_at < self._wake_at:
+            self._wake.set()
+
+    def stop(self) -> None:
+        """Ask :meth:`run` to return after the pass in flight."""
+        self._stop.set()
+        self._wake.set()
+
+    @property
+    def stopping(self) -> bool:
+        """Whether :meth:`stop` was called."""
+        return self._stop.is_set()
+
+    async def run(self) -> None:
+        """Fire due timers until :meth:`stop`; never raises for a failed pass."""
+        if self._running:
+            raise RuntimeError("this worker is already running")
+        self._running = True
+        try:
+            await self._loop()
+        finally:
+            self._running = False
+
+    async def _loop(self) -> None:
+        store_failures = 0
+        publish_failures = 0
+        sweep_failed = False
+        after: DueCursor | None = None
+        while not self._stop.is_set():
+            self._wake.clear()
+            self._wake_at = None
+            try:
+                report = await self._pass(after)
+            except Exception as exc:  # one bad pass must not kill the loop
+                store_failures += 1
+                after = None
+                delay = self._backoff(store_failures)
+                self._instrumentation.worker_error(exc)
+                level = logging.WARNING if isinstance(exc, StoreError) else logging.ERROR
+                log.log(
+                    level,
+                    "worker pass failed (%s); retrying in %.2fs",
+                    exc,
+                    delay,
+                    exc_info=not isinstance(exc, StoreError),
+                )
+                await self._sleep(delay, wakeable=False)
+                continue
+            store_failures = 0
+            self.last_pass_at = self._clock.monotonic()
+            self.passes += 1
+            sweep_failed = sweep_failed or bool(report.failed)
+            if report.batch_full:
+                # More may be due: go on at once, past the failed ones if there were any.
+                after = report.cursor if sweep_failed else None
+                await asyncio.sleep(0)
+                continue
+            after = None
+            if sweep_failed:
+                sweep_failed = False
+                publish_failures += 1
+                await self._sleep(self._backoff(publish_failures), wakeable=False)
+                continue
+            publish_failures = 0
+            await self._sleep_until_due()
+
+    async def _pass(self, after: DueCursor | None) -> FiringReport:
+        return await fire_due_timers(
+            self._store,
+            self._publisher,
+            self._clock,
+            batch_size=self._batch_size,
+            ids=self._ids,
+            after=after,
+            instrumentation=self._instrumentation,
+        )
+
+    async def _sleep_until_due(self) -> None:
+        try:
+            next_due = await self._store.next_due_at()
+        except StoreError as exc:
+            log.warning(
+                "could not read the next due time (%s); polling in %.1fs", exc, self._interval
+            )
+            next_due = None
+        now = self._clock.now()
+        delay = self._interval
+        if next_due is not None:
+            delay = min(delay, max(0.0, (next_due - now).total_seconds()))
+        self._wake_at = now + timedelta(seconds=delay)
+        await self._sleep(delay, wakeable=True)
+
+    def _backoff(self, failures: int) -> float:
+        return float(min(self._max_backoff, self._initial_backoff * 2 ** min(failures - 1, 30)))
+
+    async def _sleep(self, seconds: float, *, wakeable: bool) -> None:
+        if seconds <= 0 or self._stop.is_set():
+            await asyncio.sleep(0)
+            return
+        waits: set[asyncio.Future[object]] = {asyncio.ensure_future(self._clock.sleep(seconds))}
+        waits.add(asyncio.ensure_future(self._wake.wait() if wakeable else self._stop.wait()))
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in waits:
+                task.cancel()

@@ -1,0 +1,195 @@
+"""The timer's workflows: apply commands, and fire due timers (publish, then mark)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from datetime import datetime
+
+import attrs
+
+from timer_core._entry import TimerEntry, TimerKey
+from timer_core._messages import (
+    CancelTimer,
+    Command,
+    DueTimeReached,
+    MessageEnvelope,
+    ScheduleTimer,
+)
+from timer_core._time import floor_ms, to_epoch_ms
+from timer_core.errors import PublishError
+from timer_core.instrumentation import NO_INSTRUMENTATION, Instrumentation
+from timer_core.ports import (
+    Clock,
+    CommandOutcome,
+    DueCursor,
+    EnvelopeIdGenerator,
+    EventPublisher,
+    TimerOperation,
+    TimerStore,
+    Uuid7EnvelopeIds,
+)
+
+__all__ = [
+    "FiringReport",
+    "build_due_event",
+    "cancel_timer",
+    "fire_due_timers",
+    "handle_commands",
+    "schedule_timer",
+]
+
+log = logging.getLogger(__name__)
+_DEFAULT_IDS = Uuid7EnvelopeIds()
+
+
+def _operation(envelope: MessageEnvelope[Command], now: datetime) -> TimerOperation:
+    command = envelope.payload
+    if isinstance(command, ScheduleTimer):
+        return TimerEntry(
+            tenant_id=command.tenant_id,
+            service_call_id=command.service_call_id,
+            due_at=command.due_at,
+            registered_at=now,
+            correlation_id=envelope.correlation_id,
+        )
+    return TimerKey(command.tenant_id, command.service_call_id)
+
+
+async def handle_commands(
+    store: TimerStore,
+    envelopes: Sequence[MessageEnvelope[Command]],
+    clock: Clock,
+    *,
+    instrumentation: Instrumentation = NO_INSTRUMENTATION,
+) -> list[CommandOutcome]:
+    """Apply a batch of decoded commands in order, in one store transaction.
+
+    Returns once every command is durably applied (the caller may then ack them all);
+    raises :class:`~timer_core.errors.StoreError` if none could be.
+    """
+    if not envelopes:
+        return []
+    now = floor_ms(clock.now())
+    outcomes = await store.apply([_operation(envelope, now) for envelope in envelopes])
+    for envelope, outcome in zip(envelopes, outcomes, strict=True):
+        instrumentation.command_handled(envelope, outcome.value)
+        log.debug(
+            "%s %s/%s -> %s (correlation %s)",
+            envelope.type,
+            envelope.tenant_id,
+            envelope.payload.service_call_id,
+            outcome.value,
+            envelope.correlation_id,
+        )
+    return outcomes
+
+
+async def schedule_timer(
+    store: TimerStore,
+    command: ScheduleTimer,
+    clock: Clock,
+    *,
+    correlation_id: str | None = None,
+) -> CommandOutcome:
+    """Store or reschedule one timer; a ``Reached`` timer is never re-armed."""
+    entry = TimerEntry(
+        tenant_id=command.tenant_id,
+        service_call_id=command.service_call_id,
+        due_at=command.due_at,
+        registered_at=floor_ms(clock.now()),
+        correlation_id=correlation_id,
+    )
+    return await store.schedule(entry)
+
+
+async def cancel_timer(store: TimerStore, command: CancelTimer) -> CommandOutcome:
+    """Remove a ``Scheduled`` timer; a no-op for a ``Reached`` or unknown one."""
+    return await store.cancel(command.tenant_id, command.service_call_id)
+
+
+def build_due_event(
+    entry: TimerEntry, reached_at: datetime, ids: EnvelopeIdGenerator = _DEFAULT_IDS
+) -> MessageEnvelope[DueTimeReached]:
+    """The ``DueTimeReached`` envelope for firing ``entry`` at ``reached_at`` (contract 5, 6)."""
+    return MessageEnvelope(
+        id=ids.firing_id(entry),
+        payload=DueTimeReached(
+            tenant_id=entry.tenant_id,
+            service_call_id=entry.service_call_id,
+            due_at=entry.due_at,
+            reached_at=reached_at,
+        ),
+        timestamp_ms=to_epoch_ms(reached_at),
+        aggregate_id=entry.service_call_id,
+        correlation_id=entry.correlation_id,
+    )
+
+
+@attrs.frozen
+class FiringReport:
+    """What one call of :func:`fire_due_timers` did."""
+
+    found: int
+    """Due timers read from the store (at most the batch size)."""
+    fired: list[TimerEntry]
+    """Timers published and marked ``Reached`` (each with its ``reached_at``)."""
+    failed: list[tuple[TimerEntry, PublishError]]
+    """Timers whose publish failed; they stay ``Scheduled`` for a later pass."""
+    cursor: DueCursor | None
+    """The position of the last timer read, for keyset pagination past failures."""
+
+    @property
+    def batch_full(self) -> bool:
+        """Whether the store may hold more due timers than this pass read."""
+        return self.cursor is not None and self.found > 0
+
+
+async def fire_due_timers(
+    store: TimerStore,
+    publisher: EventPublisher,
+    clock: Clock,
+    *,
+    batch_size: int,
+    ids: EnvelopeIdGenerator = _DEFAULT_IDS,
+    after: DueCursor | None = None,
+    instrumentation: Instrumentation = NO_INSTRUMENTATION,
+) -> FiringReport:
+    """Fire one batch: find due timers, publish them all at once, mark the published ones.
+
+    Publish comes before mark, so a crash in between re-publishes the same firing (same
+    envelope id) rather than losing it. A timer whose publish fails stays ``Scheduled`` and
+    does not stop the others. ``report.cursor`` is set when the batch was full, so the caller
+    can continue after it without re-reading failed timers first.
+    """
+    started = clock.monotonic()
+    now = floor_ms(clock.now())
+    due = await store.find_due(now, batch_size, after=after)
+    if not due:
+        instrumentation.poll_completed(clock.monotonic() - started, 0)
+        return FiringReport(found=0, fired=[], failed=[], cursor=None)
+    envelopes = [build_due_event(entry, now, ids) for entry in due]
+    results = await publisher.publish_many(envelopes)
+    reached: list[TimerEntry] = []
+    failed: list[tuple[TimerEntry, PublishError]] = []
+    for entry, error in zip(due, results, strict=True):
+        if error is None:
+            reached.append(entry.reach(now))
+        else:
+            failed.append((entry, error))
+            instrumentation.publish_failed(entry, error)
+    if failed:
+        log.warning(
+            "publish failed for %d of %d due timers (first: %s/%s: %s); they stay Scheduled",
+            len(failed),
+            len(due),
+            failed[0][0].tenant_id,
+            failed[0][0].service_call_id,
+            failed[0][1],
+        )
+    if reached:
+        await store.mark_reached(reached)
+        instrumentation.timers_fired(reached)
+    instrumentation.poll_completed(clock.monotonic() - started, len(reached))
+    cursor = DueCursor.of(due[-1]) if len(due) >= batch_size else None
+    return FiringReport(found=len(due), fired=reached, failed=failed, cursor=cursor)

@@ -1,0 +1,159 @@
+"""Unit tests of the core's value types: identifiers, UTC millisecond time, the TimerEntry."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime, timedelta, timezone
+
+import pytest
+
+from timer_core import (
+    CorrelationId,
+    EnvelopeId,
+    IllegalTransition,
+    InvalidIdentifier,
+    InvalidTimestamp,
+    ServiceCallId,
+    TenantId,
+    TimerEntry,
+    TimerState,
+    format_timestamp,
+    parse_timestamp,
+    to_epoch_ms,
+)
+
+T0 = datetime(2025, 11, 14, 10, 0, tzinfo=UTC)
+
+
+class TestIdentifiers:
+    @pytest.mark.parametrize("value", ["tenant-a", "A_b-9", "x" * 128, str(uuid.uuid4())])
+    def test_accepts_contract_tokens(self, value: str) -> None:
+        """1-128 characters of [A-Za-z0-9_-] are valid ids, UUIDs included."""
+        assert TenantId(value) == value
+        assert ServiceCallId(value) == value
+
+    @pytest.mark.parametrize("value", ["", "a.b", "a*", "a>", "a b", "x" * 129, "é"])
+    def test_rejects_unsafe_tokens(self, value: str) -> None:
+        """Anything that is not a safe subject token is rejected with the id's name."""
+        with pytest.raises(InvalidIdentifier, match="tenantId"):
+            TenantId(value)
+
+    def test_rejects_non_strings(self) -> None:
+        """A number is not an id."""
+        with pytest.raises(InvalidIdentifier, match="must be a string"):
+            CorrelationId(5)  # type: ignore[arg-type]
+
+    def test_generated_envelope_ids_are_lowercase_uuid7(self) -> None:
+        """Fresh envelope ids are UUID version 7 and pass their own validation."""
+        value = EnvelopeId.generate()
+        assert uuid.UUID(value).version == 7
+        assert EnvelopeId(value) == value == value.lower()
+
+    def test_firing_ids_are_stable_and_distinct(self) -> None:
+        """A firing's id depends only on tenant, service call and due time."""
+        ms = to_epoch_ms(T0)
+        first = EnvelopeId.for_firing("t", "s", ms)
+        assert first == EnvelopeId.for_firing("t", "s", ms)
+        assert uuid.UUID(first).version == 7
+        assert EnvelopeId(first) == first
+        others = {
+            EnvelopeId.for_firing("t", "s", ms + 1),
+            EnvelopeId.for_firing("t2", "s", ms),
+            EnvelopeId.for_firing("t", "s2", ms),
+        }
+        assert first not in others
+        assert len(others) == 3
+
+    def test_envelope_id_rejects_other_uuid_versions(self) -> None:
+        """A UUID v4 is not a valid envelope id."""
+        with pytest.raises(InvalidIdentifier, match="UUID v7"):
+            EnvelopeId(str(uuid.uuid4()))
+
+
+class TestTime:
+    def test_writes_contract_format(self) -> None:
+        """Timestamps are written as YYYY-MM-DDTHH:MM:SS.sssZ."""
+        assert format_timestamp(T0 + timedelta(microseconds=123_999)) == "2025-11-14T10:00:00.123Z"
+
+    def test_reads_offsets_as_utc(self) -> None:
+        """A numeric offset is normalised to UTC."""
+        assert parse_timestamp("2025-11-14T12:00:00+02:00") == T0
+
+    def test_rejects_missing_zone(self) -> None:
+        """A timestamp without a zone is rejected, not guessed."""
+        with pytest.raises(InvalidTimestamp, match="no time zone"):
+            parse_timestamp("2025-11-14T10:00:00")
+
+    def test_rejects_out_of_range(self) -> None:
+        """A valid-looking but impossible instant is rejected."""
+        with pytest.raises(InvalidTimestamp, match="out of range"):
+            parse_timestamp("2025-02-30T10:00:00Z")
+
+    def test_due_times_round_up(self) -> None:
+        """Sub-millisecond due times round up, so nothing fires early."""
+        assert parse_timestamp("2025-11-14T10:00:00.0000001Z", round_up=True) == T0 + timedelta(
+            milliseconds=1
+        )
+
+    def test_format_rejects_naive(self) -> None:
+        """Naive datetimes are rejected at the boundary."""
+        with pytest.raises(InvalidTimestamp, match="naive"):
+            format_timestamp(datetime(2025, 1, 1))
+
+
+class TestTimerEntry:
+    def entry(self) -> TimerEntry:
+        return TimerEntry("t", "s", due_at=T0, registered_at=T0 - timedelta(minutes=1))
+
+    def test_new_timers_are_scheduled(self) -> None:
+        """A new timer is Scheduled with no reached_at."""
+        entry = self.entry()
+        assert entry.state is TimerState.SCHEDULED
+        assert entry.reached_at is None
+
+    def test_reach_sets_state_and_time(self) -> None:
+        """Reaching a due timer records when."""
+        reached = self.entry().reach(T0 + timedelta(seconds=1))
+        assert reached.state is TimerState.REACHED
+        assert reached.reached_at == T0 + timedelta(seconds=1)
+
+    def test_reach_twice_is_illegal(self) -> None:
+        """Reached is final."""
+        reached = self.entry().reach(T0)
+        with pytest.raises(IllegalTransition, match="already Reached"):
+            reached.reach(T0)
+
+    def test_reach_before_due_is_illegal(self) -> None:
+        """A timer cannot be reached before it is due."""
+        with pytest.raises(IllegalTransition, match="cannot be reached"):
+            self.entry().reach(T0 - timedelta(milliseconds=1))
+
+    def test_reached_timer_is_never_rearmed(self) -> None:
+        """Rescheduling a Reached timer raises."""
+        with pytest.raises(IllegalTransition, match="never re-armed"):
+            self.entry().reach(T0).reschedule(T0, T0, None)
+
+    def test_due_is_inclusive(self) -> None:
+        """A timer is due when dueAt <= now."""
+        entry = self.entry()
+        assert entry.is_due(T0)
+        assert not entry.is_due(T0 - timedelta(milliseconds=1))
+
+    def test_rejects_naive_due_time(self) -> None:
+        """A naive due time is rejected."""
+        with pytest.raises(InvalidTimestamp, match="dueAt"):
+            TimerEntry("t", "s", due_at=datetime(2025, 1, 1), registered_at=T0)
+
+    def test_normalises_offsets(self) -> None:
+        """Aware non-UTC datetimes are stored as UTC."""
+        plus2 = timezone(timedelta(hours=2))
+        entry = TimerEntry(
+            "t", "s", due_at=datetime(2025, 11, 14, 12, tzinfo=plus2), registered_at=T0
+        )
+        assert entry.due_at == T0
+        assert entry.due_at.tzinfo is UTC
+
+    def test_state_and_reached_at_agree(self) -> None:
+        """reached_at is set exactly when the state is Reached."""
+        with pytest.raises(IllegalTransition):
+            TimerEntry("t", "s", due_at=T0, registered_at=T0, state=TimerState.REACHED)

@@ -1,0 +1,19 @@
+"""PostgresTimerStore bound to the shipped TimerStore conformance suite, on a real server."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from timer_adapters_postgres import PostgresTimerStore
+from timer_core import TimerStore
+from timer_core.testing import TimerStoreContract
+
+
+class TestPostgresTimerStoreContract(TimerStoreContract):
+    """PostgresTimerStore keeps every promise of the TimerStore port."""
+
+    @pytest.fixture
+    def make_store(self, postgres_url: str) -> Callable[[], TimerStore]:
+        return lambda: PostgresTimerStore(postgres_url, pool_size=3)

@@ -1,0 +1,202 @@
+"""The ``timer_schedules`` table as SQLAlchemy metadata, and the migrations that build it.
+
+The migrations are frozen SQL, applied in one transaction under an advisory lock so that
+instances starting together against a fresh database do not race; ``metadata`` describes
+the schema they produce (a test keeps the two in step).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import attrs
+import sqlalchemy as sa
+
+from timer_core.errors import SchemaVersionError
+
+__all__ = [
+    "MIGRATIONS",
+    "SCHEMA_VERSION",
+    "Migration",
+    "metadata",
+    "migrate",
+    "schema_version",
+    "timer_schedules",
+]
+
+log = logging.getLogger(__name__)
+
+metadata = sa.MetaData()
+
+#: Every timer, one row per ``(tenant_id, service_call_id)``, plus the lease of the instance
+#: that claimed it for firing. Identifiers use the "C" collation so the database orders them
+#: exactly like Python compares strings (keyset pagination depends on it).
+timer_schedules = sa.Table(
+    "timer_schedules",
+    metadata,
+    sa.Column("tenant_id", sa.String(128, collation="C"), primary_key=True),
+    sa.Column("service_call_id", sa.String(128, collation="C"), primary_key=True),
+    sa.Column("correlation_id", sa.String(128, collation="C"), nullable=True),
+    sa.Column("due_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("registered_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("reached_at", sa.DateTime(timezone=True), nullable=True),
+    sa.Column("state", sa.String(16, collation="C"), nullable=False, server_default="Scheduled"),
+    sa.Column("lease_owner", sa.String(200), nullable=True),
+    sa.Column("lease_until", sa.DateTime(timezone=True), nullable=True),
+    sa.Column("lease_token", sa.BigInteger, nullable=False, server_default="0"),
+    sa.CheckConstraint("state IN ('Scheduled', 'Reached')", name="ck_timer_schedules_state"),
+    sa.CheckConstraint(
+        "(state = 'Reached') = (reached_at IS NOT NULL)", name="ck_timer_schedules_reached_at"
+    ),
+    sa.CheckConstraint(
+        "(lease_owner IS NULL) = (lease_until IS NULL)", name="ck_timer_schedules_lease"
+    ),
+    sa.Index("ix_timer_schedules_tenant_state_due", "tenant_id", "state", "due_at"),
+    sa.Index(
+        "ix_timer_schedules_tenant_correlation", "tenant_id", "correlation_id", "service_call_id"
+    ),
+    sa.Index(
+        "ix_timer_schedules_due",
+        "due_at",
+        "tenant_id",
+        "service_call_id",
+        postgresql_where=sa.text("state = 'Scheduled'"),
+    ),
+    sa.Index(
+        "ix_timer_schedules_reached",
+        "reached_at",
+        postgresql_where=sa.text("state = 'Reached'"),
+    ),
+)
+
+#: Which migrations a database has had; the highest version is its schema version.
+schema_migrations = sa.Table(
+    "timer_schema_migrations",
+    metadata,
+    sa.Column("version", sa.Integer, primary_key=True, autoincrement=False),
+    sa.Column("description", sa.Text, nullable=False),
+    sa.Column(
+        "applied_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()
+    ),
+)
+
+
+@attrs.frozen
+class Migration:
+    """One forward-only schema step: the SQL statements that take version - 1 to version."""
+
+    version: int
+    description: str
+    statements: tuple[str, ...]
+
+
+MIGRATIONS: tuple[Migration, ...] = (
+    Migration(
+        1,
+        "timer_schedules with leases for claiming by several instances",
+        (
+            # Claims only touch the unindexed lease columns: with free room on the page
+            # (fillfactor) they are heap-only updates that write no index entries.
+            """
+            CREATE TABLE timer_schedules (
+                tenant_id varchar(128) COLLATE "C" NOT NULL,
+                service_call_id varchar(128) COLLATE "C" NOT NULL,
+                correlation_id varchar(128) COLLATE "C",
+                due_at timestamptz NOT NULL,
+                registered_at timestamptz NOT NULL,
+                reached_at timestamptz,
+                state varchar(16) COLLATE "C" NOT NULL DEFAULT 'Scheduled',
+                lease_owner varchar(200),
+                lease_until timestamptz,
+                lease_token bigint NOT NULL DEFAULT 0,
+                CONSTRAINT timer_schedules_pkey PRIMARY KEY (tenant_id, service_call_id),
+                CONSTRAINT ck_timer_schedules_state CHECK (state IN ('Scheduled', 'Reached')),
+                CONSTRAINT ck_timer_schedules_reached_at
+                    CHECK ((state = 'Reached') = (reached_at IS NOT NULL)),
+                CONSTRAINT ck_timer_schedules_lease
+                    CHECK ((lease_owner IS NULL) = (lease_until IS NULL))
+            ) WITH (fillfactor = 90)
+            """,
+            """
+            CREATE INDEX ix_timer_schedules_tenant_state_due
+                ON timer_schedules (tenant_id, state, due_at)
+            """,
+            """
+            CREATE INDEX ix_timer_schedules_tenant_correlation
+                ON timer_schedules (tenant_id, correlation_id, service_call_id)
+            """,
+            # The cross-tenant due query walks this in order and stops after LIMIT rows.
+            """
+            CREATE INDEX ix_timer_schedules_due
+                ON timer_schedules (due_at, tenant_id, service_call_id)
+                WHERE state = 'Scheduled'
+            """,
+            """
+            CREATE INDEX ix_timer_schedules_reached
+                ON timer_schedules (reached_at)
+                WHERE state = 'Reached'
+            """,
+        ),
+    ),
+)
+
+#: The schema version this package writes and reads.
+SCHEMA_VERSION = MIGRATIONS[-1].version
+
+# Any constant shared by every Timer instance works; this one spells "TIMER".
+_MIGRATION_LOCK = 0x54494D4552
+
+_CREATE_VERSION_TABLE = """
+CREATE TABLE IF NOT EXISTS timer_schema_migrations (
+    version integer PRIMARY KEY,
+    description text NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now()
+)
+"""
+
+
+def schema_version(conn: sa.Connection) -> int:
+    """The database's schema version: 0 when Timer never migrated it."""
+    exists = conn.execute(sa.text("SELECT to_regclass('timer_schema_migrations')")).scalar()
+    if exists is None:
+        return 0
+    version = conn.execute(sa.select(sa.func.max(schema_migrations.c.version))).scalar()
+    return int(version or 0)
+
+
+def migrate(conn: sa.Connection) -> int:
+    """Bring the schema to :data:`SCHEMA_VERSION` inside the caller's transaction.
+
+    Returns the version found before migrating. Raises :class:`SchemaVersionError` if the
+    database is newer than this package (it is then left untouched).
+    """
+    found = schema_version(conn)
+    if found > SCHEMA_VERSION:
+        raise SchemaVersionError(
+            f"the database has Timer schema version {found}, newer than {SCHEMA_VERSION} "
+            "that this timer-adapters-postgres understands; upgrade Timer"
+        )
+    if found == SCHEMA_VERSION:
+        return found
+    # Serialise concurrent starters; re-read the version once we hold the lock.
+    conn.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": _MIGRATION_LOCK})
+    conn.execute(sa.text(_CREATE_VERSION_TABLE))
+    found = schema_version(conn)
+    if found > SCHEMA_VERSION:
+        raise SchemaVersionError(
+            f"the database has Timer schema version {found}, newer than {SCHEMA_VERSION}"
+        )
+    for migration in MIGRATIONS:
+        if migration.version <= found:
+            continue
+        for statement in migration.statements:
+            conn.execute(sa.text(statement))
+        conn.execute(
+            sa.insert(schema_migrations).values(
+                version=migration.version, description=migration.description
+            )
+        )
+        log.info(
+            "migrated the timer schema to version %s: %s", migration.version, migration.description
+        )
+    return found

@@ -1,0 +1,685 @@
+"""The timer store on PostgreSQL, shared by several timer-service instances through leased claims.
+
+Blocking SQLAlchemy/psycopg calls run in a small thread pool of the store's own; the
+``LISTEN`` connection lives in the event loop (see :mod:`._listener`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import secrets
+import socket
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timedelta
+from typing import Any, TypeVar
+
+import attrs
+import sqlalchemy as sa
+import sqlalchemy.exc
+
+from timer_adapters_postgres._errors import is_retryable, translate
+from timer_adapters_postgres._listener import ScheduleListener, notify_payload
+from timer_adapters_postgres._schema import SCHEMA_VERSION, migrate, schema_version
+from timer_adapters_postgres._schema import timer_schedules as t
+from timer_core import (
+    CorrelationId,
+    ServiceCallId,
+    TenantId,
+    TimerEntry,
+    TimerKey,
+    TimerState,
+    require_utc,
+)
+from timer_core.errors import SchemaVersionError, StoreError, StoreUnavailable
+from timer_core.ports import CommandOutcome, DueCursor, TimerOperation, TimerStore
+
+__all__ = ["PostgresTimerStore"]
+
+log = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
+_SCHEDULED = TimerState.SCHEDULED.value
+_ATTEMPTS = 5  # for deadlocks, serialisation failures and racing inserts
+# Keeps the claim bookkeeping bounded when claims are taken over and never marked here.
+_MAX_TRACKED_CLAIMS = 100_000
+
+_ENTRY_COLUMNS = (
+    t.c.tenant_id,
+    t.c.service_call_id,
+    t.c.correlation_id,
+    t.c.due_at,
+    t.c.registered_at,
+    t.c.state,
+    t.c.reached_at,
+)
+_RETURNING = "tenant_id, service_call_id, correlation_id, due_at, registered_at, state, reached_at"
+
+# Claiming: the LIMIT sits inside the locking subquery, which walks ix_timer_schedules_due in
+# order, skips rows another transaction holds, and stops after :limit rows (no sort, no scan
+# of the whole backlog). A row whose lease ran out, or that this owner holds, is claimable
+# again; every claim bumps lease_token, which fences marks by an earlier claim.
+_CLAIM = """
+UPDATE timer_schedules
+SET lease_owner = :owner,
+    lease_until = now() + CAST(:lease AS interval),
+    lease_token = lease_token + 1
+WHERE (tenant_id, service_call_id) IN (
+    SELECT tenant_id, service_call_id
+    FROM timer_schedules
+    WHERE state = 'Scheduled'
+      AND due_at <= :now
+      AND (lease_until IS NULL OR lease_until < now() OR lease_owner = :owner)
+      {after}
+    ORDER BY due_at, tenant_id, service_call_id
+    LIMIT :limit
+    FOR UPDATE SKIP LOCKED
+)
+RETURNING {returning}, lease_token
+"""
+_CLAIM_FIRST = sa.text(_CLAIM.format(after="", returning=_RETURNING))
+_CLAIM_AFTER = sa.text(
+    _CLAIM.format(
+        after="AND (due_at, tenant_id, service_call_id) > (:after_due, :after_tenant, :after_call)",
+        returning=_RETURNING,
+    )
+)
+
+_LOCK_KEYS = sa.text(
+    """
+SELECT s.tenant_id, s.service_call_id, s.state
+FROM timer_schedules AS s
+JOIN unnest(CAST(:tenant_ids AS text[]), CAST(:service_call_ids AS text[]))
+    AS k(tenant_id, service_call_id)
+  ON s.tenant_id = k.tenant_id AND s.service_call_id = k.service_call_id
+ORDER BY s.tenant_id, s.service_call_id
+FOR UPDATE OF s
+"""
+)
+_INSERT = sa.text(
+    """
+INSERT INTO timer_schedules
+    (tenant_id, service_call_id, correlation_id, due_at, registered_at, state, reached_at)
+SELECT * FROM unnest(
+    CAST(:tenant_ids AS text[]), CAST(:service_call_ids AS text[]),
+    CAST(:correlation_ids AS text[]), CAST(:due_ats AS timestamptz[]),
+    CAST(:registered_ats AS timestamptz[]), CAST(:states AS text[]),
+    CAST(:reached_ats AS timestamptz[]))
+ON CONFLICT (tenant_id, service_call_id) DO NOTHING
+RETURNING tenant_id
+"""
+)
+# Rescheduling drops any lease: the old claim was for the old due time.
+_RESCHEDULE = sa.text(
+    """
+UPDATE timer_schedules AS s
+SET due_at = v.due_at, registered_at = v.registered_at, correlation_id = v.correlation_id,
+    lease_owner = NULL, lease_until = NULL
+FROM unnest(
+    CAST(:tenant_ids AS text[]), CAST(:service_call_ids AS text[]),
+    CAST(:correlation_ids AS text[]), CAST(:due_ats AS timestamptz[]),
+    CAST(:registered_ats AS timestamptz[]))
+    AS v(tenant_id, service_call_id, correlation_id, due_at, registered_at)
+WHERE s.tenant_id = v.tenant_id AND s.service_call_id = v.service_call_id
+"""
+)
+_DELETE = sa.text(
+    """
+DELETE FROM timer_schedules AS s
+USING unnest(CAST(:tenant_ids AS text[]), CAST(:service_call_ids AS text[]))
+    AS v(tenant_id, service_call_id)
+WHERE s.tenant_id = v.tenant_id AND s.service_call_id = v.service_call_id
+  AND s.state = 'Scheduled'
+"""
+)
+_NOTIFY = sa.text("SELECT pg_notify(:channel, :payload)")
+# The fence: a timer this store claimed is marked only under that very claim (same owner,
+# same token: nobody claimed it since); one it never claimed only if nobody holds it now.
+_MARK = sa.text(
+    """
+UPDATE timer_schedules AS s
+SET state = 'Reached', reached_at = v.reached_at, lease_owner = NULL, lease_until = NULL
+FROM unnest(
+    CAST(:tenant_ids AS text[]), CAST(:service_call_ids AS text[]),
+    CAST(:due_ats AS timestamptz[]), CAST(:reached_ats AS timestamptz[]),
+    CAST(:tokens AS bigint[]))
+    AS v(tenant_id, service_call_id, due_at, reached_at, token)
+WHERE s.tenant_id = v.tenant_id AND s.service_call_id = v.service_call_id
+  AND s.state = 'Scheduled' AND s.due_at = v.due_at
+  AND CASE WHEN v.token IS NULL
+      THEN s.lease_owner IS NULL OR s.lease_owner = :owner OR s.lease_until < now()
+      ELSE s.lease_owner = :owner AND s.lease_token = v.token
+  END
+"""
+)
+_RELEASE = sa.text(
+    """
+UPDATE timer_schedules AS s
+SET lease_owner = NULL, lease_until = NULL
+FROM unnest(
+    CAST(:tenant_ids AS text[]), CAST(:service_call_ids AS text[]), CAST(:tokens AS bigint[]))
+    AS v(tenant_id, service_call_id, token)
+WHERE s.tenant_id = v.tenant_id AND s.service_call_id = v.service_call_id
+  AND s.state = 'Scheduled' AND s.lease_owner = :owner AND s.lease_token = v.token
+"""
+)
+# Timers leased by another instance are left out: it is firing them, and counting them would
+# make this worker spin on a due time it cannot claim. Expired leases count again.
+_NEXT_DUE = sa.text(
+    """
+SELECT min(due_at) FROM timer_schedules
+WHERE state = 'Scheduled'
+  AND (lease_until IS NULL OR lease_until < now() OR lease_owner = :owner)
+"""
+)
+_PURGE = sa.text(
+    """
+DELETE FROM timer_schedules
+WHERE (tenant_id, service_call_id) IN (
+    SELECT tenant_id, service_call_id FROM timer_schedules
+    WHERE state = 'Reached' AND reached_at < :before
+    ORDER BY reached_at
+    LIMIT :limit
+    FOR UPDATE SKIP LOCKED
+)
+"""
+)
+
+
+@attrs.frozen
+class _Claim:
+    token: int
+    due_at: datetime
+
+
+class _RacingInsert(Exception):
+    """Another transaction inserted a key this apply saw absent; run the apply again."""
+
+
+def _entry(row: Any) -> TimerEntry:
+    return TimerEntry(
+        tenant_id=row.tenant_id,
+        service_call_id=row.service_call_id,
+        due_at=row.due_at,
+        registered_at=row.registered_at,
+        correlation_id=row.correlation_id,
+        state=row.state,
+        reached_at=row.reached_at,
+    )
+
+
+def _due_order(entry: TimerEntry) -> tuple[datetime, str, str]:
+    return (entry.due_at, entry.tenant_id, entry.service_call_id)
+
+
+def _columns(entries: Iterable[TimerEntry]) -> dict[str, list[Any]]:
+    rows = list(entries)
+    return {
+        "tenant_ids": [e.tenant_id for e in rows],
+        "service_call_ids": [e.service_call_id for e in rows],
+        "correlation_ids": [e.correlation_id for e in rows],
+        "due_ats": [e.due_at for e in rows],
+        "registered_ats": [e.registered_at for e in rows],
+        "states": [e.state.value for e in rows],
+        "reached_ats": [e.reached_at for e in rows],
+    }
+
+
+def _default_owner_id() -> str:
+    return f"{socket.gethostname()[:160]}-{os.getpid()}-{secrets.token_hex(4)}"
+
+
+def _sqlalchemy_url(url: str) -> sa.URL:
+    try:
+        parsed = sa.make_url(url)
+    except sqlalchemy.exc.ArgumentError as exc:
+        raise ValueError(f"not a PostgreSQL URL: {url!r}") from exc
+    backend, _, driver = parsed.drivername.partition("+")
+    if backend not in ("postgresql", "postgres") or driver not in ("", "psycopg"):
+        raise ValueError(
+            f"not a PostgreSQL URL for psycopg 3: {parsed.render_as_string()!r} "
+            "(use postgresql://user:password@host:port/database)"
+        )
+    return parsed.set(drivername="postgresql+psycopg")
+
+
+class PostgresTimerStore(TimerStore):
+    """:class:`~timer_core.ports.TimerStore` on PostgreSQL, for one or several instances.
+
+    :meth:`find_due` *claims* what it returns: each timer is leased to this store's
+    ``owner_id`` for ``lease_s`` seconds, so concurrent instances never get the same timer;
+    an instance that dies leaves its claims to be taken over when the lease runs out.
+    :meth:`mark_reached` is fenced: it only marks a claimed timer while this store's claim is
+    the latest one. Lease expiry is judged by the database clock (``now()``), the one clock
+    every instance shares; due times are judged by the ``now`` the core passes in.
+
+    Scheduling sends ``NOTIFY`` on ``notify_channel`` with the due time; every started store
+    (``listen=True``) ``LISTEN``\\ s and calls ``on_remote_schedule(due_at)`` for timers
+    scheduled by other stores, so the host can wake its worker
+    (``store.on_remote_schedule = worker.notify_scheduled``). The poll stays the safety net.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        owner_id: str | None = None,
+        lease_s: float = 30.0,
+        on_remote_schedule: Callable[[datetime], None] | None = None,
+        listen: bool = True,
+        notify_channel: str = "timer_schedules",
+        notify_horizon_s: float | None = None,
+        pool_size: int = 5,
+        connect_timeout_s: float = 5.0,
+        statement_timeout_s: float | None = 30.0,
+        migrate: bool = True,
+    ) -> None:
+        """Configure the store; nothing connects before :meth:`start`.
+
+        ``url``: ``postgresql://user:password@host:port/database`` (``postgresql+psycopg://``
+        too). ``owner_id`` names this instance in leases (default: host, pid and a random
+        suffix). ``notify_horizon_s``: only timers due at most this long after they were
+        registered are announced (None: all); later ones are found by the poll anyway.
+        ``migrate=False`` refuses a database whose schema is not already current.
+        """
+        if lease_s <= 0:
+            raise ValueError("lease_s must be positive")
+        if pool_size < 1:
+            raise ValueError("pool_size must be at least 1")
+        self._url = _sqlalchemy_url(url)
+        self._owner_id = owner_id or _default_owner_id()
+        if len(self._owner_id) > 200:
+            raise ValueError("owner_id must be at most 200 characters")
+        self._lease_s = float(lease_s)
+        self._lease = timedelta(seconds=lease_s)
+        self.on_remote_schedule = on_remote_schedule
+        """Called on the event loop with the due time of each timer another store scheduled."""
+        self._listen = listen
+        self._channel = notify_channel
+        self._horizon = None if notify_horizon_s is None else timedelta(seconds=notify_horizon_s)
+        self._pool_size = pool_size
+        self._connect_timeout_s = connect_timeout_s
+        self._statement_timeout_s = statement_timeout_s
+        self._migrate = migrate
+        self._engine: sa.Engine | None = None
+        self._autocommit: sa.Engine | None = None
+        self._executor: ThreadPoolExecutor | None = None
+        self._listener: ScheduleListener | None = None
+        self._lifecycle = asyncio.Lock()
+        self._claims: dict[TimerKey, _Claim] = {}
+
+    @property
+    def owner_id(self) -> str:
+        """This store's name in the leases it takes."""
+        return self._owner_id
+
+    @property
+    def claim_lease_s(self) -> float:
+        """How long a timer returned by :meth:`find_due` stays claimed by this store."""
+        return self._lease_s
+
+    @property
+    def listener(self) -> ScheduleListener | None:
+        """The ``LISTEN`` side, once started with ``listen=True``."""
+        return self._listener
+
+    def __repr__(self) -> str:
+        return (
+            f"PostgresTimerStore({self._url.render_as_string(hide_password=True)!r}, "
+            f"owner_id={self._owner_id!r})"
+        )
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Connect, migrate the schema (or check it) and start listening. Idempotent."""
+        async with self._lifecycle:
+            if self._engine is not None:
+                return
+            engine = self._create_engine()
+            executor = ThreadPoolExecutor(self._pool_size, thread_name_prefix="timer-postgres")
+            listener: ScheduleListener | None = None
+            try:
+                loop = asyncio.get_running_loop()
+                await loop.run_in_executor(executor, self._prepare_schema, engine)
+                if self._listen:
+                    listener = ScheduleListener(
+                        self._url.set(drivername="postgresql").render_as_string(
+                            hide_password=False
+                        ),
+                        self._channel,
+                        self._owner_id,
+                        self._on_remote_schedule,
+                        connect_timeout_s=self._connect_timeout_s,
+                    )
+                    await listener.start()
+            except BaseException:
+                executor.shutdown(wait=False)
+                engine.dispose()
+                raise
+            self._engine = engine
+            self._autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
+            self._executor = executor
+            self._listener = listener
+            log.info("timer store started on %r as %s", self, self._owner_id)
+
+    async def aclose(self) -> None:
+        """Stop listening, let the calls in flight finish, close the connections."""
+        async with self._lifecycle:
+            listener, self._listener = self._listener, None
+            engine, self._engine, self._autocommit = self._engine, None, None
+            executor, self._executor = self._executor, None
+            if listener is not None:
+                await listener.aclose()
+            if executor is not None:
+                await asyncio.to_thread(executor.shutdown, wait=True)
+            if engine is not None:
+                engine.dispose()
+            self._claims.clear()
+
+    def _create_engine(self) -> sa.Engine:
+        options = "-c TimeZone=UTC"
+        if self._statement_timeout_s is not None:
+            options += f" -c statement_timeout={round(self._statement_timeout_s * 1000)}"
+        return sa.create_engine(
+            self._url,
+            pool_size=self._pool_size,
+            max_overflow=0,
+            pool_timeout=self._connect_timeout_s,
+            connect_args={
+                "connect_timeout": max(1, round(self._connect_timeout_s)),
+                "options": options,
+                "application_name": "timer",
+            },
+        )
+
+    def _prepare_schema(self, engine: sa.Engine) -> None:
+        try:
+            with engine.begin() as conn:
+                if self._migrate:
+                    migrate(conn)
+                    return
+                found = schema_version(conn)
+        except sqlalchemy.exc.SQLAlchemyError as exc:
+            raise translate(exc, "prepare the timer schema") from exc
+        if found > SCHEMA_VERSION:
+            raise SchemaVersionError(
+                f"the database has Timer schema version {found}, newer than {SCHEMA_VERSION}"
+            )
+        if found < SCHEMA_VERSION:
+            raise StoreError(
+                f"the database has Timer schema version {found}, not {SCHEMA_VERSION}, and "
+                "migrations are turned off"
+            )
+
+    def _on_remote_schedule(self, due_at: datetime) -> None:
+        callback = self.on_remote_schedule
+        if callback is not None:
+            callback(due_at)
+
+    # -- running blocking work -----------------------------------------------------------
+
+    async def _run(
+        self, action: str, work: Callable[[sa.Connection], _T], *, atomic: bool = False
+    ) -> _T:
+        """Run ``work`` in the store's threads: one transaction if ``atomic``, else autocommit."""
+        engine = self._engine if atomic else self._autocommit
+        executor = self._executor
+        if engine is None or executor is None:
+            raise StoreUnavailable("the PostgreSQL timer store is not started (or closed)")
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(executor, self._attempt, engine, action, work)
+        except RuntimeError as exc:  # the executor was shut down under us
+            if self._executor is None:
+                raise StoreUnavailable("the PostgreSQL timer store is closed") from exc
+            raise
+
+    @staticmethod
+    def _attempt(engine: sa.Engine, action: str, work: Callable[[sa.Connection], _T]) -> _T:
+        for attempt in range(1, _ATTEMPTS + 1):
+            try:
+                with engine.begin() as conn:
+                    return work(conn)
+            except _RacingInsert:
+                log.debug("%s raced with another writer; attempt %d", action, attempt)
+            except sqlalchemy.exc.DBAPIError as exc:
+                if not is_retryable(exc) or attempt == _ATTEMPTS:
+                    raise translate(exc, action) from exc
+                log.debug("%s conflicted (%s); attempt %d", action, exc.orig, attempt)
+            except sqlalchemy.exc.SQLAlchemyError as exc:
+                raise translate(exc, action) from exc
+        raise StoreUnavailable(f"PostgreSQL: could not {action} after {_ATTEMPTS} attempts")
+
+    # -- writes ----------------------------------------------------------------------------
+
+    async def apply(self, operations: Sequence[TimerOperation]) -> list[CommandOutcome]:
+        if not operations:
+            return []
+        ops = list(operations)
+        outcomes, wake_at = await self._run(
+            "apply timer commands", lambda conn: self._apply(conn, ops), atomic=True
+        )
+        log.debug("applied %d operations (wake-up sent for %s)", len(ops), wake_at)
+        return outcomes
+
+    def _apply(
+        self, conn: sa.Connection, ops: list[TimerOperation]
+    ) -> tuple[list[CommandOutcome], datetime | None]:
+        keys = list(dict.fromkeys(op.key if isinstance(op, TimerEntry) else op for op in ops))
+        found = conn.execute(
+            _LOCK_KEYS,
+            {
+                "tenant_ids": [key.tenant_id for key in keys],
+                "service_call_ids": [key.service_call_id for key in keys],
+            },
+        ).all()
+        initial = {TimerKey(row.tenant_id, row.service_call_id): row.state for row in found}
+        # Replay the operations over the locked rows: later ones see earlier ones' effects.
+        current: dict[TimerKey, str | None] = {key: initial.get(key) for key in keys}
+        final: dict[TimerKey, TimerEntry | None] = {}
+        outcomes: list[CommandOutcome] = []
+        for op in ops:
+            if isinstance(op, TimerEntry):
+                if current[op.key] == TimerState.REACHED.value:
+                    outcomes.append(CommandOutcome.IGNORED_REACHED)
+                    continue
+                current[op.key] = _SCHEDULED
+                final[op.key] = op
+                outcomes.append(CommandOutcome.SCHEDULED)
+            elif current[op] == _SCHEDULED:
+                current[op] = None
+                final[op] = None
+                outcomes.append(CommandOutcome.CANCELLED)
+            else:
+                outcomes.append(CommandOutcome.CANCEL_NOOP)
+        inserts = [e for k, e in final.items() if e is not None and initial.get(k) is None]
+        updates = [e for k, e in final.items() if e is not None and initial.get(k) is not None]
+        deletes = [k for k, e in final.items() if e is None and initial.get(k) is not None]
+        if inserts:
+            inserted = conn.execute(_INSERT, _columns(inserts)).all()
+            if len(inserted) != len(inserts):
+                raise _RacingInsert
+        if updates:
+            columns = _columns(updates)
+            del columns["states"], columns["reached_ats"]
+            conn.execute(_RESCHEDULE, columns)
+        if deletes:
+            conn.execute(
+                _DELETE,
+                {
+                    "tenant_ids": [key.tenant_id for key in deletes],
+                    "service_call_ids": [key.service_call_id for key in deletes],
+                },
+            )
+        wake_at = self._wake_at(inserts + updates)
+        if wake_at is not None:
+            # Delivered on commit only, so listeners never look for an uncommitted timer.
+            conn.execute(
+                _NOTIFY,
+                {"channel": self._channel, "payload": notify_payload(wake_at, self._owner_id)},
+            )
+        return outcomes, wake_at
+
+    def _wake_at(self, scheduled: list[TimerEntry]) -> datetime | None:
+        horizon = self._horizon
+        due = [
+            e.due_at
+            for e in scheduled
+            if e.is_scheduled and (horizon is None or e.due_at - e.registered_at <= horizon)
+        ]
+        return min(due, default=None)
+
+    async def mark_reached(self, entries: Sequence[TimerEntry]) -> int:
+        if not entries:
+            return 0
+        for entry in entries:
+            if entry.reached_at is None:
+                raise ValueError(f"timer {entry.tenant_id}/{entry.service_call_id} is not Reached")
+        tokens: list[int | None] = []
+        for entry in entries:
+            claim = self._claims.pop(entry.key, None)
+            tokens.append(None if claim is None else claim.token)
+        params = {
+            "owner": self._owner_id,
+            "tenant_ids": [e.tenant_id for e in entries],
+            "service_call_ids": [e.service_call_id for e in entries],
+            "due_ats": [e.due_at for e in entries],
+            "reached_ats": [e.reached_at for e in entries],
+            "tokens": tokens,
+        }
+        return await self._run(
+            "mark timers reached", lambda conn: conn.execute(_MARK, params).rowcount
+        )
+
+    async def release_claims(self, entries: Sequence[TimerEntry]) -> None:
+        """Drop this store's claims on ``entries`` so any instance may claim them at once."""
+        claimed = [(e.key, claim) for e in entries if (claim := self._claims.pop(e.key, None))]
+        if not claimed:
+            return
+        params = {
+            "owner": self._owner_id,
+            "tenant_ids": [key.tenant_id for key, _ in claimed],
+            "service_call_ids": [key.service_call_id for key, _ in claimed],
+            "tokens": [claim.token for _, claim in claimed],
+        }
+        await self._run("release timer claims", lambda conn: conn.execute(_RELEASE, params))
+
+    async def purge_reached(self, reached_before: datetime, limit: int) -> int:
+        if limit <= 0:
+            return 0
+        params = {"before": require_utc(reached_before), "limit": limit}
+        return await self._run(
+            "purge reached timers", lambda conn: conn.execute(_PURGE, params).rowcount
+        )
+
+    # -- claiming ----------------------------------------------------------------------------
+
+    async def find_due(
+        self, now: datetime, limit: int, *, after: DueCursor | None = None
+    ) -> list[TimerEntry]:
+        """Claim up to ``limit`` due timers (see :class:`PostgresTimerStore`), in due order."""
+        if limit <= 0:
+            return []
+        params: dict[str, Any] = {
+            "owner": self._owner_id,
+            "lease": self._lease,
+            "now": require_utc(now),
+            "limit": limit,
+        }
+        statement = _CLAIM_FIRST
+        if after is not None:
+            statement = _CLAIM_AFTER
+            params.update(
+                after_due=after.due_at,
+                after_tenant=after.tenant_id,
+                after_call=after.service_call_id,
+            )
+        rows = await self._run(
+            "claim due timers", lambda conn: conn.execute(statement, params).all()
+        )
+        claimed = sorted(
+            ((_entry(row), row.lease_token) for row in rows), key=lambda p: _due_order(p[0])
+        )
+        for entry, token in claimed:
+            self._claims.pop(entry.key, None)  # re-inserted last: the dict stays in claim order
+            self._claims[entry.key] = _Claim(token, entry.due_at)
+        while len(self._claims) > _MAX_TRACKED_CLAIMS:
+            del self._claims[next(iter(self._claims))]
+        return [entry for entry, _ in claimed]
+
+    # -- reads -----------------------------------------------------------------------------
+
+    async def get(self, tenant_id: TenantId, service_call_id: ServiceCallId) -> TimerEntry | None:
+        statement = sa.select(*_ENTRY_COLUMNS).where(
+            t.c.tenant_id == tenant_id, t.c.service_call_id == service_call_id
+        )
+        row = await self._run("read a timer", lambda conn: conn.execute(statement).first())
+        return None if row is None else _entry(row)
+
+    async def find_due_for_tenant(
+        self, tenant_id: TenantId, now: datetime, limit: int
+    ) -> list[TimerEntry]:
+        if limit <= 0:
+            return []
+        statement = (
+            sa.select(*_ENTRY_COLUMNS)
+            .where(
+                t.c.tenant_id == tenant_id,
+                t.c.state == sa.literal_column("'Scheduled'"),
+                t.c.due_at <= require_utc(now),
+            )
+            .order_by(t.c.due_at, t.c.service_call_id)
+            .limit(limit)
+        )
+        return await self._entries("read a tenant's due timers", statement)
+
+    async def find_by_correlation(
+        self, tenant_id: TenantId, correlation_id: CorrelationId
+    ) -> list[TimerEntry]:
+        statement = (
+            sa.select(*_ENTRY_COLUMNS)
+            .where(t.c.tenant_id == tenant_id, t.c.correlation_id == correlation_id)
+            .order_by(t.c.service_call_id)
+        )
+        return await self._entries("read timers by correlation id", statement)
+
+    async def list_for_tenant(
+        self,
+        tenant_id: TenantId,
+        *,
+        limit: int = 1000,
+        after: ServiceCallId | None = None,
+    ) -> list[TimerEntry]:
+        if limit <= 0:
+            return []
+        statement = sa.select(*_ENTRY_COLUMNS).where(t.c.tenant_id == tenant_id)
+        if after is not None:
+            statement = statement.where(t.c.service_call_id > after)
+        statement = statement.order_by(t.c.service_call_id).limit(limit)
+        return await self._entries("list a tenant's timers", statement)
+
+    async def next_due_at(self) -> datetime | None:
+        params = {"owner": self._owner_id}
+        value = await self._run(
+            "read the next due time", lambda conn: conn.execute(_NEXT_DUE, params).scalar()
+        )
+        return None if value is None else require_utc(value)
+
+    async def count_scheduled(self) -> int:
+        statement = (
+            sa.select(sa.func.count())
+            .select_from(t)
+            .where(t.c.state == sa.literal_column("'Scheduled'"))
+        )
+        return int(
+            await self._run(
+                "count scheduled timers", lambda conn: conn.execute(statement).scalar_one()
+            )
+        )
+
+    async def _entries(self, action: str, statement: sa.Select[Any]) -> list[TimerEntry]:
+        rows = await self._run(action, lambda conn: conn.execute(statement).all())
+        return [_entry(row) for row in rows]

@@ -1,0 +1,310 @@
+"""The ``timer_schedules`` schema: versioned forward-only migrations and the SQLAlchemy metadata.
+
+The migrations are the source of truth for databases this package manages; ``metadata``
+describes the same schema for hosts that fold the table into their own Alembic history.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from collections.abc import Callable, Mapping, Sequence
+from typing import Literal
+
+import attrs
+import sqlalchemy as sa
+
+from timer_adapters_sqlite._errors import translate_error
+from timer_core.errors import SchemaVersionError, StoreError
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "StoreMode",
+    "Synchronous",
+    "create_sqlite_engine",
+    "metadata",
+    "migrate",
+    "timer_schedules_table",
+]
+
+log = logging.getLogger(__name__)
+
+StoreMode = Literal["standalone", "shared"]
+Synchronous = Literal["NORMAL", "FULL"]
+
+TABLE = "timer_schedules"
+VERSION_TABLE = "timer_schema_version"
+
+# Timestamps are compared as text (`due_at <= ?`), which is only correct while every value
+# has exactly this shape; the CHECKs make the database refuse anything else.
+_TIMESTAMP_GLOB = (
+    "[0-9][0-9][0-9][0-9]-[0-1][0-9]-[0-3][0-9]T[0-2][0-9]:[0-5][0-9]:[0-6][0-9].[0-9][0-9][0-9]Z"
+)
+
+_CHECKS: dict[str, str] = {
+    "ck_timer_schedules_state": "state IN ('Scheduled', 'Reached')",
+    "ck_timer_schedules_reached_at": "(state = 'Reached') = (reached_at IS NOT NULL)",
+    "ck_timer_schedules_due_at_format": f"due_at GLOB '{_TIMESTAMP_GLOB}'",
+    "ck_timer_schedules_registered_at_format": f"registered_at GLOB '{_TIMESTAMP_GLOB}'",
+    "ck_timer_schedules_reached_at_format": (
+        f"reached_at IS NULL OR reached_at GLOB '{_TIMESTAMP_GLOB}'"
+    ),
+}
+
+# name -> (columns, partial-index condition or None)
+_INDEXES: dict[str, tuple[tuple[str, ...], str | None]] = {
+    # The seed's tenant-scoped polling index.
+    "idx_timer_schedules_due_at": (("tenant_id", "state", "due_at"), None),
+    "idx_timer_schedules_correlation_id": (("correlation_id",), None),
+    # The worker's cross-tenant poll, in the port's (due_at, tenant_id, service_call_id)
+    # order; partial, so fired timers cost it nothing and next_due_at is its first entry.
+    "idx_timer_schedules_scheduled_due": (
+        ("due_at", "tenant_id", "service_call_id"),
+        "state = 'Scheduled'",
+    ),
+    # Retention (purge_reached) deletes the oldest fired timers without scanning the table.
+    "idx_timer_schedules_reached_at": (("reached_at",), "state = 'Reached'"),
+}
+
+_FOREIGN_KEY = (
+    "CONSTRAINT fk_timer_schedules_service_call FOREIGN KEY (tenant_id, service_call_id) "
+    "REFERENCES service_calls (tenant_id, service_call_id) ON DELETE CASCADE"
+)
+
+SCHEMA_VERSION = 1
+"""The schema version this package writes; a database at a higher version is refused."""
+
+
+def _create_table_v1(mode: StoreMode) -> list[str]:
+    lines = [
+        "tenant_id TEXT NOT NULL",
+        "service_call_id TEXT NOT NULL",
+        "correlation_id TEXT",
+        "due_at TEXT NOT NULL",
+        "registered_at TEXT NOT NULL",
+        "reached_at TEXT",
+        "state TEXT NOT NULL DEFAULT 'Scheduled'",
+        "CONSTRAINT pk_timer_schedules PRIMARY KEY (tenant_id, service_call_id)",
+    ]
+    if mode == "shared":
+        lines.append(_FOREIGN_KEY)
+    lines += [f"CONSTRAINT {name} CHECK ({check})" for name, check in _CHECKS.items()]
+    body = ",\n    ".join(lines)
+    statements = [f"CREATE TABLE IF NOT EXISTS {TABLE} (\n    {body}\n) STRICT"]
+    for name, (columns, where) in _INDEXES.items():
+        sql = f"CREATE INDEX IF NOT EXISTS {name} ON {TABLE} ({', '.join(columns)})"
+        statements.append(sql if where is None else f"{sql} WHERE {where}")
+    return statements
+
+
+@attrs.frozen
+class _Migration:
+    """One forward step of the schema; ``statements`` may differ by mode, never by data."""
+
+    version: int
+    description: str
+    statements: Callable[[StoreMode], Sequence[str]]
+
+
+# Append only: a released step is never edited, a change is a new step.
+_MIGRATIONS: tuple[_Migration, ...] = (
+    _Migration(1, "create timer_schedules with its indexes", _create_table_v1),
+)
+assert [m.version for m in _MIGRATIONS] == list(range(1, SCHEMA_VERSION + 1))
+
+
+def timer_schedules_table(metadata: sa.MetaData, *, mode: StoreMode = "standalone") -> sa.Table:
+    """Define ``timer_schedules`` (and the version table) in ``metadata``, e.g. a host's own.
+
+    In ``shared`` mode the table references the host's ``service_calls`` table, which must
+    be defined in the same metadata for ``create_all`` to order the two.
+    """
+    args: list[sa.schema.SchemaItem] = [
+        sa.Column("tenant_id", sa.Text, nullable=False),
+        sa.Column("service_call_id", sa.Text, nullable=False),
+        sa.Column("correlation_id", sa.Text, nullable=True),
+        sa.Column("due_at", sa.Text, nullable=False),
+        sa.Column("registered_at", sa.Text, nullable=False),
+        sa.Column("reached_at", sa.Text, nullable=True),
+        sa.Column("state", sa.Text, nullable=False, server_default=sa.text("'Scheduled'")),
+        sa.PrimaryKeyConstraint("tenant_id", "service_call_id", name="pk_timer_schedules"),
+    ]
+    if mode == "shared":
+        args.append(
+            sa.ForeignKeyConstraint(
+                ["tenant_id", "service_call_id"],
+                ["service_calls.tenant_id", "service_calls.service_call_id"],
+                ondelete="CASCADE",
+                name="fk_timer_schedules_service_call",
+            )
+        )
+    args += [sa.CheckConstraint(check, name=name) for name, check in _CHECKS.items()]
+    for name, (columns, where) in _INDEXES.items():
+        if where is None:
+            args.append(sa.Index(name, *columns))
+        else:
+            args.append(sa.Index(name, *columns, sqlite_where=sa.text(where)))
+    table = sa.Table(TABLE, metadata, *args, sqlite_strict=True)
+    # Part of the metadata so a host's Alembic autogenerate does not plan to drop it.
+    sa.Table(
+        VERSION_TABLE,
+        metadata,
+        sa.Column("version", sa.Integer, primary_key=True, autoincrement=False),
+        sa.Column("description", sa.Text, nullable=False),
+        sqlite_strict=True,
+    )
+    return table
+
+
+metadata = sa.MetaData()
+"""The standalone schema as SQLAlchemy metadata (for hosts' Alembic); see also
+:func:`timer_schedules_table` for the shared mode."""
+timer_schedules_table(metadata)
+
+_PRAGMA_NAME = re.compile(r"[a-z_]+")
+_PRAGMA_VALUE = re.compile(r"-?[0-9]+|[A-Za-z_]+")
+
+
+def create_sqlite_engine(
+    path: str | os.PathLike[str],
+    *,
+    synchronous: Synchronous = "NORMAL",
+    busy_timeout_ms: int = 5000,
+    pragmas: Mapping[str, int | str] | None = None,
+) -> sa.Engine:
+    """An engine whose connections use WAL, ``synchronous``, ``busy_timeout`` and foreign keys.
+
+    The driver's own transaction handling is switched off (``isolation_level=None``): the
+    store issues ``BEGIN IMMEDIATE`` itself, so a writer takes the write lock up front and
+    waits ``busy_timeout_ms`` for it instead of failing half way through a transaction.
+    ``pragmas`` are applied to every connection after those (e.g. ``cache_size``).
+    """
+    if synchronous not in ("NORMAL", "FULL"):
+        raise ValueError(f"synchronous must be 'NORMAL' or 'FULL', got {synchronous!r}")
+    if busy_timeout_ms < 0:
+        raise ValueError(f"busy_timeout_ms must be >= 0, got {busy_timeout_ms}")
+    extra = dict(pragmas or {})
+    for name, value in extra.items():
+        if not _PRAGMA_NAME.fullmatch(name) or not _PRAGMA_VALUE.fullmatch(str(value)):
+            raise ValueError(f"unsupported pragma {name}={value!r}")
+    url = sa.URL.create("sqlite", database=os.fspath(path))
+    engine = sa.create_engine(url, poolclass=sa.NullPool)
+
+    @sa.event.listens_for(engine, "connect")
+    def _configure(dbapi_connection: object, _record: object) -> None:
+        connection = dbapi_connection
+        connection.isolation_level = None  # type: ignore[attr-defined]
+        (journal,) = connection.execute("PRAGMA journal_mode = WAL").fetchone()  # type: ignore[attr-defined]
+        if str(journal).lower() != "wal":
+            log.warning("SQLite database %s runs in journal mode %s, not WAL", path, journal)
+        statements = [
+            f"PRAGMA synchronous = {synchronous}",
+            f"PRAGMA busy_timeout = {int(busy_timeout_ms)}",
+            "PRAGMA foreign_keys = ON",
+        ] + [f"PRAGMA {name} = {value}" for name, value in extra.items()]
+        for statement in statements:
+            connection.execute(statement)  # type: ignore[attr-defined]
+
+    return engine
+
+
+def migrate(target: str | os.PathLike[str] | sa.Engine, *, mode: StoreMode = "standalone") -> int:
+    """Bring the database up to :data:`SCHEMA_VERSION`; returns the version it is now at.
+
+    ``target`` is a database file path or a SQLite engine. Steps already applied (recorded
+    in ``timer_schema_version``) are skipped, so calling it again is harmless; concurrent
+    callers serialise on the write lock. Raises :class:`SchemaVersionError` when the database
+    is newer than this package, and :class:`StoreError` when ``mode`` does not fit it.
+    """
+    if isinstance(target, sa.Engine):
+        engine, owned, where = target, False, str(target.url.database)
+    else:
+        engine, owned, where = create_sqlite_engine(target), True, os.fspath(target)
+    if engine.dialect.name != "sqlite":
+        raise StoreError(f"timer_adapters_sqlite needs a SQLite engine, got {engine.dialect.name}")
+    try:
+        with engine.connect() as connection:
+            return migrate_connection(connection, mode=mode, where=where)
+    except StoreError:
+        raise
+    except Exception as exc:
+        raise translate_error(exc, where) from exc
+    finally:
+        if owned:
+            engine.dispose()
+
+
+def migrate_connection(connection: sa.Connection, *, mode: StoreMode, where: str) -> int:
+    """:func:`migrate` on an open connection, in one ``BEGIN IMMEDIATE`` transaction."""
+    if mode not in ("standalone", "shared"):
+        raise ValueError(f"mode must be 'standalone' or 'shared', got {mode!r}")
+    # A host engine may emit its own BEGIN from a "begin" event; only start one if it did not.
+    connection.begin()
+    driver = connection.connection.driver_connection
+    if driver is not None and not driver.in_transaction:
+        connection.exec_driver_sql("BEGIN IMMEDIATE")
+    try:
+        connection.exec_driver_sql(
+            f"CREATE TABLE IF NOT EXISTS {VERSION_TABLE} ("
+            "version INTEGER PRIMARY KEY, description TEXT NOT NULL) STRICT"
+        )
+        current = connection.exec_driver_sql(
+            f"SELECT coalesce(max(version), 0) FROM {VERSION_TABLE}"
+        ).scalar_one()
+        if current > SCHEMA_VERSION:
+            raise SchemaVersionError(
+                f"database {where} has Timer schema version {current}, but this "
+                f"timer_adapters_sqlite only knows versions up to {SCHEMA_VERSION}: it was "
+                "written by a newer Timer; upgrade timer_adapters_sqlite (refusing to touch it)"
+            )
+        if mode == "shared" and not _table_exists(connection, "service_calls"):
+            raise StoreError(
+                f"shared mode needs the host's service_calls (tenant_id, service_call_id) "
+                f"table in {where}; create it before starting the timer store"
+            )
+        for migration in _MIGRATIONS:
+            if migration.version <= current:
+                continue
+            for statement in migration.statements(mode):
+                connection.exec_driver_sql(statement)
+            connection.execute(
+                sa.text(f"INSERT INTO {VERSION_TABLE} (version, description) VALUES (:v, :d)"),
+                {"v": migration.version, "d": migration.description},
+            )
+            log.info(
+                "timer schema of %s migrated to version %d (%s)",
+                where,
+                migration.version,
+                migration.description,
+            )
+        _check_mode(connection, mode, where)
+        connection.commit()
+    except BaseException:
+        connection.rollback()
+        raise
+    return SCHEMA_VERSION
+
+
+def _table_exists(connection: sa.Connection, name: str) -> bool:
+    found = connection.execute(
+        sa.text("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = :name"),
+        {"name": name},
+    ).first()
+    return found is not None
+
+
+def _check_mode(connection: sa.Connection, mode: StoreMode, where: str) -> None:
+    """Refuse a database whose table was made for the other mode (SQLite cannot alter FKs)."""
+    keys = connection.exec_driver_sql(f"PRAGMA foreign_key_list({TABLE})").all()
+    shared = any(row[2] == "service_calls" for row in keys)
+    if mode == "shared" and not shared:
+        raise StoreError(
+            f"{TABLE} in {where} was created in standalone mode (no foreign key to "
+            "service_calls); open it with mode='standalone'"
+        )
+    if mode == "standalone" and shared:
+        raise StoreError(
+            f"{TABLE} in {where} was created in shared mode (it references the host's "
+            "service_calls); open it with mode='shared'"
+        )

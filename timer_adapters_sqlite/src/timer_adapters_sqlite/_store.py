@@ -1,0 +1,742 @@
+"""``SqliteTimerStore``: the durable timer store on one SQLite file, group-committing writes.
+
+All writes run on one dedicated writer thread and connection; concurrent ``apply`` calls
+queued while a transaction commits are written together in the next one. Reads run on a
+second thread with its own connection, which WAL lets proceed while the writer writes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import queue
+import sqlite3
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
+from typing import Any, TypeVar
+
+import attrs
+import sqlalchemy as sa
+
+from timer_adapters_sqlite._errors import translate_error
+from timer_adapters_sqlite._schema import (
+    TABLE,
+    StoreMode,
+    Synchronous,
+    create_sqlite_engine,
+    migrate_connection,
+)
+from timer_core import (
+    CommandOutcome,
+    CorrelationId,
+    DueCursor,
+    ServiceCallId,
+    StoreError,
+    StoreUnavailable,
+    TenantId,
+    TimerEntry,
+    TimerKey,
+    TimerOperation,
+    TimerState,
+    TimerStore,
+    format_timestamp,
+    require_utc,
+)
+
+__all__ = ["SqliteTimerStore"]
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+_COLUMNS = "tenant_id, service_call_id, correlation_id, due_at, registered_at, state, reached_at"
+
+# ADR-0003 section 5: a Reached timer is never re-armed, so the update is guarded by state.
+_UPSERT = f"""
+INSERT INTO {TABLE} (tenant_id, service_call_id, correlation_id, due_at, registered_at, state)
+VALUES (?, ?, ?, ?, ?, 'Scheduled')
+ON CONFLICT (tenant_id, service_call_id) DO UPDATE SET
+    due_at = excluded.due_at,
+    correlation_id = excluded.correlation_id,
+    registered_at = excluded.registered_at
+WHERE {TABLE}.state = 'Scheduled'
+"""
+_CANCEL = f"""
+DELETE FROM {TABLE} WHERE tenant_id = ? AND service_call_id = ? AND state = 'Scheduled'
+"""
+_STATE = f"SELECT state FROM {TABLE} WHERE tenant_id = ? AND service_call_id = ?"
+_MARK_REACHED = f"""
+UPDATE {TABLE} SET state = 'Reached', reached_at = ?
+WHERE tenant_id = ? AND service_call_id = ? AND state = 'Scheduled' AND due_at = ?
+"""
+# INDEXED BY pins the plans the EXPLAIN QUERY PLAN tests prove: statistics from a host's
+# ANALYZE must never turn the poll into a scan whose cost grows with the table.
+_FIND_DUE = f"""
+SELECT {_COLUMNS} FROM {TABLE} INDEXED BY idx_timer_schedules_scheduled_due
+WHERE state = 'Scheduled' AND due_at <= ?
+ORDER BY due_at, tenant_id, service_call_id LIMIT ?
+"""
+_FIND_DUE_AFTER = f"""
+SELECT {_COLUMNS} FROM {TABLE} INDEXED BY idx_timer_schedules_scheduled_due
+WHERE state = 'Scheduled' AND due_at <= ? AND (due_at, tenant_id, service_call_id) > (?, ?, ?)
+ORDER BY due_at, tenant_id, service_call_id LIMIT ?
+"""
+_FIND_DUE_FOR_TENANT = f"""
+SELECT {_COLUMNS} FROM {TABLE} INDEXED BY idx_timer_schedules_due_at
+WHERE tenant_id = ? AND state = 'Scheduled' AND due_at <= ?
+ORDER BY due_at, service_call_id LIMIT ?
+"""
+# min() is answered by one seek to the first entry of the partial index.
+_NEXT_DUE_AT = f"""
+SELECT min(due_at) FROM {TABLE} INDEXED BY idx_timer_schedules_scheduled_due
+WHERE state = 'Scheduled'
+"""
+_GET = sa.text(
+    f"SELECT {_COLUMNS} FROM {TABLE} WHERE tenant_id = :tenant AND service_call_id = :call"
+)
+# Without stats the planner prefers the primary key (it yields service_call_id order) and
+# would walk the whole tenant; a correlation id matches a handful of rows, so seek on it.
+_FIND_BY_CORRELATION = sa.text(
+    f"SELECT {_COLUMNS} FROM {TABLE} INDEXED BY idx_timer_schedules_correlation_id "
+    "WHERE correlation_id = :correlation AND tenant_id = :tenant ORDER BY service_call_id"
+)
+_LIST_FOR_TENANT = sa.text(
+    f"SELECT {_COLUMNS} FROM {TABLE} "
+    "WHERE tenant_id = :tenant AND service_call_id > :after ORDER BY service_call_id LIMIT :limit"
+)
+_COUNT_SCHEDULED = sa.text(
+    f"SELECT count(*) FROM {TABLE} INDEXED BY idx_timer_schedules_scheduled_due "
+    "WHERE state = 'Scheduled'"
+)
+_PURGE_REACHED = sa.text(
+    f"DELETE FROM {TABLE} WHERE (tenant_id, service_call_id) IN ("
+    f"SELECT tenant_id, service_call_id FROM {TABLE} INDEXED BY idx_timer_schedules_reached_at "
+    "WHERE state = 'Reached' AND reached_at < :before ORDER BY reached_at LIMIT :limit)"
+)
+
+# The stored text is always format_timestamp's `YYYY-MM-DDTHH:MM:SS.sssZ` (a CHECK enforces
+# it), which datetime.fromisoformat reads in C: half the cost of parse_timestamp per row.
+_read_timestamp = datetime.fromisoformat
+
+
+def _entry(row: Sequence[Any]) -> TimerEntry:
+    tenant_id, service_call_id, correlation_id, due_at, registered_at, state, reached_at = row
+    return TimerEntry(
+        tenant_id=tenant_id,
+        service_call_id=service_call_id,
+        due_at=_read_timestamp(due_at),
+        registered_at=_read_timestamp(registered_at),
+        correlation_id=correlation_id,
+        state=state,
+        reached_at=None if reached_at is None else _read_timestamp(reached_at),
+    )
+
+
+# An operation as the writer runs it: (is_schedule, SQL parameters).
+_Op = tuple[bool, tuple[Any, ...]]
+
+
+def _as_op(operation: TimerOperation) -> _Op:
+    if isinstance(operation, TimerEntry):
+        if operation.state is not TimerState.SCHEDULED:
+            raise ValueError(f"only Scheduled entries can be scheduled, got {operation}")
+        return True, (
+            operation.tenant_id,
+            operation.service_call_id,
+            operation.correlation_id,
+            format_timestamp(operation.due_at),
+            format_timestamp(operation.registered_at),
+        )
+    if isinstance(operation, tuple) and len(operation) == 2:
+        key = TimerKey(TenantId(operation[0]), ServiceCallId(operation[1]))
+        return False, (key.tenant_id, key.service_call_id)
+    raise TypeError(f"expected a TimerEntry or TimerKey, got {type(operation).__name__}")
+
+
+@attrs.define(slots=True)
+class _ApplyJob:
+    """Operations of one ``apply`` call, group-committed with others queued with it."""
+
+    ops: list[_Op]
+    future: asyncio.Future[Any]
+
+
+@attrs.define(slots=True)
+class _CallJob:
+    """A write that runs alone in its own ``BEGIN IMMEDIATE`` transaction (mark, purge)."""
+
+    fn: Callable[[sa.Connection], Any]
+    future: asyncio.Future[Any]
+
+
+@attrs.define(slots=True)
+class _OpenJob:
+    """Open the writer's connection and migrate the schema, on the writer thread."""
+
+    mode: StoreMode
+    future: asyncio.Future[Any]
+
+
+_Job = _ApplyJob | _CallJob | _OpenJob
+_STOP = object()
+
+
+def _settle(results: list[tuple[asyncio.Future[Any], Any, BaseException | None]]) -> None:
+    for future, result, error in results:
+        # A caller cancelled while its write was in flight: the write stands, nobody waits.
+        if future.done():
+            continue
+        if error is None:
+            future.set_result(result)
+        else:
+            future.set_exception(error)
+
+
+_Result = tuple[asyncio.Future[Any], Any, BaseException | None]
+
+
+class _Writer:
+    """The one thread that writes: drains the queue and commits each drained group at once."""
+
+    def __init__(self, engine: sa.Engine, where: str, max_group_operations: int) -> None:
+        self._engine = engine
+        self._where = where
+        self._max_ops = max_group_operations
+        self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
+        self._connection: sa.Connection | None = None
+        self._driver: sqlite3.Connection | None = None
+        self._thread = threading.Thread(target=self._run, name="timer-sqlite-writer", daemon=True)
+        self.transactions = 0
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def submit(self, job: _Job) -> None:
+        self._queue.put(job)
+
+    def stop(self) -> None:
+        """Finish the jobs queued so far, then close the connection and end the thread."""
+        self._queue.put(_STOP)
+
+    def join(self) -> None:
+        self._thread.join()
+
+    def _run(self) -> None:
+        held: list[_Job] = []
+        stopping = False
+        while not stopping:
+            jobs, held, stopping = self._next_group(held)
+            self._run_jobs(jobs)
+        # Nothing is submitted after the stop marker by the store; this is a safety net so
+        # no caller could ever wait forever.
+        leftovers: list[_Job] = list(held)
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if isinstance(item, _ApplyJob | _CallJob | _OpenJob):
+                leftovers.append(item)
+        closed = StoreUnavailable(f"the timer store on {self._where} is closed")
+        self._resolve([(job.future, None, closed) for job in leftovers])
+        self._close()
+
+    def _next_group(self, held: list[_Job]) -> tuple[list[_Job], list[_Job], bool]:
+        """Wait for work, then take everything queued, up to the operation bound."""
+        jobs: list[_Job] = []
+        operations = 0
+        incoming = list(held)
+        if not incoming:
+            incoming.append(self._queue.get())  # type: ignore[arg-type]
+        while True:
+            if incoming:
+                item: object = incoming.pop(0)
+            else:
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    return jobs, [], False
+            if item is _STOP:
+                return jobs, incoming, True
+            assert isinstance(item, _ApplyJob | _CallJob | _OpenJob)
+            if isinstance(item, _ApplyJob):
+                if jobs and operations + len(item.ops) > self._max_ops:
+                    return jobs, [item, *incoming], False
+                operations += len(item.ops)
+            jobs.append(item)
+
+    def _run_jobs(self, jobs: list[_Job]) -> None:
+        """Run consecutive apply jobs as one group, other jobs alone, keeping queue order."""
+        index = 0
+        while index < len(jobs):
+            job = jobs[index]
+            results: list[_Result]
+            if isinstance(job, _OpenJob):
+                results = [self._open(job)]
+                index += 1
+            elif isinstance(job, _CallJob):
+                results = [self._call(job)]
+                index += 1
+            else:
+                group: list[_ApplyJob] = []
+                while index < len(jobs) and isinstance(jobs[index], _ApplyJob):
+                    group.append(jobs[index])  # type: ignore[arg-type]
+                    index += 1
+                results = self._apply_group(group)
+            self._resolve(results)
+
+    @staticmethod
+    def _resolve(results: list[_Result]) -> None:
+        """Hand results to each caller's event loop: one wake-up per loop, not per caller."""
+        by_loop: dict[asyncio.AbstractEventLoop, list[_Result]] = {}
+        for result in results:
+            by_loop.setdefault(result[0].get_loop(), []).append(result)
+        for loop, batch in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_settle, batch)
+            except RuntimeError:
+                log.debug("event loop closed before a timer store result could be delivered")
+
+    def _open(self, job: _OpenJob) -> _Result:
+        try:
+            connection = self._engine.connect()
+            self._connection = connection
+            driver = connection.connection.driver_connection
+            assert isinstance(driver, sqlite3.Connection)
+            self._driver = driver
+            migrate_connection(connection, mode=job.mode, where=self._where)
+            return job.future, None, None
+        except Exception as exc:
+            self._close()
+            return job.future, None, self._error(exc)
+
+    def _close(self) -> None:
+        if self._connection is not None:
+            try:
+                self._connection.close()
+            except Exception:
+                log.exception("closing the writer connection of %s failed", self._where)
+        self._connection = None
+        self._driver = None
+
+    def _not_open(self) -> StoreUnavailable:
+        return StoreUnavailable(f"the timer store on {self._where} is not open")
+
+    def _call(self, job: _CallJob) -> _Result:
+        connection, driver = self._connection, self._driver
+        if connection is None or driver is None:
+            return job.future, None, self._not_open()
+        try:
+            driver.execute("BEGIN IMMEDIATE")
+            try:
+                result = job.fn(connection)
+                driver.execute("COMMIT")
+            except BaseException:
+                self._rollback(driver)
+                raise
+            finally:
+                # Statements run through SQLAlchemy autobegin on its side; the transaction
+                # is ours (BEGIN IMMEDIATE above), so only SQLAlchemy's state is reset here.
+                connection.rollback()
+            self.transactions += 1
+            return job.future, result, None
+        except Exception as exc:
+            return job.future, None, self._error(exc)
+
+    def _apply_group(self, group: list[_ApplyJob]) -> list[_Result]:
+        driver = self._driver
+        if driver is None:
+            closed = self._not_open()
+            return [(job.future, None, closed) for job in group]
+        ops = [op for job in group for op in job.ops]
+        try:
+            outcomes = self._apply_ops(driver, ops)
+        except Exception as exc:
+            error = self._error(exc)
+            if len(group) == 1 or isinstance(error, StoreUnavailable):
+                return [(job.future, None, error) for job in group]
+            # One caller's bad operation (a constraint, a missing service call) must not fail
+            # the others that happened to share its transaction: redo them one by one.
+            log.debug("group commit of %d calls failed (%s); retrying each", len(group), error)
+            return [self._apply_alone(driver, job) for job in group]
+        results: list[_Result] = []
+        start = 0
+        for job in group:
+            end = start + len(job.ops)
+            results.append((job.future, outcomes[start:end], None))
+            start = end
+        return results
+
+    def _apply_alone(self, driver: sqlite3.Connection, job: _ApplyJob) -> _Result:
+        try:
+            return job.future, self._apply_ops(driver, job.ops), None
+        except Exception as exc:
+            return job.future, None, self._error(exc)
+
+    def _apply_ops(self, driver: sqlite3.Connection, ops: list[_Op]) -> list[CommandOutcome]:
+        """Apply ``ops`` in order in one transaction; runs of schedules are one executemany."""
+        outcomes: list[CommandOutcome] = []
+        driver.execute("BEGIN IMMEDIATE")
+        try:
+            cursor = driver.cursor()
+            start = 0
+            while start < len(ops):
+                is_schedule = ops[start][0]
+                end = start
+                while end < len(ops) and ops[end][0] == is_schedule:
+                    end += 1
+                params = [op[1] for op in ops[start:end]]
+                if is_schedule:
+                    outcomes += self._schedule_run(cursor, params)
+                else:
+                    # Cancels run one by one: each needs its own row count for its outcome.
+                    for key in params:
+                        cursor.execute(_CANCEL, key)
+                        outcomes.append(
+                            CommandOutcome.CANCELLED
+                            if cursor.rowcount == 1
+                            else CommandOutcome.CANCEL_NOOP
+                        )
+                start = end
+            driver.execute("COMMIT")
+        except BaseException:
+            self._rollback(driver)
+            raise
+        self.transactions += 1
+        return outcomes
+
+    @staticmethod
+    def _schedule_run(
+        cursor: sqlite3.Cursor, params: list[tuple[Any, ...]]
+    ) -> list[CommandOutcome]:
+        cursor.executemany(_UPSERT, params)
+        if cursor.rowcount == len(params):
+            return [CommandOutcome.SCHEDULED] * len(params)
+        # Some upserts hit a Reached timer. Within a run of upserts a Reached key stays
+        # Reached and every other key ends Scheduled, so the state now tells which.
+        outcomes = []
+        for row in params:
+            (state,) = cursor.execute(_STATE, row[:2]).fetchone()
+            outcomes.append(
+                CommandOutcome.IGNORED_REACHED
+                if state == TimerState.REACHED
+                else CommandOutcome.SCHEDULED
+            )
+        return outcomes
+
+    def _rollback(self, driver: sqlite3.Connection) -> None:
+        if driver.in_transaction:
+            try:
+                driver.execute("ROLLBACK")
+            except sqlite3.Error:
+                log.exception("rollback on %s failed", self._where)
+
+    def _error(self, exc: Exception) -> BaseException:
+        if isinstance(exc, ValueError | TypeError):
+            return exc
+        return translate_error(exc, self._where)
+
+
+class SqliteTimerStore(TimerStore):
+    """A :class:`~timer_core.ports.TimerStore` on a SQLite file, through SQLAlchemy.
+
+    ``mode="standalone"`` (default): the timer owns the file. ``mode="shared"``: the file is
+    the host's and already holds ``service_calls(tenant_id, service_call_id)``; the timer
+    table then references it with ``ON DELETE CASCADE``, so deleting a service call deletes
+    its timer. ``synchronous="NORMAL"`` (default) with WAL never corrupts the database and
+    keeps every commit across a crash of the process, but a power loss may lose the last
+    commits; ``"FULL"`` syncs every commit to disk at a cost in write throughput.
+    ``busy_timeout_ms`` is how long a write waits for another process's lock before it
+    raises :class:`~timer_core.errors.StoreUnavailable`. ``pragmas`` are extra per-connection
+    pragmas (``cache_size``, ``max_page_count``, ...). ``max_group_operations`` bounds how
+    many queued operations one group commit takes, to keep transactions short.
+
+    Nothing is opened before :meth:`start`, which also applies the migrations.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        mode: StoreMode = "standalone",
+        synchronous: Synchronous = "NORMAL",
+        busy_timeout_ms: int = 5000,
+        pragmas: Mapping[str, int | str] | None = None,
+        max_group_operations: int = 10_000,
+    ) -> None:
+        if mode not in ("standalone", "shared"):
+            raise ValueError(f"mode must be 'standalone' or 'shared', got {mode!r}")
+        if synchronous not in ("NORMAL", "FULL"):
+            raise ValueError(f"synchronous must be 'NORMAL' or 'FULL', got {synchronous!r}")
+        if busy_timeout_ms < 0:
+            raise ValueError(f"busy_timeout_ms must be >= 0, got {busy_timeout_ms}")
+        if max_group_operations < 1:
+            raise ValueError(f"max_group_operations must be >= 1, got {max_group_operations}")
+        self.path = os.fspath(path)
+        self.mode: StoreMode = mode
+        self._synchronous: Synchronous = synchronous
+        self._busy_timeout_ms = busy_timeout_ms
+        self._pragmas = dict(pragmas or {})
+        self._max_group_operations = max_group_operations
+        self._engine: sa.Engine | None = None
+        self._writer: _Writer | None = None
+        self._reader: ThreadPoolExecutor | None = None
+        self._reader_connection: sa.Connection | None = None
+        self._lifecycle = asyncio.Lock()
+
+    def __repr__(self) -> str:
+        return f"SqliteTimerStore({self.path!r}, mode={self.mode!r})"
+
+    @property
+    def transactions_committed(self) -> int:
+        """Write transactions committed since :meth:`start` (group commits count once)."""
+        return 0 if self._writer is None else self._writer.transactions
+
+    @property
+    def engine(self) -> sa.Engine:
+        """The SQLAlchemy engine (after :meth:`start`), e.g. for a host's own queries."""
+        if self._engine is None:
+            raise StoreUnavailable(f"the timer store on {self.path} is not started")
+        return self._engine
+
+    async def start(self) -> None:
+        async with self._lifecycle:
+            if self._writer is not None:
+                return
+            engine = create_sqlite_engine(
+                self.path,
+                synchronous=self._synchronous,
+                busy_timeout_ms=self._busy_timeout_ms,
+                pragmas=self._pragmas,
+            )
+            writer = _Writer(engine, self.path, self._max_group_operations)
+            writer.start()
+            reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="timer-sqlite-reader")
+
+            def open_reader() -> None:
+                self._reader_connection = engine.connect()
+
+            try:
+                opened: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+                writer.submit(_OpenJob(self.mode, opened))
+                await opened
+                await asyncio.get_running_loop().run_in_executor(reader, open_reader)
+            except BaseException as exc:
+                await self._shutdown(engine, writer, reader)
+                if isinstance(exc, Exception) and not isinstance(exc, StoreError):
+                    raise translate_error(exc, self.path) from exc
+                raise
+            self._engine, self._writer, self._reader = engine, writer, reader
+            log.debug("timer store on %s started (%s mode)", self.path, self.mode)
+
+    async def aclose(self) -> None:
+        async with self._lifecycle:
+            if self._writer is None or self._engine is None or self._reader is None:
+                return
+            engine, writer, reader = self._engine, self._writer, self._reader
+            self._engine = self._writer = self._reader = None
+            await self._shutdown(engine, writer, reader)
+            log.debug("timer store on %s closed", self.path)
+
+    async def _shutdown(
+        self, engine: sa.Engine, writer: _Writer, reader: ThreadPoolExecutor
+    ) -> None:
+        # Writes queued before the stop marker still commit and resolve their callers.
+        writer.stop()
+        await asyncio.to_thread(writer.join)
+
+        def close_reader() -> None:
+            if self._reader_connection is not None:
+                self._reader_connection.close()
+                self._reader_connection = None
+
+        await asyncio.get_running_loop().run_in_executor(reader, close_reader)
+        reader.shutdown(wait=True)
+        engine.dispose()
+
+    def _running_writer(self) -> _Writer:
+        writer = self._writer
+        if writer is None:
+            raise StoreUnavailable(f"the timer store on {self.path} is not started or closed")
+        return writer
+
+    async def _write(self, fn: Callable[[sa.Connection], T]) -> T:
+        writer = self._running_writer()
+        future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+        writer.submit(_CallJob(fn, future))
+        return await future
+
+    async def _read(self, fn: Callable[[sa.Connection], T]) -> T:
+        reader = self._reader
+        if reader is None:
+            raise StoreUnavailable(f"the timer store on {self.path} is not started or closed")
+
+        def run() -> T:
+            connection = self._reader_connection
+            if connection is None:
+                raise StoreUnavailable(f"the timer store on {self.path} is closed")
+            try:
+                return fn(connection)
+            except StoreError:
+                raise
+            except Exception as exc:
+                raise translate_error(exc, self.path) from exc
+            finally:
+                # Reads run in autocommit; this only resets SQLAlchemy's autobegun state.
+                connection.rollback()
+
+        try:
+            return await asyncio.get_running_loop().run_in_executor(reader, run)
+        except RuntimeError as exc:
+            # The executor was shut down by a concurrent aclose.
+            raise StoreUnavailable(f"the timer store on {self.path} is closed") from exc
+
+    @staticmethod
+    def _driver(connection: sa.Connection) -> sqlite3.Connection:
+        driver = connection.connection.driver_connection
+        assert isinstance(driver, sqlite3.Connection)
+        return driver
+
+    # -- writes ----------------------------------------------------------------------------
+
+    async def apply(self, operations: Sequence[TimerOperation]) -> list[CommandOutcome]:
+        ops = [_as_op(operation) for operation in operations]
+        if not ops:
+            return []
+        writer = self._running_writer()
+        future: asyncio.Future[list[CommandOutcome]] = asyncio.get_running_loop().create_future()
+        writer.submit(_ApplyJob(ops, future))
+        return await future
+
+    async def mark_reached(self, entries: Sequence[TimerEntry]) -> int:
+        params = []
+        for entry in entries:
+            if entry.reached_at is None:
+                raise ValueError(f"mark_reached needs Reached entries, got {entry}")
+            params.append(
+                (
+                    format_timestamp(entry.reached_at),
+                    entry.tenant_id,
+                    entry.service_call_id,
+                    format_timestamp(entry.due_at),
+                )
+            )
+        if not params:
+            return 0
+
+        # One executemany through the DBAPI connection: the poller's hot path (measured).
+        def mark(connection: sa.Connection) -> int:
+            return self._driver(connection).executemany(_MARK_REACHED, params).rowcount
+
+        return await self._write(mark)
+
+    async def purge_reached(self, reached_before: datetime, limit: int) -> int:
+        before = format_timestamp(require_utc(reached_before, "reached_before"))
+        if limit <= 0:
+            return 0
+        params = {"before": before, "limit": limit}
+
+        def purge(connection: sa.Connection) -> int:
+            return connection.execute(_PURGE_REACHED, params).rowcount
+
+        return await self._write(purge)
+
+    # -- reads -----------------------------------------------------------------------------
+
+    async def get(self, tenant_id: TenantId, service_call_id: ServiceCallId) -> TimerEntry | None:
+        params = {"tenant": TenantId(tenant_id), "call": ServiceCallId(service_call_id)}
+
+        def get(connection: sa.Connection) -> TimerEntry | None:
+            row = connection.execute(_GET, params).first()
+            return None if row is None else _entry(row)
+
+        return await self._read(get)
+
+    async def find_due(
+        self, now: datetime, limit: int, *, after: DueCursor | None = None
+    ) -> list[TimerEntry]:
+        now_text = format_timestamp(require_utc(now, "now"))
+        if limit <= 0:
+            return []
+        sql: str
+        args: tuple[Any, ...]
+        if after is None:
+            sql, args = _FIND_DUE, (now_text, limit)
+        else:
+            cursor = DueCursor(*after)
+            sql = _FIND_DUE_AFTER
+            args = (
+                now_text,
+                format_timestamp(require_utc(cursor.due_at, "after.due_at")),
+                TenantId(cursor.tenant_id),
+                ServiceCallId(cursor.service_call_id),
+                limit,
+            )
+
+        # The poller's hot path: straight through the DBAPI connection, measured at a
+        # fraction of the per-call cost of a SQLAlchemy execute (see bench/README.md).
+        def find(connection: sa.Connection) -> list[TimerEntry]:
+            rows = self._driver(connection).execute(sql, args).fetchall()
+            return [_entry(row) for row in rows]
+
+        return await self._read(find)
+
+    async def find_due_for_tenant(
+        self, tenant_id: TenantId, now: datetime, limit: int
+    ) -> list[TimerEntry]:
+        args = (TenantId(tenant_id), format_timestamp(require_utc(now, "now")), limit)
+        if limit <= 0:
+            return []
+
+        def find(connection: sa.Connection) -> list[TimerEntry]:
+            rows = self._driver(connection).execute(_FIND_DUE_FOR_TENANT, args).fetchall()
+            return [_entry(row) for row in rows]
+
+        return await self._read(find)
+
+    async def find_by_correlation(
+        self, tenant_id: TenantId, correlation_id: CorrelationId
+    ) -> list[TimerEntry]:
+        params = {"tenant": TenantId(tenant_id), "correlation": CorrelationId(correlation_id)}
+
+        def find(connection: sa.Connection) -> list[TimerEntry]:
+            return [_entry(row) for row in connection.execute(_FIND_BY_CORRELATION, params)]
+
+        return await self._read(find)
+
+    async def list_for_tenant(
+        self,
+        tenant_id: TenantId,
+        *,
+        limit: int = 1000,
+        after: ServiceCallId | None = None,
+    ) -> list[TimerEntry]:
+        # "" sorts before every valid id, so one statement serves the first page too.
+        params = {
+            "tenant": TenantId(tenant_id),
+            "after": "" if after is None else ServiceCallId(after),
+            "limit": limit,
+        }
+        if limit <= 0:
+            return []
+
+        def find(connection: sa.Connection) -> list[TimerEntry]:
+            return [_entry(row) for row in connection.execute(_LIST_FOR_TENANT, params)]
+
+        return await self._read(find)
+
+    async def next_due_at(self) -> datetime | None:
+        def find(connection: sa.Connection) -> datetime | None:
+            (due_at,) = self._driver(connection).execute(_NEXT_DUE_AT).fetchone()
+            return None if due_at is None else _read_timestamp(due_at)
+
+        return await self._read(find)
+
+    async def count_scheduled(self) -> int:
+        def count(connection: sa.Connection) -> int:
+            return int(connection.execute(_COUNT_SCHEDULED).scalar_one())
+
+        return await self._read(count)

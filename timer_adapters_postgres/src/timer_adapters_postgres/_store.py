@@ -101,12 +101,11 @@ FOR UPDATE OF s
 _INSERT = sa.text(
     """
 INSERT INTO timer_schedules
-    (tenant_id, service_call_id, correlation_id, due_at, registered_at, state, reached_at)
+    (tenant_id, service_call_id, correlation_id, due_at, registered_at)
 SELECT * FROM unnest(
     CAST(:tenant_ids AS text[]), CAST(:service_call_ids AS text[]),
     CAST(:correlation_ids AS text[]), CAST(:due_ats AS timestamptz[]),
-    CAST(:registered_ats AS timestamptz[]), CAST(:states AS text[]),
-    CAST(:reached_ats AS timestamptz[]))
+    CAST(:registered_ats AS timestamptz[]))
 ON CONFLICT (tenant_id, service_call_id) DO NOTHING
 RETURNING tenant_id
 """
@@ -222,8 +221,6 @@ def _columns(entries: Iterable[TimerEntry]) -> dict[str, list[Any]]:
         "correlation_ids": [e.correlation_id for e in rows],
         "due_ats": [e.due_at for e in rows],
         "registered_ats": [e.registered_at for e in rows],
-        "states": [e.state.value for e in rows],
-        "reached_ats": [e.reached_at for e in rows],
     }
 
 
@@ -459,6 +456,9 @@ class PostgresTimerStore(TimerStore):
         if not operations:
             return []
         ops = list(operations)
+        for op in ops:
+            if isinstance(op, TimerEntry) and not op.is_scheduled:
+                raise ValueError(f"only Scheduled timers can be scheduled, got {op}")
         outcomes, wake_at = await self._run(
             "apply timer commands", lambda conn: self._apply(conn, ops), atomic=True
         )
@@ -503,9 +503,7 @@ class PostgresTimerStore(TimerStore):
             if len(inserted) != len(inserts):
                 raise _RacingInsert
         if updates:
-            columns = _columns(updates)
-            del columns["states"], columns["reached_ats"]
-            conn.execute(_RESCHEDULE, columns)
+            conn.execute(_RESCHEDULE, _columns(updates))
         if deletes:
             conn.execute(
                 _DELETE,
@@ -526,9 +524,7 @@ class PostgresTimerStore(TimerStore):
     def _wake_at(self, scheduled: list[TimerEntry]) -> datetime | None:
         horizon = self._horizon
         due = [
-            e.due_at
-            for e in scheduled
-            if e.is_scheduled and (horizon is None or e.due_at - e.registered_at <= horizon)
+            e.due_at for e in scheduled if horizon is None or e.due_at - e.registered_at <= horizon
         ]
         return min(due, default=None)
 

@@ -139,6 +139,11 @@ class TimerStore(abc.ABC):
         Ordered by ``(due_at, tenant_id, service_call_id)``; with ``after``, only timers
         strictly after that position (keyset pagination). Served by an index: its cost
         grows with ``limit``, not with the number of stored timers.
+
+        A store shared by several instances (:attr:`claim_lease_s` not None) *claims* the
+        timers it returns for that long: no other store's ``find_due`` returns them until
+        they are marked, released (:meth:`release_claims`) or the lease runs out. The same
+        store may claim its own claimed timers again.
         """
 
     @abc.abstractmethod
@@ -154,7 +159,27 @@ class TimerStore(abc.ABC):
         Each entry is a timer in state ``Reached`` (as made by :meth:`TimerEntry.reach`). The
         stored timer with its key is updated only while it is ``Scheduled`` with the same
         ``due_at``: a timer rescheduled, cancelled or already marked since it was read is left
-        alone, so a second mark keeps the first ``reached_at``.
+        alone, so a second mark keeps the first ``reached_at``. A leasing store also leaves
+        alone a timer that another claim took over since this store's :meth:`find_due`
+        returned it (the fence: a slow instance never overwrites the new owner's work).
+        """
+
+    @property
+    def claim_lease_s(self) -> float | None:
+        """How long timers returned by :meth:`find_due` stay claimed by this store, or None.
+
+        Counted from the moment ``find_due`` was called. ``fire_due_timers`` publishes a
+        claimed timer only within that time, so an instance that stalled past its lease (its
+        timers possibly claimed by another by now) does not publish them. None, the default,
+        means ``find_due`` takes no lease (one instance).
+        """
+        return None
+
+    async def release_claims(self, entries: Sequence[TimerEntry]) -> None:  # noqa: B027
+        """Give up this store's claims on timers it will not fire now (publish failed).
+
+        Other instances may then claim them at once instead of after the lease. A timer
+        claimed again since is left alone. The default does nothing (no leases).
         """
 
     @abc.abstractmethod

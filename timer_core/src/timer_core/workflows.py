@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Sequence
 from datetime import datetime
@@ -17,7 +18,7 @@ from timer_core._messages import (
     ScheduleTimer,
 )
 from timer_core._time import floor_ms, to_epoch_ms
-from timer_core.errors import PublishError
+from timer_core.errors import PublishError, StoreError
 from timer_core.instrumentation import NO_INSTRUMENTATION, Instrumentation
 from timer_core.ports import (
     Clock,
@@ -138,6 +139,10 @@ class FiringReport:
     """Timers whose publish failed; they stay ``Scheduled`` for a later pass."""
     cursor: DueCursor | None
     """The position of the last timer read, for keyset pagination past failures."""
+    expired: list[TimerEntry] = attrs.field(factory=list)
+    """Claimed timers not published because the store's claim lease ran out before the
+    publish could start; left ``Scheduled`` for a later claim (see
+    :attr:`~timer_core.ports.TimerStore.claim_lease_s`)."""
 
     @property
     def batch_full(self) -> bool:
@@ -161,6 +166,11 @@ async def fire_due_timers(
     envelope id) rather than losing it. A timer whose publish fails stays ``Scheduled`` and
     does not stop the others. ``report.cursor`` is set when the batch was full, so the caller
     can continue after it without re-reading failed timers first.
+
+    With a leasing store (``store.claim_lease_s`` set), publishing is fenced by the lease:
+    nothing is published once the lease may have run out (the batch is reported as
+    ``expired``), and the publish is awaited only until then (the unacknowledged ones
+    fail). Timers not fired are handed back with :meth:`TimerStore.release_claims`.
     """
     started = clock.monotonic()
     now = floor_ms(clock.now())
@@ -168,8 +178,21 @@ async def fire_due_timers(
     if not due:
         instrumentation.poll_completed(clock.monotonic() - started, 0)
         return FiringReport(found=0, fired=[], failed=[], cursor=None)
+    cursor = DueCursor.of(due[-1]) if len(due) >= batch_size else None
+    lease = store.claim_lease_s
+    deadline = None if lease is None else started + lease
+    if deadline is not None and clock.monotonic() >= deadline:
+        log.warning(
+            "claiming %d due timers outlasted the %.1fs lease; not publishing them", len(due), lease
+        )
+        await _release(store, due)
+        instrumentation.poll_completed(clock.monotonic() - started, 0)
+        return FiringReport(found=len(due), fired=[], failed=[], cursor=cursor, expired=due)
     envelopes = [build_due_event(entry, now, ids) for entry in due]
-    results = await publisher.publish_many(envelopes)
+    if deadline is None:
+        results = await publisher.publish_many(envelopes)
+    else:
+        results = await _publish_within(publisher, envelopes, clock, deadline - clock.monotonic())
     reached: list[TimerEntry] = []
     failed: list[tuple[TimerEntry, PublishError]] = []
     for entry, error in zip(due, results, strict=True):
@@ -187,9 +210,52 @@ async def fire_due_timers(
             failed[0][0].service_call_id,
             failed[0][1],
         )
+    if failed:
+        await _release(store, [entry for entry, _ in failed])
     if reached:
         await store.mark_reached(reached)
         instrumentation.timers_fired(reached)
     instrumentation.poll_completed(clock.monotonic() - started, len(reached))
-    cursor = DueCursor.of(due[-1]) if len(due) >= batch_size else None
     return FiringReport(found=len(due), fired=reached, failed=failed, cursor=cursor)
+
+
+async def _publish_within(
+    publisher: EventPublisher,
+    envelopes: list[MessageEnvelope[DueTimeReached]],
+    clock: Clock,
+    budget: float,
+) -> list[PublishError | None]:
+    """``publish_many``, but stop waiting after ``budget`` seconds (the rest of the lease).
+
+    Envelopes not acknowledged by then count as failed. One may still reach the broker
+    afterwards; it carries the firing's envelope id, so the broker drops it as a duplicate
+    if the instance that took the timer over publishes it too.
+    """
+    publishing = asyncio.ensure_future(publisher.publish_many(envelopes))
+    lease_over = asyncio.ensure_future(clock.sleep(budget))
+    try:
+        await asyncio.wait({publishing, lease_over}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        lease_over.cancel()
+        if not publishing.done():
+            publishing.cancel()
+            await asyncio.wait({publishing})  # nothing of this publish runs on after the pass
+    if not publishing.cancelled():
+        return publishing.result()
+    log.warning(
+        "publishing %d due timers did not finish within their claim lease; "
+        "they stay Scheduled for a later claim",
+        len(envelopes),
+    )
+    error = PublishError("not acknowledged before the claim lease ran out")
+    return [error] * len(envelopes)
+
+
+async def _release(store: TimerStore, entries: Sequence[TimerEntry]) -> None:
+    # Only a shortcut (leases run out anyway), so a failure here must not fail the pass.
+    try:
+        await store.release_claims(entries)
+    except StoreError as exc:
+        log.warning(
+            "could not release %d timer claims (%s); their leases will expire", len(entries), exc
+        )

@@ -1,1 +1,33 @@
-"""timer-adapters-nats: coming."""
+"""Timer over NATS JetStream: commands in, ``DueTimeReached`` events out, as the contract says.
+
+:class:`NatsBroker` owns the connection, provisions the streams and the consumer, and hands
+out the :class:`NatsEventPublisher` and :class:`NatsCommandSource`; hosts send commands with
+:class:`TimerClient`; :mod:`timer_adapters_nats.embedded` runs a real ``nats-server``.
+"""
+
+from timer_adapters_nats._broker import NatsBroker
+from timer_adapters_nats._client import CommandEnvelope, TimerClient
+from timer_adapters_nats._connection import BrokerUnavailable, connect
+from timer_adapters_nats._publisher import AckedPublisher, NatsEventPublisher, Outgoing
+from timer_adapters_nats._settings import NatsSettings, Subjects
+from timer_adapters_nats._source import ERROR_HEADER, ORIGINAL_SUBJECT_HEADER, NatsCommandSource
+from timer_adapters_nats.embedded import NatsServerError, NatsServerProcess, find_nats_server
+
+__all__ = [
+    "ERROR_HEADER",
+    "ORIGINAL_SUBJECT_HEADER",
+    "AckedPublisher",
+    "BrokerUnavailable",
+    "CommandEnvelope",
+    "NatsBroker",
+    "NatsCommandSource",
+    "NatsEventPublisher",
+    "NatsServerError",
+    "NatsServerProcess",
+    "NatsSettings",
+    "Outgoing",
+    "Subjects",
+    "TimerClient",
+    "connect",
+    "find_nats_server",
+]

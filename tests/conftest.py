@@ -1,0 +1,60 @@
+"""Fixtures shared by every test folder: real ``nats-server`` processes on 127.0.0.1.
+
+Each server gets a free port and a fresh JetStream store directory, and is stopped by its
+pid at teardown even when the test failed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from timer_adapters_nats.embedded import NatsServerProcess
+
+NatsServerFactory = Callable[..., NatsServerProcess]
+
+
+@pytest.fixture
+def nats_server_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsServerFactory]:
+    """Makes (unstarted) ``NatsServerProcess`` objects; every one is stopped at teardown.
+
+    Keyword arguments go to :class:`NatsServerProcess`; ``store_dir`` defaults to a fresh
+    temporary directory and ``host`` to 127.0.0.1.
+    """
+    servers: list[NatsServerProcess] = []
+
+    def make(**options: Any) -> NatsServerProcess:
+        store_dir: Path = options.pop("store_dir", None) or tmp_path_factory.mktemp("nats")
+        options.setdefault("host", "127.0.0.1")
+        server = NatsServerProcess(store_dir, **options)
+        servers.append(server)
+        return server
+
+    try:
+        yield make
+    finally:
+        errors: list[BaseException] = []
+        for server in servers:
+            try:
+                server.stop()
+            except BaseException as exc:  # stop the others anyway
+                errors.append(exc)
+        if errors:
+            raise errors[0]
+
+
+@pytest.fixture
+def nats_server(nats_server_factory: NatsServerFactory) -> NatsServerProcess:
+    """A running single ``nats-server`` with JetStream, on a free port of 127.0.0.1."""
+    server = nats_server_factory()
+    server.start()
+    return server
+
+
+@pytest.fixture
+def nats_url(nats_server: NatsServerProcess) -> str:
+    """The client URL of :func:`nats_server`."""
+    return nats_server.url

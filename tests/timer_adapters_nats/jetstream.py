@@ -1,0 +1,67 @@
+"""Reading what a test's JetStream streams hold, and waiting for a condition without sleeps."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import attrs
+from nats.js.client import JetStreamContext
+
+
+@attrs.frozen
+class StoredMessage:
+    """One message as a stream stores it."""
+
+    seq: int
+    subject: str
+    data: bytes
+    headers: dict[str, str]
+
+    def json(self) -> Any:
+        """The body parsed as JSON."""
+        return json.loads(self.data)
+
+
+async def read_stream(js: JetStreamContext, stream: str) -> list[StoredMessage]:
+    """Every message the stream holds, in stream order."""
+    info = await js.stream_info(stream)
+    state = info.state
+    if state.messages == 0:
+        return []
+    held = []
+    for seq in range(state.first_seq, state.last_seq + 1):
+        raw = await js.get_msg(stream, seq)
+        assert raw.seq is not None and raw.subject is not None
+        held.append(
+            StoredMessage(
+                seq=raw.seq,
+                subject=raw.subject,
+                data=raw.data or b"",
+                headers=dict(raw.headers or {}),
+            )
+        )
+    return held
+
+
+async def wait_until(
+    condition: Callable[[], Awaitable[bool]] | Callable[[], bool],
+    *,
+    within: float = 10.0,
+    interval: float = 0.02,
+    what: str = "condition",
+) -> None:
+    """Poll ``condition`` (sync or async) until it is true; fail after ``within`` seconds."""
+    deadline = time.monotonic() + within
+    while True:
+        result = condition()
+        if not isinstance(result, bool):
+            result = await result
+        if result:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {within}s waiting for {what}")
+        await asyncio.sleep(interval)

@@ -1,0 +1,173 @@
+"""The JetStream event publisher: the shipped conformance suite plus what is NATS-specific."""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime, timedelta
+
+import attrs
+import pytest
+import pytest_asyncio
+from nats.js.api import DiscardPolicy, StorageType, StreamConfig
+
+from tests.timer_adapters_nats.jetstream import read_stream, wait_until
+from timer_adapters_nats import NatsBroker, NatsServerProcess, NatsSettings
+from timer_core import (
+    DueTimeReached,
+    MessageEnvelope,
+    PublishError,
+    TimerEntry,
+    build_due_event,
+    decode_event,
+    encode_envelope,
+)
+from timer_core.testing import EventPublisherContract, PublisherHarness
+
+T0 = datetime(2031, 5, 6, 7, 8, 9, 123000, tzinfo=UTC)
+
+
+def firing(
+    index: int, *, tenant: str = "tenant-a", due: datetime = T0, late_ms: int = 0
+) -> MessageEnvelope[DueTimeReached]:
+    """The ``DueTimeReached`` of timer ``call-<index>`` fired ``late_ms`` after ``due``."""
+    entry = TimerEntry(
+        tenant_id=tenant,
+        service_call_id=f"call-{index}",
+        due_at=due,
+        registered_at=due - timedelta(minutes=1),
+        correlation_id=f"corr-{index}",
+    )
+    return build_due_event(entry, due + timedelta(milliseconds=late_ms))
+
+
+class TestNatsEventPublisherContract(EventPublisherContract):
+    """The shipped ``EventPublisher`` suite, against TIMER_EVENTS on a real nats-server."""
+
+    @pytest_asyncio.fixture
+    async def make_publisher(
+        self, broker: NatsBroker, nats_server: NatsServerProcess
+    ) -> PublisherHarness:
+        async def published() -> list[MessageEnvelope[DueTimeReached]]:
+            held = await read_stream(broker.jetstream, broker.settings.events_stream)
+            return [decode_event(message.data) for message in held]
+
+        async def break_broker() -> None:
+            nats_server.stop()
+            await wait_until(lambda: not broker.is_connected, what="the client to notice")
+
+        return PublisherHarness(
+            publisher=broker.publisher, published=published, break_broker=break_broker
+        )
+
+
+class TestWireFormat:
+    """What an event looks like in the stream."""
+
+    async def test_subject_header_and_body(self, broker: NatsBroker) -> None:
+        """An event goes to <prefix>.events.<tenant>.<call>, Nats-Msg-Id = id, the codec's body."""
+        envelope = firing(1, tenant="tenant-x")
+        await broker.publisher.publish(envelope)
+        (held,) = await read_stream(broker.jetstream, "TIMER_EVENTS")
+        assert held.subject == "timer.events.tenant-x.call-1"
+        assert held.headers["Nats-Msg-Id"] == envelope.id
+        assert held.data == encode_envelope(envelope)
+
+    async def test_custom_prefix(self, nats_url: str) -> None:
+        """With another subject prefix, events go to <prefix>.events.<tenant>.<call>."""
+        settings = NatsSettings(url=nats_url, subject_prefix="acme.timer")
+        async with NatsBroker(settings) as broker:
+            await broker.publisher.publish(firing(2))
+            (held,) = await read_stream(broker.jetstream, "TIMER_EVENTS")
+        assert held.subject == "acme.timer.events.tenant-a.call-2"
+
+
+class TestDuplicates:
+    """Semantics 6: every publish of one firing carries the same id and is stored once."""
+
+    async def test_republished_firing_is_stored_once(self, broker: NatsBroker) -> None:
+        """The same firing re-published (other reachedAt, same id) is dropped by JetStream."""
+        first = firing(3, late_ms=5)
+        again = firing(3, late_ms=900)
+        assert first.id == again.id
+        assert await broker.publisher.publish_many([first]) == [None]
+        assert await broker.publisher.publish_many([again, again]) == [None, None]
+        held = await read_stream(broker.jetstream, "TIMER_EVENTS")
+        assert [decode_event(m.data) for m in held] == [first]
+
+    async def test_rescheduled_firing_is_a_new_event(self, broker: NatsBroker) -> None:
+        """A firing of the same timer at another due time has another id and is stored too."""
+        first = firing(4)
+        later = firing(4, due=T0 + timedelta(seconds=1))
+        await broker.publisher.publish_many([first, later])
+        held = await read_stream(broker.jetstream, "TIMER_EVENTS")
+        assert [m.headers["Nats-Msg-Id"] for m in held] == [first.id, later.id]
+
+
+class TestBatches:
+    """Batches are published concurrently, and each envelope gets its own result."""
+
+    @pytest.mark.parametrize("size", [0, 1])
+    async def test_small_batches(self, broker: NatsBroker, size: int) -> None:
+        """Empty and single-envelope batches return one result per envelope."""
+        envelopes = [firing(i) for i in range(size)]
+        assert await broker.publisher.publish_many(envelopes) == [None] * size
+
+    async def test_batch_larger_than_the_window(self, nats_url: str) -> None:
+        """A batch of 500 with a window of 16 is acked in full and held in batch order."""
+        settings = NatsSettings(url=nats_url, publish_window=16)
+        envelopes = [firing(i, tenant=f"tenant-{i % 4}") for i in range(500)]
+        async with NatsBroker(settings) as broker:
+            assert await broker.publisher.publish_many(envelopes) == [None] * 500
+            held = await read_stream(broker.jetstream, "TIMER_EVENTS")
+        assert [m.headers["Nats-Msg-Id"] for m in held] == [e.id for e in envelopes]
+
+    async def test_refused_envelope_fails_alone(self, settings: NatsSettings) -> None:
+        """When the stream refuses one envelope, only that one gets a PublishError."""
+        settings = attrs.evolve(settings, provision=False)
+        async with NatsBroker(settings) as broker:
+            # One message per subject, new ones refused: a second firing of a timer fails.
+            await broker.jetstream.add_stream(
+                StreamConfig(
+                    name="TIMER_EVENTS",
+                    subjects=["timer.events.>"],
+                    storage=StorageType.FILE,
+                    max_msgs_per_subject=1,
+                    discard=DiscardPolicy.NEW,
+                    discard_new_per_subject=True,
+                    duplicate_window=120,
+                )
+            )
+            batch = [firing(1), firing(2), firing(1, due=T0 + timedelta(seconds=1)), firing(3)]
+            results = await broker.publisher.publish_many(batch)
+        assert results[0] is None and results[1] is None and results[3] is None
+        assert isinstance(results[2], PublishError)
+        assert batch[2].id in str(results[2]), str(results[2])
+
+    async def test_no_stream_is_a_publish_error(self, settings: NatsSettings) -> None:
+        """Without a stream for the events subject, each envelope gets a PublishError."""
+        settings = attrs.evolve(settings, provision=False)
+        async with NatsBroker(settings) as broker:
+            results = await broker.publisher.publish_many([firing(1), firing(2)])
+        assert all(isinstance(r, PublishError) for r in results)
+        assert "no stream" in str(results[0])
+
+    async def test_disconnected_fails_fast(
+        self, broker: NatsBroker, nats_server: NatsServerProcess
+    ) -> None:
+        """While reconnecting, a batch fails at once instead of waiting for ack timeouts."""
+        nats_server.stop()
+        await wait_until(lambda: not broker.is_connected, what="the client to notice")
+        started = time.monotonic()
+        results = await broker.publisher.publish_many([firing(i) for i in range(50)])
+        assert time.monotonic() - started < broker.settings.ack_timeout_s / 2
+        assert all(isinstance(r, PublishError) for r in results)
+
+    async def test_publishes_again_after_reconnect(
+        self, broker: NatsBroker, nats_server: NatsServerProcess
+    ) -> None:
+        """After the server comes back, the same publisher publishes again."""
+        nats_server.stop()
+        await wait_until(lambda: not broker.is_connected, what="the client to notice")
+        nats_server.start()
+        await wait_until(lambda: broker.is_connected, what="the client to reconnect")
+        assert await broker.publisher.publish_many([firing(7)]) == [None]

@@ -1,0 +1,211 @@
+"""The NATS connection of a Timer service: streams, consumer, event publisher, command source."""
+
+from __future__ import annotations
+
+import logging
+from types import TracebackType
+from typing import Self
+
+import nats.js.errors
+from nats.aio.client import Client
+from nats.js.api import (
+    AckPolicy,
+    ConsumerConfig,
+    DeliverPolicy,
+    DiscardPolicy,
+    RetentionPolicy,
+    StorageType,
+    StreamConfig,
+)
+from nats.js.client import JetStreamContext
+
+from timer_adapters_nats._connection import BrokerUnavailable, connect
+from timer_adapters_nats._publisher import NatsEventPublisher
+from timer_adapters_nats._settings import NatsSettings
+from timer_adapters_nats._source import NatsCommandSource
+from timer_core import NO_INSTRUMENTATION, Instrumentation
+
+__all__ = ["NatsBroker"]
+
+log = logging.getLogger(__name__)
+
+_STREAM_NAME_IN_USE = 10058
+_CONTRACT_DUPLICATE_WINDOW_S = 120.0
+
+
+class NatsBroker:
+    """Owns one NATS connection and hands out the adapters that share it.
+
+    :meth:`start` connects (failing within ``connect_timeout_s`` with
+    :class:`BrokerUnavailable` naming the URL) and, unless ``provision=False``, creates the
+    streams ``TIMER_COMMANDS``, ``TIMER_EVENTS`` and ``TIMER_DLQ`` when absent and creates or
+    updates the durable pull consumer. Once connected the client reconnects forever.
+    """
+
+    def __init__(
+        self, settings: NatsSettings, *, instrumentation: Instrumentation = NO_INSTRUMENTATION
+    ) -> None:
+        self.settings = settings
+        self.instrumentation = instrumentation
+        self._nc: Client | None = None
+        self._js: JetStreamContext | None = None
+        self._publisher: NatsEventPublisher | None = None
+
+    @property
+    def client(self) -> Client:
+        """The underlying nats-py client (for :class:`TimerClient` and tests)."""
+        if self._nc is None:
+            raise RuntimeError("NatsBroker is not started")
+        return self._nc
+
+    @property
+    def jetstream(self) -> JetStreamContext:
+        """A JetStream context on the connection (API timeouts of ``ack_timeout_s``)."""
+        if self._js is None:
+            raise RuntimeError("NatsBroker is not started")
+        return self._js
+
+    @property
+    def is_connected(self) -> bool:
+        """Whether the connection is up right now (false while reconnecting)."""
+        return self._nc is not None and self._nc.is_connected
+
+    @property
+    def publisher(self) -> NatsEventPublisher:
+        """The event publisher on this connection (one per broker)."""
+        if self._publisher is None:
+            self._publisher = NatsEventPublisher(self)
+        return self._publisher
+
+    def command_source(self) -> NatsCommandSource:
+        """A new command source reading the durable consumer on this connection."""
+        return NatsCommandSource(self, instrumentation=self.instrumentation)
+
+    async def start(self) -> None:
+        """Connect and provision; idempotent. Raises :class:`BrokerUnavailable` on failure."""
+        if self._nc is not None:
+            return
+        settings = self.settings
+        nc = await connect(
+            settings.url,
+            connect_timeout_s=settings.connect_timeout_s,
+            reconnect_wait_s=settings.reconnect_wait_s,
+            ping_interval_s=settings.ping_interval_s,
+            name=settings.client_name,
+        )
+        self._nc = nc
+        self._js = nc.jetstream(timeout=settings.ack_timeout_s)
+        try:
+            if settings.provision:
+                await self.provision()
+        except BaseException:
+            await self.aclose()
+            raise
+
+    async def aclose(self) -> None:
+        """Flush what is buffered and close the connection; idempotent."""
+        nc, self._nc, self._js, self._publisher = self._nc, None, None, None
+        if nc is None or nc.is_closed:
+            return
+        try:
+            await nc.close()
+        except Exception as exc:  # closing must not mask the caller's own exception
+            log.warning("closing the NATS connection failed: %s", exc)
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def provision(self) -> None:
+        """Create the three streams if absent and create or update the consumer (idempotent).
+
+        An existing stream is left as its operator configured it; a warning says when it does
+        not cover the contract's subjects or its duplicate window is under two minutes.
+        """
+        settings = self.settings
+        subjects = settings.subjects
+        try:
+            await self._ensure_stream(settings.commands_stream, subjects.commands_filter)
+            await self._ensure_stream(settings.events_stream, subjects.events_filter)
+            await self._ensure_stream(settings.dlq_stream, subjects.dlq_filter)
+            await self.jetstream.add_consumer(settings.commands_stream, self.consumer_config())
+        except nats.js.errors.ServiceUnavailableError as exc:
+            raise BrokerUnavailable(
+                f"JetStream is not enabled on the NATS server at {settings.url}: {exc}"
+            ) from exc
+        except (nats.errors.NoRespondersError, nats.errors.TimeoutError) as exc:
+            raise BrokerUnavailable(
+                f"JetStream at {settings.url} did not answer (is it enabled?): {type(exc).__name__}"
+            ) from exc
+
+    def stream_config(self, name: str, subject: str) -> StreamConfig:
+        """The configuration provisioning gives a stream: file storage, limits retention."""
+        settings = self.settings
+        return StreamConfig(
+            name=name,
+            subjects=[subject],
+            storage=StorageType.FILE,
+            retention=RetentionPolicy.LIMITS,
+            discard=DiscardPolicy.OLD,
+            num_replicas=settings.stream_replicas,
+            duplicate_window=settings.duplicate_window_s,
+            max_age=settings.stream_max_age_s,
+        )
+
+    def consumer_config(self) -> ConsumerConfig:
+        """The durable pull consumer: explicit acks, bounded ack wait and max deliver.
+
+        The backoff is the source's doubling nak delay. A consumer-level ``backoff`` is left
+        out on purpose: the server applies it over explicit nak delays from the second
+        redelivery on, which would turn a 1 s retry into an ack-wait-long one.
+        """
+        settings = self.settings
+        return ConsumerConfig(
+            name=settings.consumer_name,
+            durable_name=settings.consumer_name,
+            description="Timer commands (ScheduleTimer, CancelTimer)",
+            deliver_policy=DeliverPolicy.ALL,
+            ack_policy=AckPolicy.EXPLICIT,
+            ack_wait=settings.ack_wait_s,
+            max_deliver=settings.max_deliver,
+            filter_subject=settings.subjects.commands_filter,
+        )
+
+    async def _ensure_stream(self, name: str, subject: str) -> None:
+        config = self.stream_config(name, subject)
+        try:
+            info = await self.jetstream.stream_info(name)
+        except nats.js.errors.NotFoundError:
+            try:
+                await self.jetstream.add_stream(config)
+                log.info("created stream %s (%s)", name, subject)
+                return
+            except nats.js.errors.BadRequestError as exc:
+                if exc.err_code != _STREAM_NAME_IN_USE:  # lost a creation race: fine
+                    raise
+            info = await self.jetstream.stream_info(name)
+        existing = info.config
+        if subject not in (existing.subjects or []):
+            log.warning(
+                "stream %s exists with subjects %s, not %s; leaving it as it is",
+                name,
+                existing.subjects,
+                subject,
+            )
+        if (existing.duplicate_window or 0) < min(
+            _CONTRACT_DUPLICATE_WINDOW_S, self.settings.duplicate_window_s
+        ):
+            log.warning(
+                "stream %s has a duplicate window of %ss, under the %ss re-publishes rely on",
+                name,
+                existing.duplicate_window,
+                self.settings.duplicate_window_s,
+            )

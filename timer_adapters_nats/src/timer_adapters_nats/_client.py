@@ -1,0 +1,198 @@
+"""The host's side of Timer: send ``ScheduleTimer`` and ``CancelTimer`` commands over JetStream."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Sequence
+from datetime import datetime
+from typing import TypeVar
+
+from nats.aio.client import Client
+
+from timer_adapters_nats._broker import NatsBroker
+from timer_adapters_nats._connection import connect
+from timer_adapters_nats._publisher import AckedPublisher, Outgoing
+from timer_adapters_nats._settings import Subjects
+from timer_core import (
+    CancelTimer,
+    Clock,
+    Command,
+    EnvelopeId,
+    EnvelopeIdGenerator,
+    MessageEnvelope,
+    PublishError,
+    ScheduleTimer,
+    ServiceCallId,
+    SystemClock,
+    TenantId,
+    Uuid7EnvelopeIds,
+    encode_envelope,
+    to_epoch_ms,
+)
+
+__all__ = ["TimerClient"]
+
+_C = TypeVar("_C", ScheduleTimer, CancelTimer)
+#: What :meth:`TimerClient.send` accepts: any command envelope.
+CommandEnvelope = (
+    MessageEnvelope[ScheduleTimer] | MessageEnvelope[CancelTimer] | MessageEnvelope[Command]
+)
+
+
+class TimerClient:
+    """Schedules and cancels timers by publishing commands to ``<prefix>.commands.<tenantId>``.
+
+    Each call fills in a fresh UUID v7 envelope id (also the ``Nats-Msg-Id``, so a retried
+    send within the duplicate window is stored once), ``timestampMs`` from ``clock``,
+    ``aggregateId`` (the service call id), and returns the envelope id once JetStream acked
+    the command. The correlation id defaults to that envelope id, starting a new trace. A
+    failed or unacknowledged send raises :class:`~timer_core.errors.PublishError`; invalid
+    ids or a naive ``due_at`` raise :class:`~timer_core.errors.ValidationError` before
+    anything is sent.
+    """
+
+    def __init__(
+        self,
+        connection: Client | NatsBroker,
+        *,
+        subject_prefix: str | None = None,
+        ack_timeout_s: float = 5.0,
+        publish_window: int = 256,
+        clock: Clock | None = None,
+        ids: EnvelopeIdGenerator | None = None,
+    ) -> None:
+        if isinstance(connection, NatsBroker):
+            nc = connection.client
+            subject_prefix = subject_prefix or connection.settings.subject_prefix
+        else:
+            nc = connection
+        self.subjects = Subjects(subject_prefix or "timer")
+        self._publisher = AckedPublisher(nc, window=publish_window, ack_timeout_s=ack_timeout_s)
+        self._clock = clock or SystemClock()
+        self._ids = ids or Uuid7EnvelopeIds()
+
+    @classmethod
+    @contextlib.asynccontextmanager
+    async def connect(
+        cls,
+        url: str,
+        *,
+        subject_prefix: str = "timer",
+        connect_timeout_s: float = 5.0,
+        ack_timeout_s: float = 5.0,
+        publish_window: int = 256,
+        clock: Clock | None = None,
+        ids: EnvelopeIdGenerator | None = None,
+        name: str = "timer-client",
+    ) -> AsyncIterator[TimerClient]:
+        """Connect to ``url`` (reconnecting once connected), yield a client, then close.
+
+        Raises :class:`~timer_adapters_nats.BrokerUnavailable` naming the URL when the server
+        cannot be reached within ``connect_timeout_s``.
+        """
+        nc = await connect(url, connect_timeout_s=connect_timeout_s, name=name)
+        try:
+            yield cls(
+                nc,
+                subject_prefix=subject_prefix,
+                ack_timeout_s=ack_timeout_s,
+                publish_window=publish_window,
+                clock=clock,
+                ids=ids,
+            )
+        finally:
+            await nc.close()
+
+    def schedule_envelope(
+        self,
+        tenant_id: str,
+        service_call_id: str,
+        due_at: datetime,
+        *,
+        correlation_id: str | None = None,
+        causation_id: str | None = None,
+    ) -> MessageEnvelope[ScheduleTimer]:
+        """The ``ScheduleTimer`` envelope :meth:`schedule` would send (validated)."""
+        payload = ScheduleTimer(TenantId(tenant_id), ServiceCallId(service_call_id), due_at)
+        return self._envelope(payload, correlation_id, causation_id)
+
+    def cancel_envelope(
+        self,
+        tenant_id: str,
+        service_call_id: str,
+        *,
+        correlation_id: str | None = None,
+        causation_id: str | None = None,
+    ) -> MessageEnvelope[CancelTimer]:
+        """The ``CancelTimer`` envelope :meth:`cancel` would send (validated)."""
+        payload = CancelTimer(TenantId(tenant_id), ServiceCallId(service_call_id))
+        return self._envelope(payload, correlation_id, causation_id)
+
+    def _envelope(
+        self,
+        payload: _C,
+        correlation_id: str | None,
+        causation_id: str | None,
+    ) -> MessageEnvelope[_C]:
+        envelope_id = self._ids.new_id()
+        return MessageEnvelope(
+            id=envelope_id,
+            payload=payload,
+            timestamp_ms=to_epoch_ms(self._clock.now()),
+            aggregate_id=payload.service_call_id,
+            correlation_id=correlation_id if correlation_id is not None else envelope_id,
+            causation_id=causation_id,
+        )
+
+    async def schedule(
+        self,
+        tenant_id: str,
+        service_call_id: str,
+        due_at: datetime,
+        *,
+        correlation_id: str | None = None,
+        causation_id: str | None = None,
+    ) -> EnvelopeId:
+        """Ask for ``DueTimeReached`` at ``due_at`` (aware datetime); a later call reschedules."""
+        envelope = self.schedule_envelope(
+            tenant_id,
+            service_call_id,
+            due_at,
+            correlation_id=correlation_id,
+            causation_id=causation_id,
+        )
+        return await self.send(envelope)
+
+    async def cancel(
+        self,
+        tenant_id: str,
+        service_call_id: str,
+        *,
+        correlation_id: str | None = None,
+        causation_id: str | None = None,
+    ) -> EnvelopeId:
+        """Cancel the timer if it has not fired yet (a no-op otherwise)."""
+        envelope = self.cancel_envelope(
+            tenant_id, service_call_id, correlation_id=correlation_id, causation_id=causation_id
+        )
+        return await self.send(envelope)
+
+    async def send(self, envelope: CommandEnvelope) -> EnvelopeId:
+        """Publish a prepared command envelope and wait for its ack; returns its id."""
+        await self._publisher.publish(self._outgoing(envelope))
+        return envelope.id
+
+    async def send_many(self, envelopes: Sequence[CommandEnvelope]) -> list[PublishError | None]:
+        """Publish many commands with several acks in flight; one result per envelope.
+
+        Commands for the same timer keep their order only if they are in one call (or sent
+        one after the other): they are published in sequence on one connection.
+        """
+        return await self._publisher.publish_many([self._outgoing(e) for e in envelopes])
+
+    def _outgoing(self, envelope: CommandEnvelope) -> Outgoing:
+        return Outgoing(
+            subject=self.subjects.commands(envelope.tenant_id),
+            data=encode_envelope(envelope),
+            msg_id=str(envelope.id),
+        )

@@ -1,0 +1,224 @@
+"""Acked JetStream publishing, many in flight at once, and the event publisher built on it."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import logging
+from collections import deque
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import attrs
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+
+from timer_core import (
+    DueTimeReached,
+    EventPublisher,
+    MessageEnvelope,
+    PublishError,
+    encode_envelope,
+)
+
+if TYPE_CHECKING:
+    from timer_adapters_nats._broker import NatsBroker
+
+__all__ = ["AckedPublisher", "NatsEventPublisher", "Outgoing"]
+
+log = logging.getLogger(__name__)
+
+MSG_ID = "Nats-Msg-Id"
+_NO_RESPONDERS = "503"
+
+
+@attrs.frozen
+class Outgoing:
+    """One message to publish to JetStream, deduplicated on ``msg_id``."""
+
+    subject: str
+    data: bytes
+    msg_id: str
+    headers: dict[str, str] = attrs.field(factory=dict)
+
+
+class _Refused(Exception):
+    """JetStream answered the publish with an error instead of an ack."""
+
+
+class AckedPublisher:
+    """Publishes to JetStream with up to ``window`` acks outstanding; each ack is checked.
+
+    All acks come back on one wildcard inbox subscription, matched to their message by a
+    token (nats-py's own ``publish_async`` turns a refusal into a timeout, so it is not used).
+    The oldest outstanding ack is awaited when the window is full; a stream acks in order, so
+    this rarely waits longer than needed. A message counts as published only on a positive
+    ack; a refusal, a timeout or a disconnect is a :class:`PublishError` for it alone.
+    """
+
+    def __init__(self, nc: Client, *, window: int, ack_timeout_s: float) -> None:
+        self._nc = nc
+        self._window = window
+        self._ack_timeout_s = ack_timeout_s
+        self._inbox: str | None = None
+        self._waiting: dict[str, asyncio.Future[int]] = {}
+        self._tokens = itertools.count()
+        self._subscribing = asyncio.Lock()
+
+    async def publish_many(self, messages: Sequence[Outgoing]) -> list[PublishError | None]:
+        """Publish all, ``window`` at a time; one result per message, in order, never raises."""
+        results: list[PublishError | None] = [None] * len(messages)
+        in_flight: deque[tuple[int, str, asyncio.Future[int], float]] = deque()
+        loop = asyncio.get_running_loop()
+        for index, message in enumerate(messages):
+            if len(in_flight) >= self._window:
+                oldest = in_flight.popleft()
+                results[oldest[0]] = await self._settle(oldest, messages)
+                # Collect every ack already in, then refill the window without yielding, so
+                # the connection's flusher writes the next publishes in one go.
+                while in_flight and in_flight[0][2].done():
+                    done = in_flight.popleft()
+                    results[done[0]] = await self._settle(done, messages)
+            if not self._nc.is_connected:
+                # Reconnecting: fail now rather than buffer and time out one by one.
+                results[index] = PublishError(
+                    f"{message.msg_id} to {message.subject}: not connected to NATS"
+                )
+                continue
+            try:
+                token, future = await self._send(message)
+            except Exception as exc:  # one message's failure never fails the others
+                results[index] = _publish_error(message, exc)
+                continue
+            in_flight.append((index, token, future, loop.time() + self._ack_timeout_s))
+        while in_flight:
+            oldest = in_flight.popleft()
+            results[oldest[0]] = await self._settle(oldest, messages)
+        return results
+
+    async def publish(self, message: Outgoing) -> None:
+        """Publish one and wait for its ack; raises :class:`PublishError` unless acked."""
+        (error,) = await self.publish_many([message])
+        if error is not None:
+            raise error
+
+    async def _send(self, message: Outgoing) -> tuple[str, asyncio.Future[int]]:
+        inbox = self._inbox or await self._subscribe()
+        token = str(next(self._tokens))
+        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._waiting[token] = future
+        try:
+            await self._nc.publish(
+                message.subject,
+                message.data,
+                reply=inbox + token,
+                headers={**message.headers, MSG_ID: message.msg_id},
+            )
+        except BaseException:
+            del self._waiting[token]
+            raise
+        return token, future
+
+    async def _subscribe(self) -> str:
+        async with self._subscribing:
+            if self._inbox is None:
+                inbox = self._nc.new_inbox() + "."
+                await self._nc.subscribe(inbox + "*", cb=self._on_ack)
+                self._inbox = inbox
+        return self._inbox
+
+    async def _on_ack(self, msg: Msg) -> None:
+        assert self._inbox is not None
+        future = self._waiting.pop(msg.subject[len(self._inbox) :], None)
+        if future is None or future.done():
+            return  # answered after its timeout
+        if msg.headers and msg.headers.get("Status") == _NO_RESPONDERS:
+            future.set_exception(_Refused("no stream is bound to this subject"))
+            return
+        try:
+            answer = json.loads(msg.data)
+            error = answer.get("error")
+            if error is not None:
+                future.set_exception(
+                    _Refused(f"{error.get('description')} (error {error.get('err_code')})")
+                )
+            elif "stream" in answer and "seq" in answer:
+                future.set_result(answer["seq"])
+            else:
+                raise ValueError("no stream and seq")
+        except (ValueError, TypeError, AttributeError) as exc:
+            future.set_exception(_Refused(f"unreadable ack {msg.data[:100]!r}: {exc}"))
+
+    async def _settle(
+        self,
+        pending: tuple[int, str, asyncio.Future[int], float],
+        messages: Sequence[Outgoing],
+    ) -> PublishError | None:
+        index, token, future, deadline = pending
+        try:
+            if not future.done():  # wait_for would yield even for a done future
+                remaining = deadline - asyncio.get_running_loop().time()
+                await asyncio.wait_for(future, timeout=max(0.0, remaining))
+            future.result()
+        except Exception as exc:
+            self._waiting.pop(token, None)
+            return _publish_error(messages[index], exc)
+        return None
+
+
+def _publish_error(message: Outgoing, exc: BaseException) -> PublishError:
+    if isinstance(exc, TimeoutError):
+        reason = "no ack from JetStream in time"
+    else:
+        reason = str(exc) or type(exc).__name__
+    error = PublishError(f"{message.msg_id} to {message.subject}: {reason}")
+    error.__cause__ = exc
+    return error
+
+
+class NatsEventPublisher(EventPublisher):
+    """Publishes ``DueTimeReached`` to ``<prefix>.events.<tenantId>.<serviceCallId>``.
+
+    The body is the contract's JSON, the ``Nats-Msg-Id`` header the envelope id, so a
+    re-publish of the same firing within the stream's duplicate window is stored once. Uses
+    the :class:`NatsBroker`'s connection; :meth:`start` and :meth:`aclose` are no-ops.
+    """
+
+    def __init__(self, broker: NatsBroker) -> None:
+        self._broker = broker
+        self._subjects = broker.settings.subjects
+        self._acked: AckedPublisher | None = None
+
+    def _publisher(self) -> AckedPublisher:
+        if self._acked is None:
+            settings = self._broker.settings
+            self._acked = AckedPublisher(
+                self._broker.client,
+                window=settings.publish_window,
+                ack_timeout_s=settings.ack_timeout_s,
+            )
+        return self._acked
+
+    def _outgoing(self, envelope: MessageEnvelope[DueTimeReached]) -> Outgoing:
+        payload = envelope.payload
+        return Outgoing(
+            subject=self._subjects.events(payload.tenant_id, payload.service_call_id),
+            data=encode_envelope(envelope),
+            msg_id=str(envelope.id),
+        )
+
+    async def publish_many(
+        self, envelopes: Sequence[MessageEnvelope[DueTimeReached]]
+    ) -> list[PublishError | None]:
+        if not envelopes:
+            return []
+        try:
+            publisher = self._publisher()
+        except Exception as exc:  # not started, or closed: every envelope failed
+            return [PublishError(f"{envelope.id}: {exc}") for envelope in envelopes]
+        results = await publisher.publish_many([self._outgoing(e) for e in envelopes])
+        failed = sum(result is not None for result in results)
+        if failed:
+            log.debug("%d of %d events not acknowledged", failed, len(envelopes))
+        return results

@@ -1,0 +1,154 @@
+"""How the NATS adapter is configured, and the subjects and streams the contract derives from it."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import attrs
+
+from timer_core import ServiceCallId, TenantId
+
+__all__ = ["NatsSettings", "Subjects"]
+
+# A subject prefix is one or more dot-separated tokens without wildcards or whitespace.
+_PREFIX = re.compile(r"[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*")
+_STREAM = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
+def _positive(instance: Any, attribute: attrs.Attribute[Any], value: float) -> None:
+    if not value > 0:
+        raise ValueError(f"{attribute.name} must be positive, got {value!r}")
+
+
+def _at_least_one(instance: Any, attribute: attrs.Attribute[Any], value: int) -> None:
+    if value < 1:
+        raise ValueError(f"{attribute.name} must be at least 1, got {value!r}")
+
+
+def _prefix(instance: Any, attribute: attrs.Attribute[Any], value: str) -> None:
+    if _PREFIX.fullmatch(value) is None:
+        raise ValueError(
+            f"{attribute.name} must be dot-separated tokens of [A-Za-z0-9_-], got {value!r}"
+        )
+
+
+def _name(instance: Any, attribute: attrs.Attribute[Any], value: str) -> None:
+    if _STREAM.fullmatch(value) is None:
+        raise ValueError(
+            f"{attribute.name} must be 1-64 characters of [A-Za-z0-9_-], got {value!r}"
+        )
+
+
+def _max_deliver(instance: Any, attribute: attrs.Attribute[Any], value: int) -> None:
+    if value != -1 and value < 2:
+        raise ValueError(f"max_deliver must be -1 (unlimited) or at least 2, got {value!r}")
+
+
+@attrs.frozen
+class NatsSettings:
+    """Connection, provisioning, publishing and consuming settings; only ``url`` is required.
+
+    Timeouts and delays are in seconds. The defaults suit one service instance against a
+    local or nearby server.
+    """
+
+    url: str
+    """Server URL(s), comma-separated for a cluster, e.g. ``nats://127.0.0.1:4222``."""
+    subject_prefix: str = attrs.field(default="timer", validator=_prefix)
+    """First subject token(s): ``<prefix>.commands.<tenantId>`` and so on."""
+    consumer_name: str = attrs.field(default="timer-service", validator=_name)
+    """The durable pull consumer on the commands stream."""
+    provision: bool = True
+    """Create missing streams and the consumer at start (and update the consumer's config)."""
+    stream_replicas: int = attrs.field(default=1, validator=_at_least_one)
+    """Replicas of each stream created by provisioning (3 on a 3-node cluster)."""
+    duplicate_window_s: float = attrs.field(default=120.0, validator=_positive)
+    """JetStream duplicate window of the streams; the contract wants at least 2 minutes."""
+    stream_max_age_s: float = attrs.field(default=7 * 24 * 3600.0, validator=_positive)
+    """How long provisioned streams keep messages."""
+    commands_stream: str = attrs.field(default="TIMER_COMMANDS", validator=_name)
+    events_stream: str = attrs.field(default="TIMER_EVENTS", validator=_name)
+    dlq_stream: str = attrs.field(default="TIMER_DLQ", validator=_name)
+
+    publish_window: int = attrs.field(default=256, validator=_at_least_one)
+    """Most acked publishes in flight at once in a batch."""
+    ack_timeout_s: float = attrs.field(default=5.0, validator=_positive)
+    """How long a publish waits for its JetStream ack before it counts as failed."""
+
+    fetch_batch: int = attrs.field(default=100, validator=_at_least_one)
+    """Most commands fetched (and handed to the handler) at once."""
+    fetch_timeout_s: float = attrs.field(default=1.0, validator=_positive)
+    """Long-poll time of one fetch; also the longest ``stop()`` waits for an idle fetch."""
+    ack_wait_s: float = attrs.field(default=30.0, validator=_positive)
+    """Time the server gives a fetched command before redelivering it (kept alive while the
+    handler runs): what a crashed consumer costs its in-flight commands."""
+    max_deliver: int = attrs.field(default=100, validator=_max_deliver)
+    """Deliveries of one command before it is given up (dead-lettered); -1 is unlimited."""
+    nak_delay_s: float = attrs.field(default=1.0, validator=_positive)
+    """Redelivery delay after the handler failed; it doubles with each delivery (the backoff)."""
+    max_nak_delay_s: float = attrs.field(default=30.0, validator=_positive)
+    """Cap of the doubling redelivery delay."""
+
+    connect_timeout_s: float = attrs.field(default=5.0, validator=_positive)
+    """How long ``start()`` tries to reach the server before it gives up."""
+    reconnect_wait_s: float = attrs.field(default=0.5, validator=_positive)
+    """Pause between reconnect attempts once connected (reconnects never stop)."""
+    ping_interval_s: float = attrs.field(default=10.0, validator=_positive)
+    """Client pings; a server silent for three of them counts as gone."""
+    client_name: str = "timer-service"
+    """Connection name shown in the server's monitoring."""
+
+    @property
+    def subjects(self) -> Subjects:
+        """The subjects derived from :attr:`subject_prefix`."""
+        return Subjects(self.subject_prefix)
+
+    def nak_delay(self, delivery: int) -> float:
+        """Redelivery delay after the ``delivery``-th delivery failed in the handler."""
+        doublings = min(max(delivery, 1) - 1, 30)
+        return float(min(self.max_nak_delay_s, self.nak_delay_s * 2**doublings))
+
+
+@attrs.frozen
+class Subjects:
+    """The contract's subjects under one prefix."""
+
+    prefix: str = attrs.field(validator=_prefix)
+
+    @property
+    def commands_filter(self) -> str:
+        """All command subjects: the commands stream's subject filter."""
+        return f"{self.prefix}.commands.>"
+
+    @property
+    def events_filter(self) -> str:
+        """All event subjects: the events stream's subject filter."""
+        return f"{self.prefix}.events.>"
+
+    @property
+    def dlq_filter(self) -> str:
+        """All dead-letter subjects: the DLQ stream's subject filter."""
+        return f"{self.prefix}.dlq.>"
+
+    def commands(self, tenant_id: TenantId) -> str:
+        """Where commands for ``tenant_id`` are published."""
+        return f"{self.prefix}.commands.{TenantId(tenant_id)}"
+
+    def events(self, tenant_id: TenantId, service_call_id: ServiceCallId) -> str:
+        """Where ``DueTimeReached`` for one timer is published."""
+        return f"{self.prefix}.events.{TenantId(tenant_id)}.{ServiceCallId(service_call_id)}"
+
+    def dlq(self, tenant_id: TenantId | None) -> str:
+        """Where a rejected command goes: the tenant's dead-letter subject, or ``_``."""
+        return f"{self.prefix}.dlq.{'_' if tenant_id is None else TenantId(tenant_id)}"
+
+    def tenant_of_command(self, subject: str) -> TenantId | None:
+        """The tenant token of a command subject, or None when it is not one valid id."""
+        head = f"{self.prefix}.commands."
+        if not subject.startswith(head):
+            return None
+        try:
+            return TenantId(subject[len(head) :])
+        except ValueError:
+            return None

@@ -1,0 +1,296 @@
+"""Commands in: the durable pull consumer on ``TIMER_COMMANDS``, with dead-lettering of bad ones."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING
+
+import nats.errors
+from nats.aio.msg import Msg
+from nats.js.client import JetStreamContext
+
+from timer_adapters_nats._publisher import AckedPublisher, Outgoing
+from timer_core import (
+    NO_INSTRUMENTATION,
+    Command,
+    CommandBatchHandler,
+    CommandSource,
+    DecodeError,
+    Instrumentation,
+    MessageEnvelope,
+    PublishError,
+    decode_command,
+)
+
+if TYPE_CHECKING:
+    from timer_adapters_nats._broker import NatsBroker
+
+__all__ = ["ERROR_HEADER", "ORIGINAL_SUBJECT_HEADER", "NatsCommandSource"]
+
+log = logging.getLogger(__name__)
+
+ERROR_HEADER = "Timer-Error"
+"""The dead-letter header saying in one line why a command was rejected."""
+ORIGINAL_SUBJECT_HEADER = "Timer-Original-Subject"
+"""The dead-letter header naming the subject the rejected command was sent to."""
+
+_MAX_REASON = 1000
+
+
+def _one_line(reason: str) -> str:
+    """A header-safe reason: one ASCII line of bounded length."""
+    text = " ".join(reason.split())
+    text = text.encode("ascii", "backslashreplace").decode("ascii")
+    return text if len(text) <= _MAX_REASON else text[: _MAX_REASON - 3] + "..."
+
+
+class NatsCommandSource(CommandSource):
+    """Reads the durable pull consumer and hands valid commands to the handler, in batches.
+
+    - A message is rejected when it does not decode or when its subject's tenant differs from
+      the envelope's (a producer on tenant A's subject never touches tenant B). It is
+      republished unchanged to ``<prefix>.dlq.<subject tenant>`` (``_`` when the subject's
+      tenant token is not a valid id) with a ``Timer-Error`` header, and terminated once
+      that publish is acked; if the publish fails it is nak'd, so nothing is lost.
+    - Valid commands of one fetch go to the handler as one batch in stream order and are
+      acked when it returns; while it runs they are kept from redelivery (in-progress acks).
+    - When the handler raises, each is nak'd with a delay that doubles per delivery, and
+      fetching pauses that long so later commands do not overtake them. On its last
+      allowed delivery (``max_deliver``) a command is dead-lettered instead of dropped.
+    - Fetch errors and disconnects are logged and retried with backoff; :meth:`run` only
+      returns after :meth:`stop`. A stopped source stays stopped.
+    """
+
+    def __init__(
+        self, broker: NatsBroker, *, instrumentation: Instrumentation = NO_INSTRUMENTATION
+    ) -> None:
+        self._broker = broker
+        self._settings = broker.settings
+        self._subjects = broker.settings.subjects
+        self._instrumentation = instrumentation
+        self._stop = asyncio.Event()
+        self._done = asyncio.Event()
+        self._done.set()
+        self._run_task: asyncio.Task[None] | None = None
+        self._dlq: AckedPublisher | None = None
+
+    @property
+    def running(self) -> bool:
+        """Whether :meth:`run` is in progress."""
+        return self._run_task is not None
+
+    async def run(self, handler: CommandBatchHandler) -> None:
+        if self._run_task is not None:
+            raise RuntimeError("this command source is already running")
+        self._run_task = asyncio.current_task()
+        self._done.clear()
+        try:
+            await self._loop(handler)
+        finally:
+            self._run_task = None
+            self._done.set()
+
+    async def stop(self) -> None:
+        """Stop fetching and wait until :meth:`run` has finished and acked its batch."""
+        self._stop.set()
+        if self._run_task is not None and self._run_task is not asyncio.current_task():
+            await self._done.wait()
+
+    async def _loop(self, handler: CommandBatchHandler) -> None:
+        settings = self._settings
+        failures = 0
+        subscription: JetStreamContext.PullSubscription | None = None
+        try:
+            while not self._stop.is_set():
+                try:
+                    if subscription is None:
+                        subscription = await self._broker.jetstream.pull_subscribe_bind(
+                            durable=settings.consumer_name, stream=settings.commands_stream
+                        )
+                    messages = await self._fetch(subscription)
+                except Exception as exc:  # a disconnect or a server error: back off, go on
+                    failures += 1
+                    delay = min(10.0, 0.1 * 2 ** min(failures - 1, 10))
+                    log.warning(
+                        "fetching commands from %s/%s failed (%s); retrying in %.1fs",
+                        settings.commands_stream,
+                        settings.consumer_name,
+                        exc or type(exc).__name__,
+                        delay,
+                    )
+                    await self._pause(delay)
+                    continue
+                failures = 0
+                if not messages:
+                    continue
+                if self._stop.is_set():
+                    # Fetched after stop: hand them straight back for another consumer.
+                    for message in messages:
+                        await self._settle(message, "nak")
+                    break
+                await self._process(messages, handler)
+        finally:
+            await self._finish(subscription)
+
+    async def _fetch(self, subscription: JetStreamContext.PullSubscription) -> list[Msg]:
+        try:
+            return await subscription.fetch(
+                self._settings.fetch_batch, timeout=self._settings.fetch_timeout_s
+            )
+        except TimeoutError:  # nothing to do within the long poll (nats' own is a subclass)
+            return []
+
+    async def _finish(self, subscription: JetStreamContext.PullSubscription | None) -> None:
+        """Send the last acks out before the caller closes the connection."""
+        with contextlib.suppress(Exception):
+            if self._broker.is_connected:
+                await self._broker.client.flush(timeout=max(1, int(self._settings.ack_timeout_s)))
+        if subscription is not None:
+            with contextlib.suppress(Exception):
+                await subscription.unsubscribe()
+
+    async def _process(self, messages: Sequence[Msg], handler: CommandBatchHandler) -> None:
+        accepted: list[Msg] = []
+        envelopes: list[MessageEnvelope[Command]] = []
+        for message in messages:
+            try:
+                envelope = self._check(message)
+            except DecodeError as exc:
+                await self._dead_letter(message, str(exc))
+                continue
+            accepted.append(message)
+            envelopes.append(envelope)
+        if not envelopes:
+            return
+        keep_alive = asyncio.create_task(self._keep_alive(accepted))
+        try:
+            await handler(envelopes)
+        except Exception as exc:  # StoreError and the like: redeliver later, keep running
+            keep_alive.cancel()
+            await self._retry_later(accepted, exc)
+            return
+        finally:
+            keep_alive.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await keep_alive
+        for message in accepted:
+            await self._settle(message, "ack")
+
+    def _check(self, message: Msg) -> MessageEnvelope[Command]:
+        """Decode a command and hold it to the tenant of the subject it came on."""
+        subject_tenant = self._subjects.tenant_of_command(message.subject)
+        if subject_tenant is None:
+            raise DecodeError(
+                "subject",
+                f"{message.subject!r} is not {self._subjects.prefix}.commands.<tenantId>",
+            )
+        envelope = decode_command(message.data)
+        if envelope.tenant_id != subject_tenant:
+            raise DecodeError(
+                "tenantId",
+                f"envelope tenant {str(envelope.tenant_id)!r} does not match the subject's "
+                f"tenant {str(subject_tenant)!r}",
+            )
+        return envelope
+
+    async def _dead_letter(self, message: Msg, reason: str) -> None:
+        """Republish unchanged to the DLQ with the reason; terminate once that is acked."""
+        reason = _one_line(reason)
+        subject = self._subjects.dlq(self._subjects.tenant_of_command(message.subject))
+        metadata = message.metadata
+        outgoing = Outgoing(
+            subject=subject,
+            data=message.data,
+            # A redelivery dead-lettered again (crash before term) is dropped as a duplicate.
+            msg_id=f"{metadata.stream}-{metadata.sequence.stream}",
+            headers={ERROR_HEADER: reason, ORIGINAL_SUBJECT_HEADER: message.subject},
+        )
+        if self._dlq is None:
+            self._dlq = AckedPublisher(
+                self._broker.client, window=1, ack_timeout_s=self._settings.ack_timeout_s
+            )
+        try:
+            await self._dlq.publish(outgoing)
+        except PublishError as exc:
+            delay = self._settings.nak_delay(metadata.num_delivered)
+            log.warning(
+                "could not dead-letter command seq %s from %s (%s); redelivery in %.1fs",
+                metadata.sequence.stream,
+                message.subject,
+                exc,
+                delay,
+            )
+            await self._settle(message, "nak", delay=delay)
+            return
+        await self._settle(message, "term")
+        self._instrumentation.command_rejected(message.subject, reason)
+        log.warning(
+            "rejected command seq %s on %s, dead-lettered to %s: %s",
+            metadata.sequence.stream,
+            message.subject,
+            subject,
+            reason,
+        )
+
+    async def _retry_later(self, messages: Sequence[Msg], error: Exception) -> None:
+        settings = self._settings
+        longest = 0.0
+        for message in messages:
+            delivered = message.metadata.num_delivered
+            if settings.max_deliver != -1 and delivered >= settings.max_deliver:
+                await self._dead_letter(
+                    message,
+                    f"not stored after {delivered} deliveries: {type(error).__name__}: {error}",
+                )
+                continue
+            delay = settings.nak_delay(delivered)
+            longest = max(longest, delay)
+            await self._settle(message, "nak", delay=delay)
+        log.warning(
+            "handling %d commands failed (%s: %s); redelivery in %.1fs",
+            len(messages),
+            type(error).__name__,
+            error,
+            longest,
+        )
+        # Later commands must not overtake these: fetch again only once they are back.
+        await self._pause(longest * 1.1 + 0.05 if longest else 0.0)
+
+    async def _keep_alive(self, messages: Sequence[Msg]) -> None:
+        """Tell the server the batch is still being worked on, so it is not redelivered."""
+        interval = max(0.2, self._settings.ack_wait_s / 3)
+        while True:
+            await asyncio.sleep(interval)
+            for message in messages:
+                with contextlib.suppress(Exception):
+                    await message.in_progress()
+
+    async def _settle(self, message: Msg, how: str, *, delay: float | None = None) -> None:
+        """Ack, nak or term; a failure only means the server redelivers it later."""
+        action: Callable[[], Awaitable[None]]
+        if how == "ack":
+            action = message.ack
+        elif how == "term":
+            action = message.term
+        else:
+
+            async def action() -> None:
+                await message.nak(delay=delay)
+
+        try:
+            await action()
+        except (nats.errors.Error, OSError) as exc:
+            log.warning(
+                "%s of command seq %s failed (%s); it will be redelivered",
+                how,
+                message.metadata.sequence.stream,
+                exc or type(exc).__name__,
+            )
+
+    async def _pause(self, seconds: float) -> None:
+        if seconds > 0:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), seconds)

@@ -1,1 +1,19 @@
-"""timer-adapters-memory: coming."""
+"""In-memory Timer adapters (store, event bus, command source) and a hand-driven ``FakeClock``.
+
+They are real adapters: thread-safe, raising :mod:`timer_core.errors` like any other, and
+passing the conformance suite in :mod:`timer_core.testing`; tests and demos wire them in
+place of SQLite and NATS.
+"""
+
+from timer_adapters_memory._bus import MemoryEventBus, MemorySubscription
+from timer_adapters_memory._clock import FakeClock
+from timer_adapters_memory._commands import MemoryCommandSource
+from timer_adapters_memory._store import MemoryTimerStore
+
+__all__ = [
+    "FakeClock",
+    "MemoryCommandSource",
+    "MemoryEventBus",
+    "MemoryTimerStore",
+    "MemorySubscription",
+]

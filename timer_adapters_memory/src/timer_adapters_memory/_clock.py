@@ -1,0 +1,137 @@
+"""A clock the test moves by hand, so time-driven code is tested without real waiting."""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import threading
+from datetime import UTC, datetime, timedelta
+
+from timer_core import require_utc
+
+__all__ = ["FakeClock"]
+
+#: Where a :class:`FakeClock` starts unless told otherwise: a fixed instant, so tests are
+#: reproducible.
+DEFAULT_START = datetime(2025, 1, 1, tzinfo=UTC)
+
+
+class FakeClock:
+    """A :class:`~timer_core.ports.Clock` whose wall and monotonic time move only when told.
+
+    ``sleep`` returns once :meth:`advance` has moved the monotonic time past its deadline;
+    :meth:`set_wall` jumps the wall clock alone, like NTP or an operator would.
+    :meth:`wait_for_sleepers` lets a test wait until the code under test is asleep, so tests
+    synchronise on events instead of real sleeps. Time is kept in whole microseconds, so
+    advancing by exactly the duration something sleeps always wakes it.
+    """
+
+    def __init__(self, start: datetime | None = None) -> None:
+        self._lock = threading.Lock()
+        self._wall = require_utc(start if start is not None else DEFAULT_START, "start")
+        self._mono_us = 0
+        self._order = itertools.count()
+        self._sleepers: list[tuple[int, int, asyncio.Future[None]]] = []
+        self._watchers: list[tuple[int, asyncio.Future[None]]] = []
+
+    def now(self) -> datetime:
+        """The fake wall clock (aware UTC)."""
+        with self._lock:
+            return self._wall
+
+    def monotonic(self) -> float:
+        """The fake monotonic clock, in seconds since the clock was made."""
+        with self._lock:
+            return self._mono_us / 1_000_000
+
+    async def sleep(self, seconds: float) -> None:
+        """Return once the monotonic clock has been advanced by ``seconds``."""
+        micros = _micros(seconds)
+        if micros <= 0:
+            await asyncio.sleep(0)
+            return
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        with self._lock:
+            deadline = self._mono_us + micros
+            item = (deadline, next(self._order), future)
+            heapq.heappush(self._sleepers, item)
+            self._notify_watchers()
+        try:
+            await future
+        finally:
+            with self._lock:
+                if item in self._sleepers:
+                    self._sleepers.remove(item)
+                    heapq.heapify(self._sleepers)
+
+    def advance(self, seconds: float | timedelta) -> None:
+        """Move both clocks forward and wake every sleeper whose deadline has passed."""
+        micros = _micros(seconds.total_seconds() if isinstance(seconds, timedelta) else seconds)
+        if micros < 0:
+            raise ValueError("a clock cannot be advanced backwards; use set_wall to jump")
+        with self._lock:
+            self._mono_us += micros
+            self._wall += timedelta(microseconds=micros)
+            woken = []
+            while self._sleepers and self._sleepers[0][0] <= self._mono_us:
+                woken.append(heapq.heappop(self._sleepers)[2])
+            self._notify_watchers()
+        for future in woken:
+            _resolve(future)
+
+    def set_wall(self, value: datetime) -> None:
+        """Jump the wall clock to ``value`` (either way) without moving monotonic time."""
+        value = require_utc(value, "wall clock")
+        with self._lock:
+            self._wall = value
+
+    @property
+    def sleepers(self) -> int:
+        """How many ``sleep`` calls are waiting."""
+        with self._lock:
+            return len(self._sleepers)
+
+    def pending_sleeps(self) -> list[float]:
+        """The seconds each waiting ``sleep`` still has to go, shortest first."""
+        with self._lock:
+            return sorted((d - self._mono_us) / 1_000_000 for d, _, _ in self._sleepers)
+
+    async def wait_for_sleepers(self, count: int = 1) -> None:
+        """Return once at least ``count`` ``sleep`` calls are waiting."""
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        with self._lock:
+            if len(self._sleepers) >= count:
+                return
+            self._watchers.append((count, future))
+        await future
+
+    def _notify_watchers(self) -> None:
+        """Resolve the watchers whose count is met; called with the lock held."""
+        met = [w for w in self._watchers if len(self._sleepers) >= w[0]]
+        for watcher in met:
+            self._watchers.remove(watcher)
+            _resolve(watcher[1])
+
+
+def _micros(seconds: float) -> int:
+    return round(seconds * 1_000_000)
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    """Complete ``future`` from any thread, on its own loop."""
+    loop = future.get_loop()
+    try:
+        running = asyncio.get_running_loop()
+    except RuntimeError:
+        running = None
+    if running is loop:
+        if not future.done():
+            future.set_result(None)
+    else:
+        loop.call_soon_threadsafe(_set_if_pending, future)
+
+
+def _set_if_pending(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)

@@ -1,0 +1,267 @@
+"""A timer store held in process memory: the reference implementation of ``TimerStore``."""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import threading
+from collections.abc import Sequence
+from datetime import datetime
+
+import attrs
+
+from timer_core import (
+    CommandOutcome,
+    CorrelationId,
+    DueCursor,
+    ServiceCallId,
+    StoreUnavailable,
+    TenantId,
+    TimerEntry,
+    TimerKey,
+    TimerOperation,
+    TimerState,
+    TimerStore,
+    require_utc,
+)
+
+__all__ = ["MemoryTimerStore"]
+
+
+class _Storage:
+    """The 'database' several store instances can share, so a test can reopen a store.
+
+    The sorted due index mirrors what a SQL adapter's index on ``(due_at, tenant_id,
+    service_call_id)`` does, so ``find_due`` costs O(log n + limit), not a full scan.
+    """
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.timers: dict[TimerKey, TimerEntry] = {}
+        self.due_index: list[DueCursor] = []
+        self.unavailable = False
+        self.failures_left = 0
+
+    def put(self, entry: TimerEntry) -> None:
+        old = self.timers.get(entry.key)
+        if old is not None and old.is_scheduled:
+            self._unindex(old)
+        self.timers[entry.key] = entry
+        if entry.is_scheduled:
+            bisect.insort(self.due_index, DueCursor.of(entry))
+
+    def delete(self, key: TimerKey) -> None:
+        old = self.timers.pop(key)
+        if old.is_scheduled:
+            self._unindex(old)
+
+    def _unindex(self, entry: TimerEntry) -> None:
+        cursor = DueCursor.of(entry)
+        at = bisect.bisect_left(self.due_index, cursor)
+        # The index and the dict are only changed together under the lock.
+        assert self.due_index[at] == cursor
+        del self.due_index[at]
+
+
+class MemoryTimerStore(TimerStore):
+    """An in-memory, thread-safe :class:`~timer_core.ports.TimerStore`.
+
+    It keeps every promise of the port (it passes :class:`timer_core.testing.TimerStoreContract`)
+    and adds controls for tests: :meth:`set_unavailable` and :meth:`fail_next` make calls raise
+    :class:`~timer_core.errors.StoreUnavailable` like a database that is down.
+    ``MemoryTimerStore(shared_with=other)`` opens a second instance over the same storage, the
+    way a restarted service reopens its database file. After :meth:`aclose` the instance
+    raises ``StoreUnavailable`` until started again.
+    """
+
+    def __init__(self, *, shared_with: MemoryTimerStore | None = None) -> None:
+        self._storage: _Storage = _Storage() if shared_with is None else shared_with._storage
+        self._closed = False
+
+    async def start(self) -> None:
+        self._closed = False
+
+    async def aclose(self) -> None:
+        self._closed = True
+
+    def set_unavailable(self, flag: bool) -> None:
+        """While ``flag`` is true, every call on any instance over this storage fails."""
+        with self._storage.lock:
+            self._storage.unavailable = flag
+
+    def fail_next(self, count: int) -> None:
+        """Make the next ``count`` calls (on any instance over this storage) fail."""
+        with self._storage.lock:
+            self._storage.failures_left = count
+
+    def entries(self) -> list[TimerEntry]:
+        """Every stored timer of every tenant, in key order (for test assertions)."""
+        with self._storage.lock:
+            return [self._storage.timers[key] for key in sorted(self._storage.timers)]
+
+    def _check(self) -> _Storage:
+        """Raise the error a real store would raise now; called with the lock held."""
+        storage = self._storage
+        if self._closed:
+            raise StoreUnavailable("the memory timer store is closed")
+        if storage.unavailable:
+            raise StoreUnavailable("the memory timer store is unavailable")
+        if storage.failures_left > 0:
+            storage.failures_left -= 1
+            raise StoreUnavailable("the memory timer store failed on purpose (fail_next)")
+        return storage
+
+    async def apply(self, operations: Sequence[TimerOperation]) -> list[CommandOutcome]:
+        for operation in operations:
+            if isinstance(operation, TimerEntry) and not operation.is_scheduled:
+                raise ValueError(f"only Scheduled entries can be scheduled, got {operation}")
+        # Yield like a real driver would, so concurrent callers interleave between calls.
+        await asyncio.sleep(0)
+        with self._storage.lock:
+            storage = self._check()
+            outcomes: list[CommandOutcome] = []
+            # Every operation is checked above, so nothing below can fail half way: atomic.
+            for operation in operations:
+                if isinstance(operation, TimerEntry):
+                    outcomes.append(self._schedule(storage, operation))
+                else:
+                    outcomes.append(self._cancel(storage, TimerKey(*operation)))
+            return outcomes
+
+    @staticmethod
+    def _schedule(storage: _Storage, entry: TimerEntry) -> CommandOutcome:
+        current = storage.timers.get(entry.key)
+        if current is None:
+            storage.put(entry)
+            return CommandOutcome.SCHEDULED
+        if not current.is_scheduled:
+            return CommandOutcome.IGNORED_REACHED
+        storage.put(current.reschedule(entry.due_at, entry.registered_at, entry.correlation_id))
+        return CommandOutcome.SCHEDULED
+
+    @staticmethod
+    def _cancel(storage: _Storage, key: TimerKey) -> CommandOutcome:
+        current = storage.timers.get(key)
+        if current is None or not current.is_scheduled:
+            return CommandOutcome.CANCEL_NOOP
+        storage.delete(key)
+        return CommandOutcome.CANCELLED
+
+    async def get(self, tenant_id: TenantId, service_call_id: ServiceCallId) -> TimerEntry | None:
+        key = TimerKey(TenantId(tenant_id), ServiceCallId(service_call_id))
+        await asyncio.sleep(0)
+        with self._storage.lock:
+            return self._check().timers.get(key)
+
+    async def find_due(
+        self, now: datetime, limit: int, *, after: DueCursor | None = None
+    ) -> list[TimerEntry]:
+        now = require_utc(now, "now")
+        await asyncio.sleep(0)
+        with self._storage.lock:
+            storage = self._check()
+            index = storage.due_index
+            start = 0 if after is None else bisect.bisect_right(index, DueCursor(*after))
+            found: list[TimerEntry] = []
+            for at in range(start, len(index)):
+                cursor = index[at]
+                if cursor.due_at > now or len(found) >= limit:
+                    break
+                found.append(storage.timers[TimerKey(cursor.tenant_id, cursor.service_call_id)])
+            return found
+
+    async def find_due_for_tenant(
+        self, tenant_id: TenantId, now: datetime, limit: int
+    ) -> list[TimerEntry]:
+        tenant_id = TenantId(tenant_id)
+        now = require_utc(now, "now")
+        await asyncio.sleep(0)
+        with self._storage.lock:
+            storage = self._check()
+            due = [
+                entry
+                for key, entry in storage.timers.items()
+                if key.tenant_id == tenant_id and entry.is_due(now)
+            ]
+        due.sort(key=DueCursor.of)
+        return due[: max(limit, 0)]
+
+    async def mark_reached(self, entries: Sequence[TimerEntry]) -> int:
+        for entry in entries:
+            if entry.reached_at is None:
+                raise ValueError(f"mark_reached needs Reached entries, got {entry}")
+        await asyncio.sleep(0)
+        with self._storage.lock:
+            storage = self._check()
+            changed = 0
+            for entry in entries:
+                current = storage.timers.get(entry.key)
+                # The guard: a timer rescheduled, cancelled or marked since it was read is
+                # left alone, so a late mark never loses a newer due time.
+                if current is None or not current.is_scheduled or current.due_at != entry.due_at:
+                    continue
+                storage.put(
+                    attrs.evolve(current, state=TimerState.REACHED, reached_at=entry.reached_at)
+                )
+                changed += 1
+            return changed
+
+    async def find_by_correlation(
+        self, tenant_id: TenantId, correlation_id: CorrelationId
+    ) -> list[TimerEntry]:
+        tenant_id = TenantId(tenant_id)
+        correlation_id = CorrelationId(correlation_id)
+        await asyncio.sleep(0)
+        with self._storage.lock:
+            storage = self._check()
+            found = [
+                entry
+                for key, entry in storage.timers.items()
+                if key.tenant_id == tenant_id and entry.correlation_id == correlation_id
+            ]
+        found.sort(key=lambda entry: entry.key)
+        return found
+
+    async def list_for_tenant(
+        self,
+        tenant_id: TenantId,
+        *,
+        limit: int = 1000,
+        after: ServiceCallId | None = None,
+    ) -> list[TimerEntry]:
+        tenant_id = TenantId(tenant_id)
+        await asyncio.sleep(0)
+        with self._storage.lock:
+            storage = self._check()
+            found = [
+                entry
+                for key, entry in storage.timers.items()
+                if key.tenant_id == tenant_id and (after is None or key.service_call_id > after)
+            ]
+        found.sort(key=lambda entry: entry.service_call_id)
+        return found[: max(limit, 0)]
+
+    async def next_due_at(self) -> datetime | None:
+        await asyncio.sleep(0)
+        with self._storage.lock:
+            storage = self._check()
+            return storage.due_index[0].due_at if storage.due_index else None
+
+    async def count_scheduled(self) -> int:
+        await asyncio.sleep(0)
+        with self._storage.lock:
+            return len(self._check().due_index)
+
+    async def purge_reached(self, reached_before: datetime, limit: int) -> int:
+        reached_before = require_utc(reached_before, "reached_before")
+        await asyncio.sleep(0)
+        with self._storage.lock:
+            storage = self._check()
+            old = sorted(
+                (entry.reached_at, key)
+                for key, entry in storage.timers.items()
+                if entry.reached_at is not None and entry.reached_at < reached_before
+            )
+            for _, key in old[: max(limit, 0)]:
+                storage.delete(key)
+            return min(len(old), max(limit, 0))

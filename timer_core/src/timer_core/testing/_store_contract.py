@@ -1,0 +1,597 @@
+"""The conformance suite of the ``TimerStore`` port: every promise of its docstrings, as tests."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from datetime import UTC, datetime, timedelta, timezone
+
+import pytest
+import pytest_asyncio
+
+from timer_core._entry import TimerEntry, TimerKey, TimerState
+from timer_core._ids import CorrelationId, ServiceCallId, TenantId
+from timer_core.ports import CommandOutcome, DueCursor, TimerOperation, TimerStore
+
+__all__ = ["TimerStoreContract"]
+
+T0 = datetime(2030, 1, 1, tzinfo=UTC)
+A = TenantId("tenant-a")
+B = TenantId("tenant-b")
+
+
+def at(seconds: float) -> datetime:
+    """The instant ``seconds`` after the suite's reference time."""
+    return T0 + timedelta(seconds=seconds)
+
+
+def entry(
+    tenant: str,
+    call: str,
+    due: float | datetime,
+    *,
+    correlation: str | None = None,
+    registered: float | datetime = 0,
+) -> TimerEntry:
+    """A ``Scheduled`` timer due ``due`` seconds after the reference time."""
+    return TimerEntry(
+        tenant_id=TenantId(tenant),
+        service_call_id=ServiceCallId(call),
+        due_at=due if isinstance(due, datetime) else at(due),
+        registered_at=registered if isinstance(registered, datetime) else at(registered),
+        correlation_id=correlation,
+    )
+
+
+def keys(entries: list[TimerEntry]) -> list[tuple[str, str]]:
+    """The keys of ``entries`` as plain tuples, in their order."""
+    return [(str(e.tenant_id), str(e.service_call_id)) for e in entries]
+
+
+class TimerStoreContract:
+    """Conformance tests every :class:`~timer_core.ports.TimerStore` must pass.
+
+    Subclass it as a ``Test...`` class and override the ``make_store`` fixture: it returns a
+    zero-argument callable, and each call returns a new, not yet started store over the same
+    durable storage (the durability test closes one and reads through another)::
+
+        class TestSqliteStore(TimerStoreContract):
+            @pytest.fixture
+            def make_store(self, tmp_path):
+                return lambda: SqliteTimerStore(tmp_path / "t.db")
+
+    The suite's own ``store`` fixture makes one store, starts it, and closes it afterwards.
+    """
+
+    pytestmark = pytest.mark.asyncio
+
+    @pytest.fixture
+    def make_store(self) -> Callable[[], TimerStore]:
+        """The factory hook: override it to return a callable making unstarted stores."""
+        raise NotImplementedError("override the make_store fixture to bind TimerStoreContract")
+
+    @pytest_asyncio.fixture
+    async def store(self, make_store: Callable[[], TimerStore]) -> AsyncIterator[TimerStore]:
+        """A started store over fresh storage, closed after the test."""
+        store = make_store()
+        await store.start()
+        try:
+            yield store
+        finally:
+            await store.aclose()
+
+    # -- schedule (upsert) -------------------------------------------------------------------
+
+    async def test_get_unknown_is_none(self, store: TimerStore) -> None:
+        """Getting a key that was never scheduled returns None."""
+        assert await store.get(A, ServiceCallId("nope")) is None
+
+    async def test_schedule_stores_new_timer(self, store: TimerStore) -> None:
+        """Scheduling a new key stores a Scheduled timer that reads back field for field."""
+        timer = entry("tenant-a", "call-1", 60, correlation="corr-1", registered=1)
+        assert await store.schedule(timer) is CommandOutcome.SCHEDULED
+        stored = await store.get(A, ServiceCallId("call-1"))
+        assert stored == timer
+        assert stored is not None
+        assert stored.state is TimerState.SCHEDULED
+        assert stored.reached_at is None
+
+    async def test_schedule_replaces_due_at_correlation_and_registered_at(
+        self, store: TimerStore
+    ) -> None:
+        """Scheduling a Scheduled key again replaces due_at, correlation_id and registered_at."""
+        await store.schedule(entry("tenant-a", "call-1", 60, correlation="first", registered=1))
+        again = entry("tenant-a", "call-1", 30, correlation="second", registered=2)
+        assert await store.schedule(again) is CommandOutcome.SCHEDULED
+        assert await store.get(A, ServiceCallId("call-1")) == again
+
+    async def test_reschedule_without_correlation_clears_it(self, store: TimerStore) -> None:
+        """A reschedule without a correlation id leaves none (the last schedule wins)."""
+        await store.schedule(entry("tenant-a", "call-1", 60, correlation="first"))
+        await store.schedule(entry("tenant-a", "call-1", 90))
+        stored = await store.get(A, ServiceCallId("call-1"))
+        assert stored is not None
+        assert stored.correlation_id is None
+        assert stored.due_at == at(90)
+
+    async def test_reached_timer_is_never_rearmed(self, store: TimerStore) -> None:
+        """Scheduling a Reached key changes nothing and reports IGNORED_REACHED."""
+        timer = entry("tenant-a", "call-1", 10, correlation="c1")
+        await store.schedule(timer)
+        reached = timer.reach(at(11))
+        assert await store.mark_reached([reached]) == 1
+        outcome = await store.schedule(entry("tenant-a", "call-1", 100, correlation="c2"))
+        assert outcome is CommandOutcome.IGNORED_REACHED
+        assert await store.get(A, ServiceCallId("call-1")) == reached
+        assert await store.find_due(at(1000), 10) == []
+
+    # -- cancel ------------------------------------------------------------------------------
+
+    async def test_cancel_removes_scheduled_timer(self, store: TimerStore) -> None:
+        """Cancelling a Scheduled timer deletes it, so it is never found due."""
+        await store.schedule(entry("tenant-a", "call-1", 10))
+        assert await store.cancel(A, ServiceCallId("call-1")) is CommandOutcome.CANCELLED
+        assert await store.get(A, ServiceCallId("call-1")) is None
+        assert await store.find_due(at(1000), 10) == []
+        assert await store.count_scheduled() == 0
+
+    async def test_cancel_unknown_is_noop(self, store: TimerStore) -> None:
+        """Cancelling a key that does not exist reports CANCEL_NOOP."""
+        assert await store.cancel(A, ServiceCallId("ghost")) is CommandOutcome.CANCEL_NOOP
+
+    async def test_cancel_reached_is_noop(self, store: TimerStore) -> None:
+        """Cancelling a Reached timer keeps it and reports CANCEL_NOOP."""
+        timer = entry("tenant-a", "call-1", 10)
+        await store.schedule(timer)
+        await store.mark_reached([timer.reach(at(10))])
+        assert await store.cancel(A, ServiceCallId("call-1")) is CommandOutcome.CANCEL_NOOP
+        assert await store.get(A, ServiceCallId("call-1")) == timer.reach(at(10))
+
+    async def test_rescheduling_after_cancel_stores_a_new_timer(self, store: TimerStore) -> None:
+        """A key cancelled while Scheduled can be scheduled again."""
+        await store.schedule(entry("tenant-a", "call-1", 10))
+        await store.cancel(A, ServiceCallId("call-1"))
+        again = entry("tenant-a", "call-1", 20)
+        assert await store.schedule(again) is CommandOutcome.SCHEDULED
+        assert await store.get(A, ServiceCallId("call-1")) == again
+
+    # -- apply -------------------------------------------------------------------------------
+
+    async def test_apply_empty_returns_nothing(self, store: TimerStore) -> None:
+        """Applying no operations returns an empty list."""
+        assert await store.apply([]) == []
+
+    async def test_apply_runs_operations_in_order(self, store: TimerStore) -> None:
+        """Within one apply, later operations see earlier ones: schedule, cancel, schedule."""
+        first = entry("tenant-a", "call-1", 10, correlation="one")
+        second = entry("tenant-a", "call-1", 20, correlation="two")
+        outcomes = await store.apply(
+            [
+                first,
+                TimerKey(A, ServiceCallId("call-1")),
+                second,
+                TimerKey(A, ServiceCallId("ghost")),
+                entry("tenant-b", "call-1", 5),
+            ]
+        )
+        assert outcomes == [
+            CommandOutcome.SCHEDULED,
+            CommandOutcome.CANCELLED,
+            CommandOutcome.SCHEDULED,
+            CommandOutcome.CANCEL_NOOP,
+            CommandOutcome.SCHEDULED,
+        ]
+        assert await store.get(A, ServiceCallId("call-1")) == second
+        assert await store.count_scheduled() == 2
+
+    async def test_apply_schedule_then_cancel_leaves_nothing(self, store: TimerStore) -> None:
+        """A schedule followed by a cancel of the same key in one apply leaves no timer."""
+        outcomes = await store.apply(
+            [entry("tenant-a", "call-1", 10), TimerKey(A, ServiceCallId("call-1"))]
+        )
+        assert outcomes == [CommandOutcome.SCHEDULED, CommandOutcome.CANCELLED]
+        assert await store.get(A, ServiceCallId("call-1")) is None
+
+    async def test_apply_sees_reached_state(self, store: TimerStore) -> None:
+        """Within one apply, a Reached key ignores both schedule and cancel."""
+        timer = entry("tenant-a", "call-1", 10)
+        await store.schedule(timer)
+        await store.mark_reached([timer.reach(at(10))])
+        outcomes = await store.apply(
+            [entry("tenant-a", "call-1", 50), TimerKey(A, ServiceCallId("call-1"))]
+        )
+        assert outcomes == [CommandOutcome.IGNORED_REACHED, CommandOutcome.CANCEL_NOOP]
+
+    # -- tenants -----------------------------------------------------------------------------
+
+    async def test_find_due_for_tenant_returns_only_that_tenant(self, store: TimerStore) -> None:
+        """With due timers in two tenants, find_due_for_tenant returns only the asked one's."""
+        await store.schedule(entry("tenant-a", "call-a", 0, correlation="corr-a"))
+        await store.schedule(entry("tenant-b", "call-b", 0, correlation="corr-b"))
+        results = await store.find_due_for_tenant(A, at(0), 100)
+        assert len(results) == 1
+        assert results[0].tenant_id == A
+
+    async def test_same_service_call_id_in_two_tenants_are_two_timers(
+        self, store: TimerStore
+    ) -> None:
+        """One service call id in two tenants is two timers; changing one leaves the other."""
+        call = ServiceCallId("shared-call")
+        a_timer = entry("tenant-a", call, 10)
+        b_timer = entry("tenant-b", call, 20)
+        await store.apply([a_timer, b_timer])
+        assert await store.get(A, call) == a_timer
+        assert await store.get(B, call) == b_timer
+        assert await store.cancel(A, call) is CommandOutcome.CANCELLED
+        assert await store.get(B, call) == b_timer
+        await store.schedule(entry("tenant-a", call, 99))
+        assert await store.mark_reached([b_timer.reach(at(20))]) == 1
+        a_now = await store.get(A, call)
+        assert a_now is not None
+        assert a_now.is_scheduled
+        assert a_now.due_at == at(99)
+
+    async def test_tenant_reads_never_cross(self, store: TimerStore) -> None:
+        """get, list_for_tenant and find_by_correlation never return another tenant's timer."""
+        await store.schedule(entry("tenant-a", "call-1", 10, correlation="same"))
+        await store.schedule(entry("tenant-b", "call-2", 10, correlation="same"))
+        assert await store.get(B, ServiceCallId("call-1")) is None
+        assert keys(await store.list_for_tenant(B)) == [("tenant-b", "call-2")]
+        found = await store.find_by_correlation(A, CorrelationId("same"))
+        assert keys(found) == [("tenant-a", "call-1")]
+        assert await store.find_due_for_tenant(TenantId("tenant-c"), at(100), 10) == []
+
+    # -- find_due ----------------------------------------------------------------------------
+
+    async def test_find_due_is_inclusive_of_now(self, store: TimerStore) -> None:
+        """A timer with due_at == now is due; one a millisecond later is not."""
+        await store.schedule(entry("tenant-a", "on-time", 10))
+        await store.schedule(entry("tenant-a", "later", at(10) + timedelta(milliseconds=1)))
+        assert keys(await store.find_due(at(10), 10)) == [("tenant-a", "on-time")]
+        assert keys(await store.find_due_for_tenant(A, at(10), 10)) == [("tenant-a", "on-time")]
+        assert await store.find_due(at(10) - timedelta(milliseconds=1), 10) == []
+
+    async def test_find_due_orders_by_due_at_then_tenant_then_call(self, store: TimerStore) -> None:
+        """Due timers of all tenants come in (due_at, tenant_id, service_call_id) order."""
+        timers = [
+            entry("tenant-b", "call-2", 5),
+            entry("tenant-a", "call-9", 7),
+            entry("tenant-b", "call-1", 5),
+            entry("tenant-a", "call-3", 5),
+            entry("tenant-c", "call-0", 1),
+            entry("tenant-a", "call-1", 7),
+        ]
+        await store.apply(timers)
+        expected = sorted(timers, key=DueCursor.of)
+        assert await store.find_due(at(10), 100) == expected
+
+    async def test_find_due_orders_ids_by_code_point(self, store: TimerStore) -> None:
+        """Ids sort by code point ('-' < digits < upper case < '_' < lower case), as in C.
+
+        A SQL adapter needs a binary collation for this (``COLLATE "C"`` in PostgreSQL).
+        """
+        tokens = ["a", "A", "_x", "-x", "0", "Z", "z", "a-b", "aB", "a_b", "ab"]
+        timers = [entry(token, token, 5) for token in tokens]
+        await store.apply(timers)
+        found = await store.find_due(at(5), 100)
+        assert [str(e.tenant_id) for e in found] == sorted(tokens)
+        await store.apply([entry("tenant-t", token, 5) for token in tokens])
+        calls = await store.find_due_for_tenant(TenantId("tenant-t"), at(5), 100)
+        assert [str(e.service_call_id) for e in calls] == sorted(tokens)
+        listed = await store.list_for_tenant(TenantId("tenant-t"))
+        assert [str(e.service_call_id) for e in listed] == sorted(tokens)
+
+    async def test_find_due_respects_limit(self, store: TimerStore) -> None:
+        """find_due returns at most limit timers, the earliest ones."""
+        await store.apply([entry("tenant-a", f"call-{i:02d}", i) for i in range(10)])
+        found = await store.find_due(at(100), 3)
+        assert keys(found) == [
+            ("tenant-a", "call-00"),
+            ("tenant-a", "call-01"),
+            ("tenant-a", "call-02"),
+        ]
+        assert len(await store.find_due_for_tenant(A, at(100), 4)) == 4
+
+    async def test_find_due_pages_with_keyset_cursor(self, store: TimerStore) -> None:
+        """Paging with after=DueCursor.of(last) visits every due timer once, in order."""
+        timers = [
+            entry(tenant, f"call-{i}", i % 4)
+            for i in range(9)
+            for tenant in ("tenant-a", "tenant-b", "tenant-c")
+        ]
+        await store.apply(timers)
+        expected = sorted(timers, key=DueCursor.of)
+        pages: list[TimerEntry] = []
+        after: DueCursor | None = None
+        for _ in range(len(timers)):  # bounded: a cursor that does not advance must fail
+            page = await store.find_due(at(10), 4, after=after)
+            if not page:
+                break
+            assert len(page) <= 4
+            pages.extend(page)
+            after = DueCursor.of(page[-1])
+        assert pages == expected
+
+    async def test_find_due_after_is_strict_and_needs_no_stored_key(
+        self, store: TimerStore
+    ) -> None:
+        """after excludes its own position and may point between stored timers."""
+        await store.apply(
+            [
+                entry("tenant-a", "call-1", 1),
+                entry("tenant-a", "call-2", 1),
+                entry("tenant-b", "x", 2),
+            ]
+        )
+        after_first = DueCursor(at(1), A, ServiceCallId("call-1"))
+        assert keys(await store.find_due(at(5), 10, after=after_first)) == [
+            ("tenant-a", "call-2"),
+            ("tenant-b", "x"),
+        ]
+        between = DueCursor(at(1), A, ServiceCallId("call-15"))
+        assert keys(await store.find_due(at(5), 10, after=between)) == [
+            ("tenant-a", "call-2"),
+            ("tenant-b", "x"),
+        ]
+        assert keys(
+            await store.find_due(at(5), 10, after=DueCursor(at(1.5), B, ServiceCallId("a")))
+        ) == [("tenant-b", "x")]
+
+    async def test_find_due_skips_reached_timers(self, store: TimerStore) -> None:
+        """Reached timers are never found due."""
+        timer = entry("tenant-a", "call-1", 1)
+        await store.apply([timer, entry("tenant-a", "call-2", 2)])
+        await store.mark_reached([timer.reach(at(3))])
+        assert keys(await store.find_due(at(10), 10)) == [("tenant-a", "call-2")]
+        assert keys(await store.find_due_for_tenant(A, at(10), 10)) == [("tenant-a", "call-2")]
+
+    async def test_find_due_for_tenant_orders_by_due_at(self, store: TimerStore) -> None:
+        """find_due_for_tenant returns the tenant's due timers earliest first."""
+        await store.apply(
+            [entry("tenant-a", "z", 1), entry("tenant-a", "a", 3), entry("tenant-a", "m", 2)]
+        )
+        found = await store.find_due_for_tenant(A, at(2), 10)
+        assert keys(found) == [("tenant-a", "z"), ("tenant-a", "m")]
+
+    # -- mark_reached ------------------------------------------------------------------------
+
+    async def test_mark_reached_records_the_firing(self, store: TimerStore) -> None:
+        """mark_reached moves Scheduled timers to Reached with their reached_at, in one call."""
+        first = entry("tenant-a", "call-1", 1, correlation="c")
+        second = entry("tenant-b", "call-2", 2)
+        await store.apply([first, second, entry("tenant-a", "call-3", 3)])
+        changed = await store.mark_reached([first.reach(at(5)), second.reach(at(6))])
+        assert changed == 2
+        assert await store.get(A, ServiceCallId("call-1")) == first.reach(at(5))
+        assert await store.get(B, ServiceCallId("call-2")) == second.reach(at(6))
+        assert await store.count_scheduled() == 1
+
+    async def test_mark_reached_skips_a_rescheduled_timer(self, store: TimerStore) -> None:
+        """A timer rescheduled after it was read is not marked: its new due time stands."""
+        timer = entry("tenant-a", "call-1", 1)
+        await store.schedule(timer)
+        (read,) = await store.find_due(at(1), 10)
+        moved = entry("tenant-a", "call-1", 50, registered=1)
+        await store.schedule(moved)
+        assert await store.mark_reached([read.reach(at(1))]) == 0
+        assert await store.get(A, ServiceCallId("call-1")) == moved
+
+    async def test_mark_reached_does_not_resurrect_a_cancelled_timer(
+        self, store: TimerStore
+    ) -> None:
+        """A timer cancelled after it was read stays gone when the firing is marked."""
+        timer = entry("tenant-a", "call-1", 1)
+        await store.schedule(timer)
+        await store.cancel(A, ServiceCallId("call-1"))
+        assert await store.mark_reached([timer.reach(at(2))]) == 0
+        assert await store.get(A, ServiceCallId("call-1")) is None
+
+    async def test_second_mark_keeps_first_reached_at(self, store: TimerStore) -> None:
+        """Marking an already Reached timer again changes nothing: the first reached_at stays."""
+        timer = entry("tenant-a", "call-1", 1)
+        await store.schedule(timer)
+        assert await store.mark_reached([timer.reach(at(2))]) == 1
+        assert await store.mark_reached([timer.reach(at(9))]) == 0
+        assert await store.get(A, ServiceCallId("call-1")) == timer.reach(at(2))
+
+    async def test_mark_reached_counts_only_changed_timers(self, store: TimerStore) -> None:
+        """In a mixed batch, only the timers still Scheduled at the read due_at are counted."""
+        timers = [entry("tenant-a", f"call-{i}", i) for i in range(5)]
+        await store.apply(timers)
+        await store.mark_reached([timers[0].reach(at(10))])
+        await store.cancel(A, ServiceCallId("call-1"))
+        await store.schedule(entry("tenant-a", "call-2", 70))
+        changed = await store.mark_reached([t.reach(at(20)) for t in timers])
+        assert changed == 2
+        assert await store.mark_reached([]) == 0
+        states = {str(e.service_call_id): e.state for e in await store.list_for_tenant(A)}
+        assert states == {
+            "call-0": TimerState.REACHED,
+            "call-2": TimerState.SCHEDULED,
+            "call-3": TimerState.REACHED,
+            "call-4": TimerState.REACHED,
+        }
+
+    # -- instants and ids --------------------------------------------------------------------
+
+    async def test_instants_round_trip_at_millisecond_precision(self, store: TimerStore) -> None:
+        """due_at, registered_at and reached_at read back exactly, as aware UTC datetimes."""
+        instants = [
+            datetime(1970, 1, 1, 0, 0, 0, 1000, tzinfo=UTC),
+            datetime(2030, 6, 15, 12, 34, 56, 789000, tzinfo=UTC),
+            datetime(2031, 3, 1, 8, 0, 0, 999000, tzinfo=timezone(timedelta(hours=5, minutes=30))),
+            datetime(2999, 12, 31, 23, 59, 59, 999000, tzinfo=UTC),
+        ]
+        timers = [
+            entry("tenant-a", f"call-{i}", due, registered=instants[-1 - i], correlation="c")
+            for i, due in enumerate(instants)
+        ]
+        await store.apply(timers)
+        reached = [t.reach(t.due_at + timedelta(milliseconds=i)) for i, t in enumerate(timers)]
+        await store.mark_reached(reached[:2])
+        expected = reached[:2] + timers[2:]
+        listed = await store.list_for_tenant(A)
+        assert listed == expected
+        assert await store.find_by_correlation(A, CorrelationId("c")) == expected
+        assert await store.find_due(instants[-1], 10) == timers[2:]
+        for stored in listed:
+            for value in (stored.due_at, stored.registered_at, stored.reached_at):
+                if value is not None:
+                    assert value.utcoffset() == timedelta(0)
+                    assert value.microsecond % 1000 == 0
+
+    async def test_longest_ids_round_trip(self, store: TimerStore) -> None:
+        """128-character ids using every allowed character are stored and read back intact."""
+        alphabet = "-0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ_abcdefghijklmnopqrstuvwxyz"
+        long_id = (alphabet * 3)[:128]
+        timer = entry(long_id, long_id[::-1], 1, correlation=long_id)
+        await store.schedule(timer)
+        assert await store.get(TenantId(long_id), ServiceCallId(long_id[::-1])) == timer
+        assert await store.find_by_correlation(TenantId(long_id), CorrelationId(long_id)) == [timer]
+
+    # -- find_by_correlation, list_for_tenant ------------------------------------------------
+
+    async def test_find_by_correlation(self, store: TimerStore) -> None:
+        """find_by_correlation returns the tenant's timers with that id, in key order."""
+        await store.apply(
+            [
+                entry("tenant-a", "call-2", 1, correlation="x"),
+                entry("tenant-a", "call-1", 2, correlation="x"),
+                entry("tenant-a", "call-3", 3, correlation="y"),
+                entry("tenant-a", "call-4", 4),
+                entry("tenant-b", "call-5", 5, correlation="x"),
+            ]
+        )
+        found = await store.find_by_correlation(A, CorrelationId("x"))
+        assert keys(found) == [("tenant-a", "call-1"), ("tenant-a", "call-2")]
+        assert await store.find_by_correlation(A, CorrelationId("none-such")) == []
+
+    async def test_find_by_correlation_follows_reschedules(self, store: TimerStore) -> None:
+        """A reschedule with another correlation id moves the timer to that id."""
+        await store.schedule(entry("tenant-a", "call-1", 1, correlation="old"))
+        await store.schedule(entry("tenant-a", "call-1", 2, correlation="new"))
+        assert await store.find_by_correlation(A, CorrelationId("old")) == []
+        assert keys(await store.find_by_correlation(A, CorrelationId("new"))) == [
+            ("tenant-a", "call-1")
+        ]
+
+    async def test_list_for_tenant_pages_in_service_call_order(self, store: TimerStore) -> None:
+        """list_for_tenant pages through Scheduled and Reached timers by service_call_id."""
+        timers = [entry("tenant-a", f"call-{i}", 10 - i) for i in (4, 0, 6, 2, 5, 1, 3)]
+        await store.apply([*timers, entry("tenant-b", "call-0", 1)])
+        await store.mark_reached([timers[1].reach(at(20))])
+        page1 = await store.list_for_tenant(A, limit=3)
+        assert [str(e.service_call_id) for e in page1] == ["call-0", "call-1", "call-2"]
+        assert page1[0].state is TimerState.REACHED
+        page2 = await store.list_for_tenant(A, limit=3, after=page1[-1].service_call_id)
+        assert [str(e.service_call_id) for e in page2] == ["call-3", "call-4", "call-5"]
+        page3 = await store.list_for_tenant(A, limit=3, after=page2[-1].service_call_id)
+        assert [str(e.service_call_id) for e in page3] == ["call-6"]
+        assert await store.list_for_tenant(A, after=ServiceCallId("call-6")) == []
+        assert len(await store.list_for_tenant(A)) == 7
+
+    # -- next_due_at, count_scheduled, purge_reached -----------------------------------------
+
+    async def test_next_due_at(self, store: TimerStore) -> None:
+        """next_due_at is the earliest Scheduled due_at of any tenant, or None."""
+        assert await store.next_due_at() is None
+        late = entry("tenant-a", "late", 10)
+        early = entry("tenant-b", "early", 5)
+        await store.apply([late, early])
+        assert await store.next_due_at() == at(5)
+        await store.mark_reached([early.reach(at(5))])
+        assert await store.next_due_at() == at(10)
+        await store.cancel(A, ServiceCallId("late"))
+        assert await store.next_due_at() is None
+
+    async def test_count_scheduled(self, store: TimerStore) -> None:
+        """count_scheduled counts Scheduled timers of all tenants, not Reached or cancelled."""
+        assert await store.count_scheduled() == 0
+        timers = [entry(t, f"c{i}", i) for i in range(3) for t in ("tenant-a", "tenant-b")]
+        await store.apply(timers)
+        assert await store.count_scheduled() == 6
+        await store.mark_reached([timers[0].reach(at(0))])
+        await store.cancel(B, ServiceCallId("c1"))
+        await store.schedule(entry("tenant-a", "c2", 40))
+        assert await store.count_scheduled() == 4
+
+    async def test_purge_reached(self, store: TimerStore) -> None:
+        """purge_reached deletes only Reached timers fired before the cutoff, up to limit."""
+        reached = [entry("tenant-a", f"r{i}", i) for i in range(1, 6)]
+        pending = [entry("tenant-b", "s1", 0), entry("tenant-b", "s2", 100)]
+        await store.apply([*reached, *pending])
+        await store.mark_reached([t.reach(at(i)) for i, t in enumerate(reached, start=1)])
+        assert await store.purge_reached(at(4), 2) == 2
+        assert await store.purge_reached(at(4), 10) == 1
+        assert await store.purge_reached(at(4), 10) == 0
+        left = await store.list_for_tenant(A)
+        assert [e.reached_at for e in left] == [at(4), at(5)]
+        assert len(await store.list_for_tenant(B)) == 2
+        assert await store.purge_reached(at(1000), 0) == 0
+        assert await store.purge_reached(at(1000), 100) == 2
+        assert await store.count_scheduled() == 2
+
+    # -- concurrency and durability ----------------------------------------------------------
+
+    async def test_concurrent_schedules_are_all_stored(self, store: TimerStore) -> None:
+        """A hundred schedules awaited at once from one loop are all stored."""
+        timers = [entry(f"tenant-{i % 4}", f"call-{i}", i) for i in range(100)]
+        outcomes = await asyncio.gather(*(store.schedule(t) for t in timers))
+        assert outcomes == [CommandOutcome.SCHEDULED] * 100
+        assert await store.count_scheduled() == 100
+        assert await store.find_due(at(1000), 1000) == sorted(timers, key=DueCursor.of)
+
+    async def test_concurrent_applies_of_one_key_keep_per_call_order(
+        self, store: TimerStore
+    ) -> None:
+        """Concurrent applies each see their own operations in order; no call is lost."""
+        batches: list[list[TimerOperation]] = [
+            [
+                entry("tenant-a", f"k{i}", 1),
+                TimerKey(A, ServiceCallId(f"k{i}")),
+                entry("tenant-a", f"k{i}", 2),
+            ]
+            for i in range(30)
+        ]
+        results = await asyncio.gather(*(store.apply(batch) for batch in batches))
+        for outcomes in results:
+            assert outcomes == [
+                CommandOutcome.SCHEDULED,
+                CommandOutcome.CANCELLED,
+                CommandOutcome.SCHEDULED,
+            ]
+        assert {e.due_at for e in await store.list_for_tenant(A)} == {at(2)}
+        assert await store.count_scheduled() == 30
+
+    async def test_timers_survive_a_new_store_instance(
+        self, make_store: Callable[[], TimerStore]
+    ) -> None:
+        """Everything a closed store returned is there when a new instance opens the storage."""
+        first = make_store()
+        await first.start()
+        await first.start()  # start is idempotent
+        try:
+            fired = entry("tenant-a", "fired", 1, correlation="c")
+            await first.apply(
+                [
+                    fired,
+                    entry("tenant-a", "pending", 50, correlation="c"),
+                    entry("tenant-b", "moved", 5),
+                    entry("tenant-b", "gone", 6),
+                ]
+            )
+            await first.schedule(entry("tenant-b", "moved", 70, registered=3))
+            await first.cancel(B, ServiceCallId("gone"))
+            await first.mark_reached([fired.reach(at(2))])
+            before = (await first.list_for_tenant(A), await first.list_for_tenant(B))
+        finally:
+            await first.aclose()
+        second = make_store()
+        async with second:
+            assert (await second.list_for_tenant(A), await second.list_for_tenant(B)) == before
+            assert await second.next_due_at() == at(50)
+            assert await second.count_scheduled() == 2
+            assert keys(await second.find_due(at(100), 10)) == [
+                ("tenant-a", "pending"),
+                ("tenant-b", "moved"),
+            ]

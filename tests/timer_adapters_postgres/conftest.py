@@ -17,12 +17,17 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import attrs
 import psycopg
 import pytest
+import pytest_asyncio
+import sqlalchemy as sa
+
+from timer_adapters_postgres import PostgresTimerStore
 
 _SEARCH_DIRS = ("/usr/lib/postgresql", "/usr/local/pgsql", "/opt/postgresql")
 _START_TIMEOUT_S = 30.0
@@ -256,3 +261,33 @@ def postgres_url(postgres_cluster: PostgresCluster, _shared_database: str) -> st
         if conn.execute("SELECT to_regclass('timer_schedules')").fetchone() != (None,):
             conn.execute("TRUNCATE timer_schedules")
     return postgres_cluster.url(_shared_database)
+
+
+@pytest.fixture
+def postgres_sql(postgres_url: str) -> Iterator[psycopg.Connection[tuple[Any, ...]]]:
+    """An autocommit psycopg connection to the test's database, to look behind the store."""
+    conninfo = sa.make_url(postgres_url).set(drivername="postgresql")
+    with psycopg.connect(conninfo.render_as_string(hide_password=False), autocommit=True) as conn:
+        yield conn
+
+
+@pytest_asyncio.fixture
+async def make_started_store(postgres_url: str) -> AsyncIterator[Callable[..., Any]]:
+    """``await make_started_store(**options)``: a started store on the test's database.
+
+    Every store made is closed at teardown.
+    """
+    stores: list[PostgresTimerStore] = []
+
+    async def make(**options: Any) -> PostgresTimerStore:
+        options.setdefault("pool_size", 3)
+        store = PostgresTimerStore(postgres_url, **options)
+        stores.append(store)
+        await store.start()
+        return store
+
+    try:
+        yield make
+    finally:
+        for store in stores:
+            await store.aclose()

@@ -1,0 +1,261 @@
+"""Leased claiming on a real PostgreSQL: several stores share one table without sharing a timer."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import psycopg
+
+from timer_adapters_memory import MemoryEventBus
+from timer_adapters_postgres import PostgresTimerStore
+from timer_core import (
+    DueCursor,
+    DueTimeReached,
+    EventPublisher,
+    MessageEnvelope,
+    PublishError,
+    SystemClock,
+    TimerEntry,
+    TimerState,
+    TimerWorker,
+    fire_due_timers,
+)
+
+MakeStore = Callable[..., Awaitable[PostgresTimerStore]]
+
+NOW = datetime.now(UTC).replace(microsecond=0)
+
+
+def timer(call: str, due_s: float = -60.0, tenant: str = "tenant-a") -> TimerEntry:
+    """A Scheduled timer due ``due_s`` seconds from the start of this test module."""
+    return TimerEntry(
+        tenant_id=tenant,
+        service_call_id=call,
+        due_at=NOW + timedelta(seconds=due_s),
+        registered_at=NOW - timedelta(seconds=120),
+    )
+
+
+def lease_of(sql: psycopg.Connection[Any], call: str) -> tuple[Any, ...]:
+    """``(state, lease_owner, lease_token)`` of one of the test's timers, read behind the store."""
+    row = sql.execute(
+        "SELECT state, lease_owner, lease_token FROM timer_schedules WHERE service_call_id = %s",
+        (call,),
+    ).fetchone()
+    assert row is not None
+    return tuple(row)
+
+
+async def claim_until_found(store: PostgresTimerStore, limit: int = 10) -> list[TimerEntry]:
+    """Poll ``find_due`` until it claims something (the lease of another store must run out)."""
+    async with asyncio.timeout(10):
+        while not (claimed := await store.find_due(datetime.now(UTC), limit)):
+            await asyncio.sleep(0.02)  # polling the database: no event says "lease ran out"
+    return claimed
+
+
+class TestClaiming:
+    """find_due claims: concurrent stores never receive the same timer."""
+
+    async def test_concurrent_claims_never_share_a_timer(
+        self, make_started_store: MakeStore
+    ) -> None:
+        """Three stores claiming the same backlog at once get disjoint sets covering it all."""
+        stores = [await make_started_store(owner_id=f"owner-{i}") for i in range(3)]
+        await stores[0].apply([timer(f"call-{i:04d}", -i) for i in range(600)])
+
+        async def drain(store: PostgresTimerStore) -> list[str]:
+            mine: list[str] = []
+            while batch := await store.find_due(datetime.now(UTC), 25):
+                mine.extend(entry.service_call_id for entry in batch)
+                now = datetime.now(UTC)
+                assert await store.mark_reached([entry.reach(now) for entry in batch]) == len(batch)
+            return mine
+
+        claimed = await asyncio.gather(*(drain(store) for store in stores))
+        everything = [call for calls in claimed for call in calls]
+        assert len(everything) == len(set(everything)) == 600
+        assert await stores[0].count_scheduled() == 0
+
+    async def test_simultaneous_single_claims_are_disjoint(
+        self, make_started_store: MakeStore
+    ) -> None:
+        """Claims issued at the same moment, without marking, split the due timers."""
+        stores = [await make_started_store(owner_id=f"owner-{i}") for i in range(4)]
+        await stores[0].apply([timer(f"call-{i:03d}", -i) for i in range(100)])
+        claims = await asyncio.gather(*(s.find_due(datetime.now(UTC), 40) for s in stores))
+        calls = [entry.service_call_id for batch in claims for entry in batch]
+        assert len(calls) == len(set(calls)) == 100
+
+    async def test_a_store_claims_its_own_timers_again(
+        self, make_started_store: MakeStore, postgres_sql: psycopg.Connection[Any]
+    ) -> None:
+        """The same store gets its claimed timers again, each claim with a new token."""
+        store = await make_started_store(owner_id="me")
+        await store.schedule(timer("call-1"))
+        assert await store.find_due(datetime.now(UTC), 10) == [timer("call-1")]
+        assert lease_of(postgres_sql, "call-1") == ("Scheduled", "me", 1)
+        assert await store.find_due(datetime.now(UTC), 10) == [timer("call-1")]
+        assert lease_of(postgres_sql, "call-1") == ("Scheduled", "me", 2)
+
+    async def test_claims_honour_the_keyset_cursor(self, make_started_store: MakeStore) -> None:
+        """With after, only timers strictly after the cursor are claimed and leased."""
+        first, second = await make_started_store(), await make_started_store()
+        await first.apply([timer("a", -3), timer("b", -2), timer("c", -1)])
+        claimed = await first.find_due(datetime.now(UTC), 10, after=DueCursor.of(timer("a", -3)))
+        assert [e.service_call_id for e in claimed] == ["b", "c"]
+        assert [e.service_call_id for e in await second.find_due(datetime.now(UTC), 10)] == ["a"]
+
+    async def test_a_crashed_owners_claims_are_taken_over_after_the_lease(
+        self, make_started_store: MakeStore, postgres_sql: psycopg.Connection[Any]
+    ) -> None:
+        """Claims of a store that stopped without marking go to another store once expired."""
+        crashed = await make_started_store(owner_id="crashed", lease_s=0.4)
+        survivor = await make_started_store(owner_id="survivor")
+        await crashed.apply([timer("call-1"), timer("call-2")])
+        claimed_at = time.monotonic()
+        assert len(await crashed.find_due(datetime.now(UTC), 10)) == 2
+        await crashed.aclose()  # it "crashes": never marks, never releases
+        assert await survivor.find_due(datetime.now(UTC), 10) == []
+        taken = await claim_until_found(survivor)
+        assert time.monotonic() - claimed_at >= 0.4
+        assert sorted(e.service_call_id for e in taken) == ["call-1", "call-2"]
+        assert lease_of(postgres_sql, "call-1") == ("Scheduled", "survivor", 2)
+
+    async def test_fenced_mark_by_the_old_owner_changes_nothing(
+        self, make_started_store: MakeStore, postgres_sql: psycopg.Connection[Any]
+    ) -> None:
+        """A slow owner marking after its claim was taken over changes nothing; the new one can."""
+        slow = await make_started_store(owner_id="slow", lease_s=0.3)
+        fast = await make_started_store(owner_id="fast")
+        await slow.schedule(timer("call-1"))
+        (mine,) = await slow.find_due(datetime.now(UTC), 10)
+        (theirs,) = await claim_until_found(fast)
+        assert await slow.mark_reached([mine.reach(datetime.now(UTC))]) == 0
+        assert lease_of(postgres_sql, "call-1") == ("Scheduled", "fast", 2)
+        await slow.release_claims([mine])  # the old owner's release is fenced as well
+        assert lease_of(postgres_sql, "call-1") == ("Scheduled", "fast", 2)
+        assert await fast.mark_reached([theirs.reach(datetime.now(UTC))]) == 1
+        assert lease_of(postgres_sql, "call-1") == ("Reached", None, 2)
+
+    async def test_a_late_mark_under_an_expired_but_untaken_claim_counts(
+        self, make_started_store: MakeStore
+    ) -> None:
+        """If nobody claimed the timer since, the owner's mark after its lease still records it."""
+        store = await make_started_store(lease_s=0.05)
+        await store.schedule(timer("call-1"))
+        (claimed,) = await store.find_due(datetime.now(UTC), 10)
+        await asyncio.sleep(0.1)  # let the lease run out on the database clock
+        assert await store.mark_reached([claimed.reach(datetime.now(UTC))]) == 1
+
+    async def test_release_lets_another_store_claim_at_once(
+        self, make_started_store: MakeStore
+    ) -> None:
+        """Released claims are claimable by other stores without waiting for the lease."""
+        owner, other = await make_started_store(), await make_started_store()
+        await owner.apply([timer("call-1"), timer("call-2")])
+        claimed = await owner.find_due(datetime.now(UTC), 10)
+        assert await other.find_due(datetime.now(UTC), 10) == []
+        await owner.release_claims(claimed[:1])
+        assert [e.service_call_id for e in await other.find_due(datetime.now(UTC), 10)] == [
+            "call-1"
+        ]
+
+    async def test_reschedule_drops_the_lease(self, make_started_store: MakeStore) -> None:
+        """A rescheduled timer can be claimed at once; the old claim can no longer mark it."""
+        owner, other = await make_started_store(), await make_started_store()
+        await owner.schedule(timer("call-1", -10))
+        (old,) = await owner.find_due(datetime.now(UTC), 10)
+        moved = timer("call-1", -5)
+        await other.schedule(moved)
+        assert await other.find_due(datetime.now(UTC), 10) == [moved]
+        assert await owner.mark_reached([old.reach(datetime.now(UTC))]) == 0
+
+    async def test_unclaimed_mark_waits_for_no_live_lease(
+        self, make_started_store: MakeStore
+    ) -> None:
+        """A store marking a timer it never claimed cannot overwrite another's live claim."""
+        owner, other = await make_started_store(), await make_started_store()
+        await owner.schedule(timer("call-1"))
+        (claimed,) = await owner.find_due(datetime.now(UTC), 10)
+        assert await other.mark_reached([timer("call-1").reach(datetime.now(UTC))]) == 0
+        await owner.release_claims([claimed])
+        assert await other.mark_reached([timer("call-1").reach(datetime.now(UTC))]) == 1
+
+    async def test_next_due_at_skips_timers_others_hold(
+        self, make_started_store: MakeStore
+    ) -> None:
+        """next_due_at leaves out timers leased by another store, not the store's own."""
+        owner, other = await make_started_store(), await make_started_store()
+        await owner.apply([timer("held", -10), timer("later", 3600)])
+        await owner.find_due(datetime.now(UTC), 10)
+        assert await owner.next_due_at() == timer("held", -10).due_at
+        assert await other.next_due_at() == timer("later", 3600).due_at
+
+
+class StallingPublisher(EventPublisher):
+    """A broker that never acknowledges (the publish is abandoned by the lease fence)."""
+
+    def __init__(self) -> None:
+        self.offered: list[str] = []
+
+    async def publish_many(
+        self, envelopes: Sequence[MessageEnvelope[DueTimeReached]]
+    ) -> list[PublishError | None]:
+        self.offered.extend(e.payload.service_call_id for e in envelopes)
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+
+class TestFiringAcrossInstances:
+    """fire_due_timers and TimerWorker on several stores over one database."""
+
+    async def test_stalled_instance_gives_up_and_another_fires_once(
+        self, make_started_store: MakeStore, postgres_sql: psycopg.Connection[Any]
+    ) -> None:
+        """An instance whose broker stalls past the lease neither marks nor keeps the timer."""
+        stalled = await make_started_store(owner_id="stalled", lease_s=0.3)
+        healthy = await make_started_store(owner_id="healthy")
+        await stalled.schedule(timer("call-1"))
+        stalled_publisher = StallingPublisher()
+        report = await fire_due_timers(stalled, stalled_publisher, SystemClock(), batch_size=10)
+        assert stalled_publisher.offered == ["call-1"]
+        assert [e.service_call_id for e, _ in report.failed] == ["call-1"]
+        assert lease_of(postgres_sql, "call-1") == ("Scheduled", None, 1)  # released
+        bus = MemoryEventBus()
+        report = await fire_due_timers(healthy, bus, SystemClock(), batch_size=10)
+        assert [e.service_call_id for e in report.fired] == ["call-1"]
+        assert [e.payload.service_call_id for e in bus.published] == ["call-1"]
+        assert lease_of(postgres_sql, "call-1") == ("Reached", None, 2)
+
+    async def test_two_workers_fire_every_timer_exactly_once(
+        self, make_started_store: MakeStore
+    ) -> None:
+        """Two workers on two stores fire a 400-timer backlog with no duplicate publish."""
+        stores = [await make_started_store(owner_id=f"worker-{i}") for i in range(2)]
+        bus = MemoryEventBus(deduplicate=False)
+        await stores[0].apply(
+            [timer(f"call-{i:03d}", -i % 7, f"tenant-{i % 5}") for i in range(400)]
+        )
+        workers = [
+            TimerWorker(store, bus, SystemClock(), polling_interval=0.05, batch_size=20)
+            for store in stores
+        ]
+        runs = [asyncio.create_task(worker.run()) for worker in workers]
+        try:
+            await asyncio.wait_for(bus.wait_for_published(400), timeout=30)
+        finally:
+            for worker in workers:
+                worker.stop()
+            await asyncio.gather(*runs)
+        assert len(bus.publish_attempts) == 400
+        assert bus.duplicates == 0
+        assert await stores[0].count_scheduled() == 0
+        states = {
+            e.state for e in await stores[1].list_for_tenant(timer("x", 0, "tenant-0").tenant_id)
+        }
+        assert states == {TimerState.REACHED}

@@ -1,0 +1,221 @@
+"""The schema: versioned migrations, the exported metadata, constraints and driver errors."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from datetime import UTC, datetime
+from typing import Any
+
+import psycopg
+import pytest
+import sqlalchemy as sa
+
+from timer_adapters_postgres import SCHEMA_VERSION, PostgresTimerStore, metadata
+from timer_core import SchemaVersionError, StoreError, StoreUnavailable, TimerEntry
+
+
+def connect(url: str) -> psycopg.Connection[Any]:
+    conninfo = sa.make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+    return psycopg.connect(conninfo, autocommit=True)
+
+
+def timer(call: str) -> TimerEntry:
+    now = datetime(2030, 1, 1, tzinfo=UTC)
+    return TimerEntry(tenant_id="t", service_call_id=call, due_at=now, registered_at=now)
+
+
+class TestMigrations:
+    """Forward-only, versioned migrations run at start, once, and refuse newer databases."""
+
+    async def test_fresh_database_is_migrated_to_the_current_version(
+        self, fresh_postgres_url: str
+    ) -> None:
+        """Starting on an empty database creates the table and records every migration."""
+        async with PostgresTimerStore(fresh_postgres_url, listen=False) as store:
+            await store.schedule(timer("call-1"))
+        with connect(fresh_postgres_url) as conn:
+            versions = conn.execute("SELECT version FROM timer_schema_migrations").fetchall()
+        assert versions == [(v,) for v in range(1, SCHEMA_VERSION + 1)]
+
+    async def test_concurrent_first_starts_migrate_once(self, fresh_postgres_url: str) -> None:
+        """Several instances starting together on an empty database all come up."""
+        stores = [PostgresTimerStore(fresh_postgres_url, listen=False) for _ in range(4)]
+        try:
+            await asyncio.gather(*(store.start() for store in stores))
+            await stores[0].schedule(timer("call-1"))
+            assert await stores[3].count_scheduled() == 1
+        finally:
+            for store in stores:
+                await store.aclose()
+
+    async def test_newer_schema_is_refused_and_left_alone(self, postgres_url: str) -> None:
+        """A database migrated by a newer Timer raises SchemaVersionError and is not touched."""
+        async with PostgresTimerStore(postgres_url, listen=False) as store:
+            await store.schedule(timer("call-1"))
+        with connect(postgres_url) as conn:
+            conn.execute(
+                "INSERT INTO timer_schema_migrations (version, description) "
+                "VALUES (%s, 'from the future')",
+                (SCHEMA_VERSION + 1,),
+            )
+            try:
+                with pytest.raises(SchemaVersionError, match="newer"):
+                    await PostgresTimerStore(postgres_url, listen=False).start()
+                count = conn.execute("SELECT count(*) FROM timer_schedules").fetchone()
+                assert count == (1,)
+            finally:
+                conn.execute(
+                    "DELETE FROM timer_schema_migrations WHERE version = %s", (SCHEMA_VERSION + 1,)
+                )
+
+    async def test_migrate_false_refuses_an_unmigrated_database(
+        self, fresh_postgres_url: str
+    ) -> None:
+        """With migrate=False, a database without the current schema is an error, not changed."""
+        with pytest.raises(StoreError, match="migrations are turned off"):
+            await PostgresTimerStore(fresh_postgres_url, listen=False, migrate=False).start()
+        with connect(fresh_postgres_url) as conn:
+            assert conn.execute("SELECT to_regclass('timer_schedules')").fetchone() == (None,)
+
+    async def test_metadata_describes_the_migrated_schema(self, postgres_url: str) -> None:
+        """The exported metadata has the same columns, keys, checks and indexes as the database."""
+        async with PostgresTimerStore(postgres_url, listen=False):
+            pass
+        engine = sa.create_engine(postgres_url)
+        dialect = engine.dialect
+        try:
+            inspector = sa.inspect(engine)
+            for table in metadata.sorted_tables:
+                columns = {c["name"]: c for c in inspector.get_columns(table.name)}
+                assert set(columns) == {c.name for c in table.columns}
+                for column in table.columns:
+                    found = columns[column.name]
+                    assert found["nullable"] == column.nullable, column.name
+                    assert found["type"].compile(dialect) == column.type.compile(dialect)
+                primary = inspector.get_pk_constraint(table.name)["constrained_columns"]
+                assert primary == [c.name for c in table.primary_key.columns]
+                checks = {c["name"] for c in inspector.get_check_constraints(table.name)}
+                assert checks == {
+                    c.name for c in table.constraints if isinstance(c, sa.CheckConstraint)
+                }
+                indexes = {i["name"]: i["column_names"] for i in inspector.get_indexes(table.name)}
+                assert indexes == {i.name: [c.name for c in i.columns] for i in table.indexes}
+        finally:
+            engine.dispose()
+
+    async def test_instants_are_timestamptz_and_ids_sort_bytewise(self, postgres_url: str) -> None:
+        """Instants are stored as timestamptz and identifiers in the C collation."""
+        async with PostgresTimerStore(postgres_url, listen=False):
+            pass
+        with connect(postgres_url) as conn:
+            types = dict(
+                conn.execute(
+                    "SELECT column_name, data_type FROM information_schema.columns "
+                    "WHERE table_name = 'timer_schedules'"
+                ).fetchall()
+            )
+            collations = dict(
+                conn.execute(
+                    "SELECT column_name, collation_name FROM information_schema.columns "
+                    "WHERE table_name = 'timer_schedules' AND collation_name IS NOT NULL"
+                ).fetchall()
+            )
+        assert {types[c] for c in ("due_at", "registered_at", "reached_at", "lease_until")} == {
+            "timestamp with time zone"
+        }
+        for column in ("tenant_id", "service_call_id", "correlation_id", "state"):
+            assert collations[column] == "C"
+
+
+class TestConstraints:
+    """The table itself refuses rows the domain forbids, whoever writes them."""
+
+    @pytest.mark.parametrize(
+        ("state", "reached_at", "lease_owner", "lease_until"),
+        [
+            ("Fired", None, None, None),
+            ("Reached", None, None, None),
+            ("Scheduled", "2030-01-01T00:00:00Z", None, None),
+            ("Scheduled", None, "owner", None),
+        ],
+    )
+    async def test_forbidden_rows_are_rejected(
+        self,
+        postgres_url: str,
+        state: str,
+        reached_at: str | None,
+        lease_owner: str | None,
+        lease_until: str | None,
+    ) -> None:
+        """Unknown states, reached_at out of step with state, and half leases violate a CHECK."""
+        async with PostgresTimerStore(postgres_url, listen=False):
+            pass
+        with connect(postgres_url) as conn, pytest.raises(psycopg.errors.CheckViolation):
+            conn.execute(
+                "INSERT INTO timer_schedules (tenant_id, service_call_id, due_at, registered_at,"
+                " state, reached_at, lease_owner, lease_until)"
+                " VALUES ('t', 'c', now(), now(), %s, %s, %s, %s)",
+                (state, reached_at, lease_owner, lease_until),
+            )
+
+
+def closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class TestErrors:
+    """Driver errors come out as StoreError / StoreUnavailable, and the store recovers."""
+
+    def test_a_url_for_another_database_is_refused(self) -> None:
+        """Only PostgreSQL URLs (psycopg driver) are accepted, checked in the constructor."""
+        with pytest.raises(ValueError, match="PostgreSQL"):
+            PostgresTimerStore("mysql://localhost/timer")
+        with pytest.raises(ValueError, match="PostgreSQL"):
+            PostgresTimerStore("postgresql+asyncpg://localhost/timer")
+
+    async def test_unreachable_server_is_unavailable(self) -> None:
+        """Starting against a port nobody listens on raises StoreUnavailable."""
+        store = PostgresTimerStore(
+            f"postgresql://postgres@127.0.0.1:{closed_port()}/timer", connect_timeout_s=1
+        )
+        with pytest.raises(StoreUnavailable, match="PostgreSQL"):
+            await store.start()
+
+    async def test_unstarted_or_closed_store_is_unavailable(self, postgres_url: str) -> None:
+        """Calls before start or after aclose raise StoreUnavailable."""
+        store = PostgresTimerStore(postgres_url, listen=False)
+        with pytest.raises(StoreUnavailable):
+            await store.count_scheduled()
+        await store.start()
+        await store.aclose()
+        with pytest.raises(StoreUnavailable):
+            await store.schedule(timer("call-1"))
+
+    async def test_killed_connections_fail_once_then_recover(
+        self, postgres_url: str, postgres_sql: psycopg.Connection[Any]
+    ) -> None:
+        """A server-side disconnect surfaces as StoreUnavailable; the next call reconnects."""
+        async with PostgresTimerStore(postgres_url, listen=False, pool_size=1) as store:
+            await store.schedule(timer("call-1"))
+            postgres_sql.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE application_name = 'timer' AND datname = current_database()"
+            )
+            with pytest.raises(StoreUnavailable):
+                await store.count_scheduled()
+            assert await store.count_scheduled() == 1
+
+    async def test_statement_timeout_is_unavailable(
+        self, postgres_url: str, postgres_sql: psycopg.Connection[Any]
+    ) -> None:
+        """A write blocked past statement_timeout_s by a lock raises StoreUnavailable."""
+        async with PostgresTimerStore(postgres_url, listen=False, statement_timeout_s=0.2) as store:
+            await store.schedule(timer("call-1"))
+            with postgres_sql.transaction():
+                postgres_sql.execute("LOCK TABLE timer_schedules IN ACCESS EXCLUSIVE MODE")
+                with pytest.raises(StoreUnavailable, match="statement timeout"):
+                    await store.schedule(timer("call-1"))
+            assert await store.count_scheduled() == 1

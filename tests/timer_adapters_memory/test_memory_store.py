@@ -58,6 +58,16 @@ class TestFailureControls:
                 await store.count_scheduled()
         assert await store.count_scheduled() == 0
 
+    async def test_fail_next_can_target_methods(self) -> None:
+        """fail_next with methods fails only calls of those methods; others go through."""
+        store = MemoryTimerStore()
+        await store.schedule(entry("a"))
+        store.fail_next(1, methods=["mark_reached"])
+        assert len(await store.find_due(T0, 10)) == 1
+        with pytest.raises(StoreUnavailable):
+            await store.mark_reached([entry("a").reach(T0)])
+        assert await store.mark_reached([entry("a").reach(T0)]) == 1
+
     async def test_unavailability_is_shared_by_instances(self) -> None:
         """An instance sharing storage sees the same outage, like a shared database."""
         store = MemoryTimerStore()

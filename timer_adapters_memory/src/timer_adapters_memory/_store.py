@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import threading
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from datetime import datetime
 
 import attrs
@@ -41,6 +41,7 @@ class _Storage:
         self.due_index: list[DueCursor] = []
         self.unavailable = False
         self.failures_left = 0
+        self.failing_methods: frozenset[str] | None = None
 
     def put(self, entry: TimerEntry) -> None:
         old = self.timers.get(entry.key)
@@ -89,26 +90,32 @@ class MemoryTimerStore(TimerStore):
         with self._storage.lock:
             self._storage.unavailable = flag
 
-    def fail_next(self, count: int) -> None:
-        """Make the next ``count`` calls (on any instance over this storage) fail."""
+    def fail_next(self, count: int, *, methods: Collection[str] | None = None) -> None:
+        """Make the next ``count`` calls (on any instance over this storage) fail.
+
+        With ``methods`` (names such as ``"mark_reached"``), only calls of those count.
+        """
         with self._storage.lock:
             self._storage.failures_left = count
+            self._storage.failing_methods = None if methods is None else frozenset(methods)
 
     def entries(self) -> list[TimerEntry]:
         """Every stored timer of every tenant, in key order (for test assertions)."""
         with self._storage.lock:
             return [self._storage.timers[key] for key in sorted(self._storage.timers)]
 
-    def _check(self) -> _Storage:
+    def _check(self, method: str) -> _Storage:
         """Raise the error a real store would raise now; called with the lock held."""
         storage = self._storage
         if self._closed:
             raise StoreUnavailable("the memory timer store is closed")
         if storage.unavailable:
             raise StoreUnavailable("the memory timer store is unavailable")
-        if storage.failures_left > 0:
+        if storage.failures_left > 0 and (
+            storage.failing_methods is None or method in storage.failing_methods
+        ):
             storage.failures_left -= 1
-            raise StoreUnavailable("the memory timer store failed on purpose (fail_next)")
+            raise StoreUnavailable(f"the memory timer store failed {method} on purpose")
         return storage
 
     async def apply(self, operations: Sequence[TimerOperation]) -> list[CommandOutcome]:
@@ -118,7 +125,7 @@ class MemoryTimerStore(TimerStore):
         # Yield like a real driver would, so concurrent callers interleave between calls.
         await asyncio.sleep(0)
         with self._storage.lock:
-            storage = self._check()
+            storage = self._check("apply")
             outcomes: list[CommandOutcome] = []
             # Every operation is checked above, so nothing below can fail half way: atomic.
             for operation in operations:
@@ -151,7 +158,7 @@ class MemoryTimerStore(TimerStore):
         key = TimerKey(TenantId(tenant_id), ServiceCallId(service_call_id))
         await asyncio.sleep(0)
         with self._storage.lock:
-            return self._check().timers.get(key)
+            return self._check("get").timers.get(key)
 
     async def find_due(
         self, now: datetime, limit: int, *, after: DueCursor | None = None
@@ -159,7 +166,7 @@ class MemoryTimerStore(TimerStore):
         now = require_utc(now, "now")
         await asyncio.sleep(0)
         with self._storage.lock:
-            storage = self._check()
+            storage = self._check("find_due")
             index = storage.due_index
             start = 0 if after is None else bisect.bisect_right(index, DueCursor(*after))
             found: list[TimerEntry] = []
@@ -177,7 +184,7 @@ class MemoryTimerStore(TimerStore):
         now = require_utc(now, "now")
         await asyncio.sleep(0)
         with self._storage.lock:
-            storage = self._check()
+            storage = self._check("find_due_for_tenant")
             due = [
                 entry
                 for key, entry in storage.timers.items()
@@ -192,7 +199,7 @@ class MemoryTimerStore(TimerStore):
                 raise ValueError(f"mark_reached needs Reached entries, got {entry}")
         await asyncio.sleep(0)
         with self._storage.lock:
-            storage = self._check()
+            storage = self._check("mark_reached")
             changed = 0
             for entry in entries:
                 current = storage.timers.get(entry.key)
@@ -213,7 +220,7 @@ class MemoryTimerStore(TimerStore):
         correlation_id = CorrelationId(correlation_id)
         await asyncio.sleep(0)
         with self._storage.lock:
-            storage = self._check()
+            storage = self._check("find_by_correlation")
             found = [
                 entry
                 for key, entry in storage.timers.items()
@@ -232,7 +239,7 @@ class MemoryTimerStore(TimerStore):
         tenant_id = TenantId(tenant_id)
         await asyncio.sleep(0)
         with self._storage.lock:
-            storage = self._check()
+            storage = self._check("list_for_tenant")
             found = [
                 entry
                 for key, entry in storage.timers.items()
@@ -244,19 +251,19 @@ class MemoryTimerStore(TimerStore):
     async def next_due_at(self) -> datetime | None:
         await asyncio.sleep(0)
         with self._storage.lock:
-            storage = self._check()
+            storage = self._check("next_due_at")
             return storage.due_index[0].due_at if storage.due_index else None
 
     async def count_scheduled(self) -> int:
         await asyncio.sleep(0)
         with self._storage.lock:
-            return len(self._check().due_index)
+            return len(self._check("count_scheduled").due_index)
 
     async def purge_reached(self, reached_before: datetime, limit: int) -> int:
         reached_before = require_utc(reached_before, "reached_before")
         await asyncio.sleep(0)
         with self._storage.lock:
-            storage = self._check()
+            storage = self._check("purge_reached")
             old = sorted(
                 (entry.reached_at, key)
                 for key, entry in storage.timers.items()

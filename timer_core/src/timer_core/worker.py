@@ -36,6 +36,8 @@ class TimerWorker:
       retrying them, so a broker outage neither spins nor starves other timers;
     - a failing pass (store down) is logged and retried with capped exponential backoff;
       the loop never dies of one bad pass;
+    - with ``retention``, deletes ``Reached`` timers fired longer ago than that, in batches
+      of ``retention_batch``, at most every ``retention_every`` seconds, when idle;
     - :meth:`stop` lets the pass in flight finish, then :meth:`run` returns.
     """
 
@@ -51,6 +53,9 @@ class TimerWorker:
         instrumentation: Instrumentation = NO_INSTRUMENTATION,
         initial_backoff: float = 0.05,
         max_backoff: float = 30.0,
+        retention: timedelta | None = None,
+        retention_batch: int = 500,
+        retention_every: float = 60.0,
     ) -> None:
         if polling_interval <= 0:
             raise ValueError("polling_interval must be positive")
@@ -65,6 +70,10 @@ class TimerWorker:
         self._instrumentation = instrumentation
         self._initial_backoff = initial_backoff
         self._max_backoff = max_backoff
+        self._retention = retention
+        self._retention_batch = retention_batch
+        self._retention_every = retention_every
+        self._next_purge_at: float | None = None
         self._wake = asyncio.Event()
         self._stop = asyncio.Event()
         self._wake_at: datetime | None = None
@@ -140,6 +149,7 @@ class TimerWorker:
                 await self._sleep(self._backoff(publish_failures), wakeable=False)
                 continue
             publish_failures = 0
+            await self._purge_expired()
             await self._sleep_until_due()
 
     async def _pass(self, after: DueCursor | None) -> FiringReport:
@@ -152,6 +162,28 @@ class TimerWorker:
             after=after,
             instrumentation=self._instrumentation,
         )
+
+    async def _purge_expired(self) -> None:
+        """Retention: delete fired timers past it, a small batch at a time, when idle."""
+        if self._retention is None:
+            return
+        now_mono = self._clock.monotonic()
+        if self._next_purge_at is not None and now_mono < self._next_purge_at:
+            return
+        self._next_purge_at = now_mono + self._retention_every
+        cutoff = self._clock.now() - self._retention
+        deleted = 0
+        try:
+            while not self._stop.is_set():
+                batch = await self._store.purge_reached(cutoff, self._retention_batch)
+                deleted += batch
+                if batch < self._retention_batch:
+                    break
+                await asyncio.sleep(0)
+        except StoreError as exc:
+            log.warning("retention purge failed (%s); trying again later", exc)
+        if deleted:
+            log.info("retention: deleted %d timers fired before %s", deleted, cutoff)
 
     async def _sleep_until_due(self) -> None:
         try:

@@ -1,0 +1,134 @@
+"""Prometheus metrics for the service: the core's instrumentation hook turned into series."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from timer_core import Command, Instrumentation, MessageEnvelope, PublishError, TimerEntry
+
+__all__ = ["PrometheusInstrumentation"]
+
+log = logging.getLogger("timer_service.events")
+
+_LATENESS_BUCKETS = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    300.0,
+    3600.0,
+)
+_POLL_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0)
+
+
+class PrometheusInstrumentation(Instrumentation):
+    """Counts commands, firings, failures and timings into its own registry, and logs them."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        self.commands = Counter(
+            "timer_commands_received",
+            "Commands received, by outcome (stored, ignored, rejected).",
+            ["outcome"],
+            registry=self.registry,
+        )
+        self.processed = Counter(
+            "timer_schedules_processed",
+            "Timers fired: DueTimeReached acknowledged by the broker and marked Reached.",
+            registry=self.registry,
+        )
+        self.publish_failures = Counter(
+            "timer_publish_failures",
+            "DueTimeReached publishes that were not acknowledged (the timer stays Scheduled).",
+            registry=self.registry,
+        )
+        self.worker_errors = Counter(
+            "timer_worker_errors",
+            "Worker passes that failed as a whole (store errors); retried with backoff.",
+            registry=self.registry,
+        )
+        self.polling = Histogram(
+            "timer_polling_duration_seconds",
+            "Duration of one worker pass (find due, publish, mark).",
+            buckets=_POLL_BUCKETS,
+            registry=self.registry,
+        )
+        self.lateness = Histogram(
+            "timer_firing_lateness_seconds",
+            "Firing lateness: reachedAt - dueAt.",
+            buckets=_LATENESS_BUCKETS,
+            registry=self.registry,
+        )
+        self.pending = Gauge(
+            "timer_timers_pending",
+            "Timers stored and still Scheduled (refreshed every few seconds).",
+            registry=self.registry,
+        )
+        self.last_poll = Gauge(
+            "timer_last_poll_timestamp_seconds",
+            "Unix time of the last completed worker pass.",
+            registry=self.registry,
+        )
+        for outcome in ("stored", "ignored", "rejected"):
+            self.commands.labels(outcome)
+
+    def command_handled(self, envelope: MessageEnvelope[Command], outcome: str) -> None:
+        from timer_core import CommandOutcome
+
+        self.commands.labels(CommandOutcome(outcome).counted_as).inc()
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug(
+                "%s %s",
+                envelope.type,
+                outcome,
+                extra={
+                    "tenant_id": envelope.tenant_id,
+                    "service_call_id": envelope.payload.service_call_id,
+                    "correlation_id": envelope.correlation_id,
+                },
+            )
+
+    def command_rejected(self, subject: str, reason: str) -> None:
+        self.commands.labels("rejected").inc()
+        log.warning("command rejected on %s: %s", subject, reason, extra={"subject": subject})
+
+    def timers_fired(self, entries: Sequence[TimerEntry]) -> None:
+        self.processed.inc(len(entries))
+        observe = self.lateness.observe
+        for entry in entries:
+            assert entry.reached_at is not None
+            observe((entry.reached_at - entry.due_at).total_seconds())
+        if log.isEnabledFor(logging.DEBUG):
+            for entry in entries:
+                log.debug(
+                    "fired",
+                    extra={
+                        "tenant_id": entry.tenant_id,
+                        "service_call_id": entry.service_call_id,
+                        "correlation_id": entry.correlation_id,
+                    },
+                )
+
+    def publish_failed(self, entry: TimerEntry, error: PublishError) -> None:
+        self.publish_failures.inc()
+
+    def poll_completed(self, duration_s: float, fired: int) -> None:
+        self.polling.observe(duration_s)
+        self.last_poll.set_to_current_time()
+
+    def worker_error(self, error: BaseException) -> None:
+        self.worker_errors.inc()

@@ -1,0 +1,183 @@
+"""The service's typed settings, read from ``TIMER_*`` environment variables and CLI flags.
+
+Validation happens here, once, at start: a bad value raises :class:`SettingsError`, whose one
+line names the variable and what it expected.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+import attrs
+
+from timer_core import InvalidIdentifier, TenantId
+
+__all__ = ["ENVIRONMENT", "Settings", "SettingsError"]
+
+_T = TypeVar("_T")
+
+
+class SettingsError(ValueError):
+    """A setting has a value the service cannot use; ``str()`` is one line naming it."""
+
+    def __init__(self, variable: str, expected: str, got: object) -> None:
+        self.variable = variable
+        super().__init__(f"{variable}: expected {expected}, got {got!r}")
+
+
+@attrs.frozen
+class Settings:
+    """Everything ``timer-service`` is configured with; built by :meth:`from_environment`."""
+
+    db_path: Path = Path("timer.db")
+    database_url: str | None = None
+    broker_url: str | None = None
+    polling_interval_ms: int = 5000
+    batch_size: int = 100
+    subject_prefix: str = "timer"
+    http_host: str = "127.0.0.1"
+    http_port: int = 8080
+    retention_s: float = 7 * 86_400.0
+    provision: bool = True
+    consumer_name: str = "timer-service"
+    stream_replicas: int = 1
+    sqlite_synchronous: Literal["NORMAL", "FULL"] = "NORMAL"
+    log_level: str = "INFO"
+    log_format: Literal["text", "json"] = "text"
+
+    @property
+    def polling_interval_s(self) -> float:
+        return self.polling_interval_ms / 1000.0
+
+    @property
+    def embedded_broker(self) -> bool:
+        """Whether ``run`` starts its own ``nats-server`` (no broker URL configured)."""
+        return self.broker_url is None
+
+    @property
+    def nats_store_dir(self) -> Path:
+        """Where the embedded ``nats-server`` keeps JetStream data: beside the database."""
+        return self.db_path.parent / f"{self.db_path.name}.nats"
+
+    @classmethod
+    def from_environment(
+        cls, environ: Mapping[str, str] | None = None, **overrides: Any
+    ) -> Settings:
+        """Read ``TIMER_*`` variables; keyword overrides (from CLI flags) win over them.
+
+        Overrides are given as strings or already-typed values under the variable's name
+        (``TIMER_DB_PATH="x.db"``); None means "not given".
+        """
+        env = dict(os.environ if environ is None else environ)
+        env.update({key: str(value) for key, value in overrides.items() if value is not None})
+        values: dict[str, Any] = {}
+        for variable, (field, parse) in ENVIRONMENT.items():
+            raw = env.get(variable)
+            if raw is None or raw == "":
+                continue
+            values[field] = parse(variable, raw)
+        if "database_url" in values and "db_path" in values:
+            raise SettingsError(
+                "TIMER_DATABASE_URL",
+                "to be unset when TIMER_DB_PATH is set",
+                values["database_url"],
+            )
+        return cls(**values)
+
+
+def _int(low: int, high: int, what: str) -> Callable[[str, str], int]:
+    def parse(variable: str, raw: str) -> int:
+        try:
+            value = int(raw.strip())
+        except ValueError:
+            raise SettingsError(variable, what, raw) from None
+        if not low <= value <= high:
+            raise SettingsError(variable, what, raw)
+        return value
+
+    return parse
+
+
+def _path(variable: str, raw: str) -> Path:
+    if "\x00" in raw:
+        raise SettingsError(variable, "a file path", raw)
+    return Path(raw).expanduser()
+
+
+def _url(schemes: tuple[str, ...]) -> Callable[[str, str], str]:
+    def parse(variable: str, raw: str) -> str:
+        raw = raw.strip()
+        if not re.fullmatch(rf"({'|'.join(schemes)})://[^\s]+", raw):
+            wanted = " or ".join(f"{scheme}://..." for scheme in schemes)
+            raise SettingsError(variable, f"a URL like {wanted}", raw)
+        return raw
+
+    return parse
+
+
+def _token(variable: str, raw: str) -> str:
+    try:
+        return str(TenantId(raw.strip()))
+    except InvalidIdentifier:
+        raise SettingsError(variable, "1-128 characters of [A-Za-z0-9_-]", raw) from None
+
+
+def _choice(*options: str, lower: bool = False) -> Callable[[str, str], str]:
+    def parse(variable: str, raw: str) -> str:
+        value = raw.strip().lower() if lower else raw.strip().upper()
+        if value not in options:
+            raise SettingsError(variable, "one of " + ", ".join(options), raw)
+        return value
+
+    return parse
+
+
+def _bool(variable: str, raw: str) -> bool:
+    value = raw.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise SettingsError(variable, "true or false", raw)
+
+
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?")
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86_400.0, None: 1.0}
+
+
+def _duration(variable: str, raw: str) -> float:
+    match = _DURATION.fullmatch(raw.strip())
+    if match is None:
+        raise SettingsError(variable, "a duration like 7d, 12h, 30m or 3600 (seconds)", raw)
+    return float(match.group(1)) * _UNITS[match.group(2)]
+
+
+def _str_parse(variable: str, raw: str) -> str:
+    return raw.strip()
+
+
+#: Every environment variable the service reads: name -> (settings field, parser).
+ENVIRONMENT: dict[str, tuple[str, Callable[[str, str], Any]]] = {
+    "TIMER_DB_PATH": ("db_path", _path),
+    "TIMER_DATABASE_URL": ("database_url", _url(("postgresql", "postgresql+psycopg"))),
+    "TIMER_BROKER_URL": ("broker_url", _url(("nats", "tls"))),
+    "TIMER_POLLING_INTERVAL": (
+        "polling_interval_ms",
+        _int(1, 86_400_000, "milliseconds between 1 and 86400000"),
+    ),
+    "TIMER_BATCH_SIZE": ("batch_size", _int(1, 100_000, "an integer between 1 and 100000")),
+    "TIMER_SUBJECT_PREFIX": ("subject_prefix", _token),
+    "TIMER_HTTP_HOST": ("http_host", _str_parse),
+    "TIMER_HTTP_PORT": ("http_port", _int(0, 65535, "a port between 0 and 65535 (0 = off)")),
+    "TIMER_RETENTION": ("retention_s", _duration),
+    "TIMER_PROVISION": ("provision", _bool),
+    "TIMER_CONSUMER_NAME": ("consumer_name", _token),
+    "TIMER_STREAM_REPLICAS": ("stream_replicas", _int(1, 5, "an integer between 1 and 5")),
+    "TIMER_SQLITE_SYNCHRONOUS": ("sqlite_synchronous", _choice("NORMAL", "FULL")),
+    "TIMER_LOG_LEVEL": ("log_level", _choice("DEBUG", "INFO", "WARNING", "ERROR")),
+    "TIMER_LOG_FORMAT": ("log_format", _choice("text", "json", lower=True)),
+}

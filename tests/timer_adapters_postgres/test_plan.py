@@ -1,8 +1,9 @@
 """The claim query's plan under a storm of 100,000 due timers: an ordered index walk, no sort.
 
-db-scheduler #441 is how this goes wrong: with ``LIMIT`` outside the locking subquery, or
-no index matching the order, PostgreSQL sorts every due row on every poll. Here the plan
-must stop after ``limit`` rows of ``ix_timer_schedules_due``.
+db-scheduler #441 is how this goes wrong: the rows are locked above a sort of every due
+row, on every poll. Here the plan must stop after ``limit`` rows of
+``ix_timer_schedules_due`` and find the rows to update by TID, for custom plans and for the
+generic plans prepared statements end up with, for small and large batches.
 """
 
 from __future__ import annotations
@@ -10,16 +11,20 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import psycopg
+import psycopg.sql
 import pytest
 import sqlalchemy as sa
 
 from tests.timer_adapters_postgres.conftest import PostgresCluster
 from timer_adapters_postgres import PostgresTimerStore, migrate
-from timer_adapters_postgres._store import _CLAIM_FIRST, _NEXT_DUE
+from timer_adapters_postgres._store import _CLAIM_AFTER, _CLAIM_FIRST, _NEXT_DUE, _PURGE
+from timer_core import DueCursor
 
 log = logging.getLogger(__name__)
 
@@ -36,24 +41,53 @@ def nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
 
 
 def explain(
-    conn: sa.Connection, statement: sa.TextClause, params: dict[str, Any]
+    conn: sa.Connection,
+    statement: sa.TextClause,
+    params: dict[str, Any],
+    *,
+    generic: bool = False,
 ) -> dict[str, Any]:
-    """EXPLAIN ANALYZE ``statement`` on ``conn`` (run it in a transaction rolled back later)."""
-    (document,) = conn.execute(
-        sa.text("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + statement.text), params
-    ).scalar_one()
+    """EXPLAIN ANALYZE ``statement`` on ``conn`` (run it in a transaction rolled back later).
+
+    With ``generic``, as a prepared statement forced onto its generic plan: psycopg prepares
+    statements it runs repeatedly, and PostgreSQL may then plan them once for any parameters.
+    """
+    options = "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "
+    if not generic:
+        (document,) = conn.execute(sa.text(options + statement.text), params).scalar_one()
+    else:
+        text = statement.text
+        for number, name in enumerate(params, start=1):
+            text = re.sub(rf":{name}\b", f"${number}", text)
+        raw = conn.connection.driver_connection
+        assert isinstance(raw, psycopg.Connection)
+        values = ", ".join(psycopg.sql.Literal(v).as_string(raw) for v in params.values())
+        conn.exec_driver_sql("SET LOCAL plan_cache_mode = force_generic_plan")
+        conn.exec_driver_sql(f"PREPARE timer_explained AS {text}")
+        try:
+            (document,) = conn.exec_driver_sql(
+                f"{options} EXECUTE timer_explained({values})"
+            ).scalar_one()
+        finally:
+            conn.exec_driver_sql("DEALLOCATE timer_explained")
     log.info("plan:\n%s", json.dumps(document["Plan"], indent=1))
     return dict(document)
 
 
 def explain_and_undo(
-    engine: sa.Engine, statement: sa.TextClause, params: dict[str, Any]
+    engine: sa.Engine, statement: sa.TextClause, params: dict[str, Any], *, generic: bool = False
 ) -> dict[str, Any]:
-    """EXPLAIN ANALYZE ``statement`` in a transaction that is rolled back (it is an UPDATE)."""
+    """EXPLAIN ANALYZE ``statement`` in a transaction that is rolled back (it may write)."""
     with engine.connect() as conn, conn.begin() as transaction:
-        document = explain(conn, statement, params)
+        document = explain(conn, statement, params, generic=generic)
         transaction.rollback()
     return document
+
+
+def no_full_scan(plan: list[dict[str, Any]]) -> None:
+    """Assert the plan neither reads the whole table nor sorts or hashes it."""
+    kinds = {node["Node Type"] for node in plan}
+    assert not kinds & {"Seq Scan", "Sort", "Incremental Sort", "Hash Join", "Hash"}, kinds
 
 
 @pytest.fixture(scope="module")
@@ -91,46 +125,83 @@ def storm(postgres_cluster: PostgresCluster) -> Iterator[sa.Engine]:
         postgres_cluster.drop_database(name)
 
 
+def claim_params(owner: str = "explain", limit: int = LIMIT) -> dict[str, Any]:
+    return {"owner": owner, "lease": timedelta(seconds=30), "now": NOW, "limit": limit}
+
+
 class TestClaimPlan:
     """Claiming stays an index walk bounded by the batch size, however large the backlog."""
 
-    async def test_claim_walks_the_due_index_and_stops_at_the_limit(self, storm: sa.Engine) -> None:
+    @pytest.mark.parametrize(
+        ("limit", "generic"),
+        [(LIMIT, False), (LIMIT, True), (5000, False), (5000, True)],
+        ids=["100-custom", "100-generic", "5000-custom", "5000-generic"],
+    )
+    async def test_claim_walks_the_due_index_and_stops_at_the_limit(
+        self, storm: sa.Engine, limit: int, generic: bool
+    ) -> None:
         """The claim locks LIMIT rows read in order from ix_timer_schedules_due; nothing sorts."""
-        params = {"owner": "explain", "lease": timedelta(seconds=30), "now": NOW, "limit": LIMIT}
-        document = explain_and_undo(storm, _CLAIM_FIRST, params)
+        document = explain_and_undo(storm, _CLAIM_FIRST, claim_params(limit=limit), generic=generic)
         plan = list(nodes(document["Plan"]))
-        kinds = [node["Node Type"] for node in plan]
-        assert "Sort" not in kinds and "Incremental Sort" not in kinds
-        assert not [n for n in plan if n["Node Type"] == "Seq Scan"]
+        no_full_scan(plan)
         (walk,) = [n for n in plan if n.get("Index Name") == "ix_timer_schedules_due"]
-        assert walk["Node Type"] in ("Index Scan", "Index Only Scan")
-        assert walk["Actual Rows"] <= LIMIT + 1
-        (limit,) = [n for n in plan if n["Node Type"] == "Limit"]
-        assert limit["Actual Rows"] == LIMIT
-        assert any(n["Node Type"] == "LockRows" for n in plan)
-        assert document["Execution Time"] < 1000  # ms; typically a few
+        assert walk["Node Type"] == "Index Scan"
+        assert walk["Actual Rows"] == limit
+        (lock,) = [n for n in plan if n["Node Type"] == "LockRows"]
+        (top,) = [n for n in plan if n["Node Type"] == "Limit"]
+        assert top["Plans"] == [lock] and lock["Plans"] == [walk]
+        (update,) = [n for n in plan if n["Node Type"] == "Tid Scan"]
+        assert update["Actual Rows"] == limit
+        assert document["Execution Time"] < 5000  # ms; a few for 100 rows
+
+    async def test_keyset_claim_starts_inside_the_index(self, storm: sa.Engine) -> None:
+        """With a cursor, the walk starts at the cursor (a row comparison in the index)."""
+        params = {
+            **claim_params(),
+            "after_due": NOW - timedelta(seconds=1800),
+            "after_tenant": "tenant-7",
+            "after_call": "call-5",
+        }
+        for generic in (False, True):
+            plan = list(
+                nodes(explain_and_undo(storm, _CLAIM_AFTER, params, generic=generic)["Plan"])
+            )
+            no_full_scan(plan)
+            (walk,) = [n for n in plan if n.get("Index Name") == "ix_timer_schedules_due"]
+            assert "ROW(due_at" in walk["Index Cond"]
+            assert walk["Actual Rows"] == LIMIT
 
     async def test_claims_past_leased_rows_still_walk_the_index(self, storm: sa.Engine) -> None:
         """With the head of the backlog leased by another instance, the walk skips it in order."""
-        params = {"owner": "other", "lease": timedelta(seconds=30), "now": NOW, "limit": 1000}
         with storm.connect() as conn, conn.begin() as transaction:
-            assert len(conn.execute(_CLAIM_FIRST, params).all()) == 1000
-            document = explain(conn, _CLAIM_FIRST, {**params, "owner": "explain", "limit": LIMIT})
+            assert len(conn.execute(_CLAIM_FIRST, claim_params("other", 1000)).all()) == 1000
+            document = explain(conn, _CLAIM_FIRST, claim_params())
             transaction.rollback()
         plan = list(nodes(document["Plan"]))
-        assert not [n for n in plan if n["Node Type"] in ("Seq Scan", "Sort")]
+        no_full_scan(plan)
         (walk,) = [n for n in plan if n.get("Index Name") == "ix_timer_schedules_due"]
         assert walk["Rows Removed by Filter"] == 1000
-        (limit,) = [n for n in plan if n["Node Type"] == "Limit"]
-        assert limit["Actual Rows"] == LIMIT
+        assert walk["Actual Rows"] == LIMIT
 
-    async def test_next_due_time_reads_the_first_index_entry(self, storm: sa.Engine) -> None:
+    @pytest.mark.parametrize("generic", [False, True], ids=["custom", "generic"])
+    async def test_next_due_time_reads_the_first_index_entry(
+        self, storm: sa.Engine, generic: bool
+    ) -> None:
         """next_due_at is a min() over the partial due index, not a scan of the backlog."""
-        document = explain_and_undo(storm, _NEXT_DUE, {"owner": "explain"})
+        document = explain_and_undo(storm, _NEXT_DUE, {"owner": "explain"}, generic=generic)
         plan = list(nodes(document["Plan"]))
-        assert not [n for n in plan if n["Node Type"] in ("Seq Scan", "Sort")]
+        no_full_scan(plan)
         (walk,) = [n for n in plan if n.get("Index Name") == "ix_timer_schedules_due"]
         assert walk["Actual Rows"] == 1
+
+    async def test_purge_walks_the_reached_index(self, storm: sa.Engine) -> None:
+        """Retention deletes a batch of old Reached timers found through their own index."""
+        params = {"before": NOW + timedelta(seconds=1), "limit": 500}
+        for generic in (False, True):
+            plan = list(nodes(explain_and_undo(storm, _PURGE, params, generic=generic)["Plan"]))
+            no_full_scan(plan)
+            (walk,) = [n for n in plan if n.get("Index Name") == "ix_timer_schedules_reached"]
+            assert walk["Actual Rows"] == 500
 
     async def test_store_claims_a_batch_from_the_storm(self, storm: sa.Engine) -> None:
         """find_due through the store claims the 100 earliest of 100,000 due timers."""
@@ -138,8 +209,6 @@ class TestClaimPlan:
         async with PostgresTimerStore(url, listen=False) as store:
             claimed = await store.find_due(NOW, LIMIT)
             assert len(claimed) == LIMIT
-            assert claimed == sorted(
-                claimed, key=lambda e: (e.due_at, e.tenant_id, e.service_call_id)
-            )
+            assert claimed == sorted(claimed, key=DueCursor.of)
             assert claimed[0].due_at == NOW - timedelta(seconds=3599)
             await store.release_claims(claimed)

@@ -60,14 +60,19 @@ _RETURNING = "tenant_id, service_call_id, correlation_id, due_at, registered_at,
 # Claiming: the LIMIT sits inside the locking subquery, which walks ix_timer_schedules_due in
 # order, skips rows another transaction holds, and stops after :limit rows (no sort, no scan
 # of the whole backlog). A row whose lease ran out, or that this owner holds, is claimable
-# again; every claim bumps lease_token, which fences marks by an earlier claim.
+# again; every claim bumps lease_token, which fences marks by an earlier claim. The outer
+# UPDATE finds the locked rows by ctid (a TID scan): matched by key instead, as
+# "(tenant_id, service_call_id) IN (...)", PostgreSQL turns it into a hash semi-join over a
+# sequential scan of the whole table for batches of ~1000 and for every generic plan (which
+# psycopg's automatic prepared statements lead to). The ctids cannot move meanwhile: this
+# statement holds the row locks.
 _CLAIM = """
 UPDATE timer_schedules
 SET lease_owner = :owner,
     lease_until = now() + CAST(:lease AS interval),
     lease_token = lease_token + 1
-WHERE (tenant_id, service_call_id) IN (
-    SELECT tenant_id, service_call_id
+WHERE ctid = ANY(ARRAY(
+    SELECT ctid
     FROM timer_schedules
     WHERE state = 'Scheduled'
       AND due_at <= :now
@@ -76,7 +81,7 @@ WHERE (tenant_id, service_call_id) IN (
     ORDER BY due_at, tenant_id, service_call_id
     LIMIT :limit
     FOR UPDATE SKIP LOCKED
-)
+))
 RETURNING {returning}, lease_token
 """
 _CLAIM_FIRST = sa.text(_CLAIM.format(after="", returning=_RETURNING))
@@ -176,13 +181,13 @@ WHERE state = 'Scheduled'
 _PURGE = sa.text(
     """
 DELETE FROM timer_schedules
-WHERE (tenant_id, service_call_id) IN (
-    SELECT tenant_id, service_call_id FROM timer_schedules
+WHERE ctid = ANY(ARRAY(
+    SELECT ctid FROM timer_schedules
     WHERE state = 'Reached' AND reached_at < :before
     ORDER BY reached_at
     LIMIT :limit
     FOR UPDATE SKIP LOCKED
-)
+))
 """
 )
 

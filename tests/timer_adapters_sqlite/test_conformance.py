@@ -1,0 +1,20 @@
+"""SqliteTimerStore bound to the shipped TimerStore conformance suite, on a file database."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from timer_adapters_sqlite import SqliteTimerStore
+from timer_core import TimerStore
+from timer_core.testing import TimerStoreContract
+
+
+class TestSqliteStoreContract(TimerStoreContract):
+    """SqliteTimerStore (standalone, a file in a temporary directory) keeps the port's promises."""
+
+    @pytest.fixture
+    def make_store(self, tmp_path: Path) -> Callable[[], TimerStore]:
+        return lambda: SqliteTimerStore(tmp_path / "timer.db")

@@ -13,6 +13,7 @@ import psycopg
 from timer_adapters_memory import MemoryEventBus
 from timer_adapters_postgres import PostgresTimerStore
 from timer_core import (
+    CommandOutcome,
     DueCursor,
     DueTimeReached,
     EventPublisher,
@@ -259,3 +260,52 @@ class TestFiringAcrossInstances:
             e.state for e in await stores[1].list_for_tenant(timer("x", 0, "tenant-0").tenant_id)
         }
         assert states == {TimerState.REACHED}
+
+
+class TestRacingWriters:
+    """apply stays exact when another transaction inserts the same new key at the same time."""
+
+    async def wait_until_blocked(self, sql: psycopg.Connection[Any]) -> None:
+        """Wait until one of the store's connections waits for a row lock."""
+        async with asyncio.timeout(10):
+            while not sql.execute(
+                "SELECT 1 FROM pg_stat_activity WHERE application_name = 'timer'"
+                " AND wait_event_type = 'Lock'"
+            ).fetchone():
+                await asyncio.sleep(0.01)  # nothing to await but the server's own view
+
+    async def test_a_key_inserted_concurrently_is_rescheduled(
+        self, make_started_store: MakeStore, postgres_sql: psycopg.Connection[Any]
+    ) -> None:
+        """If a concurrent transaction inserts the key first, apply re-runs and reschedules it."""
+        store = await make_started_store()
+        with psycopg.connect(postgres_sql.info.dsn) as other:
+            other.execute(
+                "INSERT INTO timer_schedules (tenant_id, service_call_id, due_at, registered_at)"
+                " VALUES ('tenant-a', 'raced', now(), now())"
+            )
+            applying = asyncio.create_task(store.apply([timer("raced", 30)]))
+            await self.wait_until_blocked(postgres_sql)
+            other.commit()
+        assert await applying == [CommandOutcome.SCHEDULED]
+        assert await store.get(timer("raced").tenant_id, timer("raced").service_call_id) == timer(
+            "raced", 30
+        )
+
+    async def test_a_key_reached_concurrently_is_not_rearmed(
+        self, make_started_store: MakeStore, postgres_sql: psycopg.Connection[Any]
+    ) -> None:
+        """If the concurrently inserted key is Reached, the schedule is ignored, as it must be."""
+        store = await make_started_store()
+        with psycopg.connect(postgres_sql.info.dsn) as other:
+            other.execute(
+                "INSERT INTO timer_schedules"
+                " (tenant_id, service_call_id, due_at, registered_at, state, reached_at)"
+                " VALUES ('tenant-a', 'raced', now(), now(), 'Reached', now())"
+            )
+            applying = asyncio.create_task(store.apply([timer("raced", 30), timer("other")]))
+            await self.wait_until_blocked(postgres_sql)
+            other.commit()
+        assert await applying == [CommandOutcome.IGNORED_REACHED, CommandOutcome.SCHEDULED]
+        stored = await store.get(timer("raced").tenant_id, timer("raced").service_call_id)
+        assert stored is not None and stored.state is TimerState.REACHED

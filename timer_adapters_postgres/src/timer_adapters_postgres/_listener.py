@@ -67,8 +67,6 @@ class ScheduleListener:
         self._connect_timeout = max(1, round(connect_timeout_s))
         self._conn: psycopg.AsyncConnection[tuple[object, ...]] | None = None
         self._task: asyncio.Task[None] | None = None
-        self.connected = asyncio.Event()
-        """Set while ``LISTEN`` is active (tests wait on it)."""
 
     async def start(self) -> None:
         """Connect and ``LISTEN``; raises :class:`StoreUnavailable` if the server is down."""
@@ -98,11 +96,9 @@ class ScheduleListener:
         except BaseException:
             await conn.close()
             raise
-        self.connected.set()
         return conn
 
     async def _close(self) -> None:
-        self.connected.clear()
         conn, self._conn = self._conn, None
         if conn is not None:
             with contextlib.suppress(psycopg.Error):

@@ -380,3 +380,8 @@ class TestLifecycle:
             await asyncio.sleep(0)
             with pytest.raises(RuntimeError):
                 await source.run(Recorder())
+
+    async def test_unstarted_broker_is_refused(self, settings: NatsSettings) -> None:
+        """run() on a broker that was never started raises instead of retrying forever."""
+        with pytest.raises(RuntimeError, match="not started"):
+            await NatsBroker(settings).command_source().run(Recorder())

@@ -62,14 +62,14 @@ class AckedPublisher:
         self._window = window
         self._ack_timeout_s = ack_timeout_s
         self._inbox: str | None = None
-        self._waiting: dict[str, asyncio.Future[int]] = {}
+        self._waiting: dict[str, asyncio.Future[None]] = {}
         self._tokens = itertools.count()
         self._subscribing = asyncio.Lock()
 
     async def publish_many(self, messages: Sequence[Outgoing]) -> list[PublishError | None]:
         """Publish all, ``window`` at a time; one result per message, in order, never raises."""
         results: list[PublishError | None] = [None] * len(messages)
-        in_flight: deque[tuple[int, str, asyncio.Future[int], float]] = deque()
+        in_flight: deque[tuple[int, str, asyncio.Future[None], float]] = deque()
         loop = asyncio.get_running_loop()
         for index, message in enumerate(messages):
             if len(in_flight) >= self._window:
@@ -103,17 +103,21 @@ class AckedPublisher:
         if error is not None:
             raise error
 
-    async def _send(self, message: Outgoing) -> tuple[str, asyncio.Future[int]]:
+    async def _send(self, message: Outgoing) -> tuple[str, asyncio.Future[None]]:
         inbox = self._inbox or await self._subscribe()
         token = str(next(self._tokens))
-        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiting[token] = future
         try:
             await self._nc.publish(
                 message.subject,
                 message.data,
                 reply=inbox + token,
-                headers={**message.headers, MSG_ID: message.msg_id},
+                headers=(
+                    {**message.headers, MSG_ID: message.msg_id}
+                    if message.headers
+                    else {MSG_ID: message.msg_id}
+                ),
             )
         except BaseException:
             del self._waiting[token]
@@ -136,15 +140,19 @@ class AckedPublisher:
         if msg.headers and msg.headers.get("Status") == _NO_RESPONDERS:
             future.set_exception(_Refused("no stream is bound to this subject"))
             return
+        data = msg.data
+        if b'"seq"' in data and b'"error"' not in data:
+            future.set_result(None)  # the common case, without a JSON parse per ack
+            return
         try:
-            answer = json.loads(msg.data)
+            answer = json.loads(data)
             error = answer.get("error")
             if error is not None:
                 future.set_exception(
                     _Refused(f"{error.get('description')} (error {error.get('err_code')})")
                 )
             elif "stream" in answer and "seq" in answer:
-                future.set_result(answer["seq"])
+                future.set_result(None)
             else:
                 raise ValueError("no stream and seq")
         except (ValueError, TypeError, AttributeError) as exc:
@@ -152,7 +160,7 @@ class AckedPublisher:
 
     async def _settle(
         self,
-        pending: tuple[int, str, asyncio.Future[int], float],
+        pending: tuple[int, str, asyncio.Future[None], float],
         messages: Sequence[Outgoing],
     ) -> PublishError | None:
         index, token, future, deadline = pending

@@ -85,6 +85,7 @@ class NatsCommandSource(CommandSource):
     async def run(self, handler: CommandBatchHandler) -> None:
         if self._run_task is not None:
             raise RuntimeError("this command source is already running")
+        self._broker.jetstream  # noqa: B018 - raises now if the broker was never started
         self._run_task = asyncio.current_task()
         self._done.clear()
         try:

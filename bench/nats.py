@@ -1,0 +1,230 @@
+"""Benchmark of acked JetStream publishing: sequential vs NatsEventPublisher's window, in one run.
+
+Every path publishes ``DueTimeReached`` envelopes encoded by the codec, with a fresh envelope
+id each and the ``Nats-Msg-Id`` header, to a real ``nats-server`` (file storage) started
+here. Rows: sequential ``js.publish`` (one acked round trip at a time, the baseline),
+sequential ``NatsEventPublisher.publish``, ``publish_many`` in batches of 100 (the worker's
+default) and 1,000, and core NATS publish without JetStream as the upper bound. Prints a
+table and writes it into the "NATS (bench/nats.py)" section of bench/README.md.
+
+    uv run --all-packages python bench/nats.py            # full run (about a minute)
+    uv run --all-packages python bench/nats.py --quick    # small counts, README untouched
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime, timedelta
+from importlib.metadata import version
+from pathlib import Path
+
+# This script is named like the ``nats`` package it benchmarks: keep its own directory off
+# the import path, or ``import nats`` inside the adapter would import this file.
+_HERE = Path(__file__).resolve().parent
+sys.path[:] = [entry for entry in sys.path if Path(entry or ".").resolve() != _HERE]
+
+from timer_adapters_nats import (  # noqa: E402
+    NatsBroker,
+    NatsServerProcess,
+    NatsSettings,
+    find_nats_server,
+)
+from timer_core import (  # noqa: E402
+    DueTimeReached,
+    MessageEnvelope,
+    TimerEntry,
+    build_due_event,
+    encode_envelope,
+)
+
+README = Path(__file__).with_name("README.md")
+SECTION = "## NATS (bench/nats.py)"
+T0 = datetime(2030, 1, 1, tzinfo=UTC)
+Event = MessageEnvelope[DueTimeReached]
+
+_serial = itertools.count()
+
+
+def firings(count: int) -> list[Event]:
+    """``count`` distinct firings (distinct ids) over 50 tenants; never seen before this run."""
+    out = []
+    for _ in range(count):
+        i = next(_serial)
+        entry = TimerEntry(
+            tenant_id=f"tenant-{i % 50}",
+            service_call_id=f"call-{i:08d}",
+            due_at=T0 + timedelta(milliseconds=i),
+            registered_at=T0,
+            correlation_id=f"trace-{i:08d}",
+        )
+        out.append(build_due_event(entry, entry.due_at + timedelta(milliseconds=3)))
+    return out
+
+
+async def timed(count: int, run: Callable[[list[Event]], Awaitable[None]]) -> float:
+    """Messages per second of ``run`` over ``count`` fresh firings."""
+    batch = firings(count)
+    started = time.perf_counter()
+    await run(batch)
+    return count / (time.perf_counter() - started)
+
+
+async def measure(sequential: int, batched: int, repeat: int) -> list[tuple[str, int, float]]:
+    """Run every path against one fresh server; returns (path, messages, msgs/s) rows."""
+    with (
+        tempfile.TemporaryDirectory(prefix="timer-bench-nats-") as store,
+        NatsServerProcess(Path(store)) as server,
+    ):
+        async with NatsBroker(NatsSettings(url=server.url)) as broker:
+            return await _measure(broker, sequential, batched, repeat)
+
+
+async def _measure(
+    broker: NatsBroker, sequential: int, batched: int, repeat: int
+) -> list[tuple[str, int, float]]:
+    subjects = broker.settings.subjects
+    js = broker.client.jetstream(timeout=5)
+    nc = broker.client
+    publisher = broker.publisher
+
+    async def js_sequential(batch: list[Event]) -> None:
+        for e in batch:
+            await js.publish(
+                subjects.events(e.tenant_id, e.payload.service_call_id),
+                encode_envelope(e),
+                headers={"Nats-Msg-Id": e.id},
+            )
+
+    async def publisher_sequential(batch: list[Event]) -> None:
+        for e in batch:
+            await publisher.publish(e)
+
+    def publish_many(size: int) -> Callable[[list[Event]], Awaitable[None]]:
+        async def run(batch: list[Event]) -> None:
+            for start in range(0, len(batch), size):
+                results = await publisher.publish_many(batch[start : start + size])
+                assert all(r is None for r in results), results
+
+        return run
+
+    async def core(batch: list[Event]) -> None:
+        for e in batch:
+            # Not in any stream: no storage, no ack; what the client and server can move.
+            await nc.publish(
+                f"bench.core.{e.tenant_id}.{e.payload.service_call_id}",
+                encode_envelope(e),
+                headers={"Nats-Msg-Id": e.id},
+            )
+        await nc.flush()
+
+    await timed(500, publish_many(100))  # warm up the connection and the stream
+    rows = [
+        ("sequential acked, `js.publish` (baseline)", sequential, js_sequential),
+        ("sequential acked, `NatsEventPublisher.publish`", sequential, publisher_sequential),
+        ("batched acked, `publish_many` x 100", batched, publish_many(100)),
+        ("batched acked, `publish_many` x 1,000", batched, publish_many(1000)),
+        ("core NATS publish, no JetStream (upper bound)", batched, core),
+    ]
+    # Rounds run every row in turn, so a burst of load elsewhere hits all rows alike.
+    rates: list[list[float]] = [[] for _ in rows]
+    for round_ in range(repeat):
+        for index, (_, count, run) in enumerate(rows):
+            rates[index].append(await timed(count, run))
+        print(
+            f"  round {round_ + 1}: " + ", ".join(f"{r[-1]:,.0f}" for r in rates), file=sys.stderr
+        )
+    return [
+        (name, count, statistics.median(rates[index]))
+        for index, (name, count, _) in enumerate(rows)
+    ]
+
+
+def machine() -> str:
+    """nproc, CPU model, Python, nats-server and nats-py versions, load at start."""
+    model = platform.processor() or "unknown CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    server = subprocess.run(
+        [str(find_nats_server()), "--version"], capture_output=True, text=True, check=False
+    ).stdout.strip()
+    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    return (
+        f"nproc {os.cpu_count()}, {model}; Python {platform.python_version()}, {server}, "
+        f"nats-py {version('nats-py')}; load average at start {load}"
+    )
+
+
+def table(results: list[tuple[str, int, float]], window: int) -> str:
+    baseline = results[0][2]
+    lines = [
+        "| path | messages | msg/s | vs baseline |",
+        "| --- | ---: | ---: | ---: |",
+    ]
+    for name, count, per_s in results:
+        lines.append(f"| {name} | {count:,} | {per_s:,.0f} | {per_s / baseline:.1f}x |")
+    best_batched = max(r[2] for r in results if "publish_many" in r[0])
+    lines += [
+        "",
+        f"Batched acked publish is **{best_batched / baseline:.1f}x** the sequential baseline "
+        f"(publish window {window}; the issue asks for at least 5x).",
+    ]
+    return "\n".join(lines)
+
+
+def write_readme(body: str) -> None:
+    """Replace (or append) this benchmark's section of bench/README.md, nothing else."""
+    text = README.read_text() if README.exists() else "# Benchmarks\n"
+    section = f"{SECTION}\n\n{body.rstrip()}\n"
+    if SECTION in text:
+        before, rest = text.split(SECTION, 1)
+        after = rest[rest.find("\n## ") + 1 :] if "\n## " in rest else ""
+        text = before + section + ("\n" + after if after else "")
+    else:
+        text = text.rstrip() + "\n\n" + section
+    README.write_text(text)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small counts, README untouched")
+    parser.add_argument("--repeat", type=int, default=5, help="rounds; the median counts")
+    args = parser.parse_args()
+    sequential, batched = (300, 2_000) if args.quick else (3_000, 20_000)
+    where = machine()
+    print(f"machine: {where}", file=sys.stderr)
+    results = asyncio.run(measure(sequential, batched, args.repeat))
+    window = NatsSettings(url="nats://unused").publish_window
+    body = "\n\n".join(
+        [
+            "Acked publishes of `DueTimeReached` envelopes (codec-encoded, fresh id, "
+            "`Nats-Msg-Id` header) to `TIMER_EVENTS` (file storage) on a local `nats-server` "
+            "started by the script; median of "
+            f"{args.repeat} rounds, each running every row in turn. Reproduce: "
+            "`uv run --all-packages python bench/nats.py`.",
+            table(results, window),
+            f"Machine: {where}. The machine is shared with other work, so absolute numbers "
+            "move between runs; the rows of one run are comparable.",
+        ]
+    )
+    print(body)
+    if not args.quick:
+        write_readme(body)
+
+
+if __name__ == "__main__":
+    main()

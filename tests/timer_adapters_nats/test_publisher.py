@@ -171,3 +171,18 @@ class TestBatches:
         nats_server.start()
         await wait_until(lambda: broker.is_connected, what="the client to reconnect")
         assert await broker.publisher.publish_many([firing(7)]) == [None]
+
+    async def test_same_publisher_after_broker_restart(self, settings: NatsSettings) -> None:
+        """The broker's publisher keeps working after the broker is closed and started again."""
+        broker = NatsBroker(settings)
+        await broker.start()
+        publisher = broker.publisher
+        await publisher.publish(firing(1))
+        await broker.aclose()
+        assert isinstance((await publisher.publish_many([firing(2)]))[0], PublishError)
+        await broker.start()
+        try:
+            assert broker.publisher is publisher
+            assert await publisher.publish_many([firing(3)]) == [None]
+        finally:
+            await broker.aclose()

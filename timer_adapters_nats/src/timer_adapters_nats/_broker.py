@@ -104,7 +104,7 @@ class NatsBroker:
 
     async def aclose(self) -> None:
         """Flush what is buffered and close the connection; idempotent."""
-        nc, self._nc, self._js, self._publisher = self._nc, None, None, None
+        nc, self._nc, self._js = self._nc, None, None
         if nc is None or nc.is_closed:
             return
         try:

@@ -66,6 +66,11 @@ class AckedPublisher:
         self._tokens = itertools.count()
         self._subscribing = asyncio.Lock()
 
+    @property
+    def client(self) -> Client:
+        """The connection it publishes on."""
+        return self._nc
+
     async def publish_many(self, messages: Sequence[Outgoing]) -> list[PublishError | None]:
         """Publish all, ``window`` at a time; one result per message, in order, never raises."""
         results: list[PublishError | None] = [None] * len(messages)
@@ -199,12 +204,11 @@ class NatsEventPublisher(EventPublisher):
         self._acked: AckedPublisher | None = None
 
     def _publisher(self) -> AckedPublisher:
-        if self._acked is None:
+        nc = self._broker.client
+        if self._acked is None or self._acked.client is not nc:  # first use, or a new start()
             settings = self._broker.settings
             self._acked = AckedPublisher(
-                self._broker.client,
-                window=settings.publish_window,
-                ack_timeout_s=settings.ack_timeout_s,
+                nc, window=settings.publish_window, ack_timeout_s=settings.ack_timeout_s
             )
         return self._acked
 

@@ -125,17 +125,27 @@ class PostgresCluster:
                 self.process.wait(_STOP_TIMEOUT_S)
 
 
+def _server_user() -> pwd.struct_passwd:
+    try:
+        return pwd.getpwnam("postgres")
+    except KeyError:
+        raise RuntimeError(
+            "running as root, PostgreSQL must run as the 'postgres' user, which does not exist "
+            "(the postgresql package creates it)"
+        ) from None
+
+
 def _as_server_user() -> dict[str, object]:
     """Popen arguments that drop root to the ``postgres`` user (a no-op for other users)."""
     if os.geteuid() != 0:
         return {}
-    entry = pwd.getpwnam("postgres")
+    entry = _server_user()
     return {"user": entry.pw_uid, "group": entry.pw_gid, "extra_groups": []}
 
 
 def _chown_to_server_user(path: Path) -> None:
     if os.geteuid() == 0:
-        entry = pwd.getpwnam("postgres")
+        entry = _server_user()
         os.chown(path, entry.pw_uid, entry.pw_gid)
 
 

@@ -330,6 +330,7 @@ async def main() -> None:
         ratio = f"{max(store) / max(raw):.2f}x"
         results.append((label, spread(store), f"{spread(raw)}{raw_kind}", ratio, target))
 
+    load_at_start = os.getloadavg()
     try:
         say(f"machine: {machine()}")
         timers = entries(n_batched, prefix="batched")
@@ -442,8 +443,10 @@ async def main() -> None:
     rendered = table(results)
     print(rendered)
     if not quick:
+        load = ", ".join(f"{x:.2f}" for x in load_at_start)
         write_readme(
-            f"Machine: {machine()}. Run: `uv run --all-packages python bench/store.py` on "
+            f"Machine: {machine()}; load average at start {load}. Run: "
+            f"`uv run --all-packages python bench/store.py` on "
             f"{datetime.now(UTC):%Y-%m-%d}; WAL, `synchronous=NORMAL` unless stated. "
             f"Throughputs are the best of {repeat} interleaved runs (range in brackets): other "
             "work shares the cores.\n\n"

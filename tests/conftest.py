@@ -1,17 +1,21 @@
-"""Fixtures shared by every test folder: real ``nats-server`` processes on 127.0.0.1.
+"""Fixtures shared by every test folder: real ``nats-server`` processes and a real PostgreSQL
+server on 127.0.0.1.
 
-Each server gets a free port and a fresh JetStream store directory, and is stopped by its
-pid at teardown even when the test failed.
+Each server gets a free port and a fresh store directory, and is stopped by its pid at
+teardown even when the test failed.
 """
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.pg import PostgresCluster, start_cluster
 from timer_adapters_nats.embedded import NatsServerProcess
 
 NatsServerFactory = Callable[..., NatsServerProcess]
@@ -83,3 +87,18 @@ def nats_cluster(
     for server in servers:
         server.start()
     return servers
+
+
+@pytest.fixture(scope="session")
+def postgres_cluster() -> Iterator[PostgresCluster]:
+    """One PostgreSQL server for the whole session (see :mod:`tests.pg`), stopped by pid even
+    if tests fail; started only when a test asks for it."""
+    root = Path(tempfile.mkdtemp(prefix="timer-pg-"))
+    cluster: PostgresCluster | None = None
+    try:
+        cluster = start_cluster(root)
+        yield cluster
+    finally:
+        if cluster is not None:
+            cluster.stop()
+        shutil.rmtree(root, ignore_errors=True)

@@ -1,0 +1,221 @@
+"""A throwaway PostgreSQL server for tests: ``initdb`` in a temporary directory, ``postgres`` on
+127.0.0.1 with a free port, tuned for speed, not durability, and stopped by its pid.
+
+When the tests run as root the server runs as the ``postgres`` OS user, since it refuses root.
+The session fixture ``postgres_cluster`` (in ``tests/conftest.py``) starts one per test run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pwd
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import attrs
+import psycopg
+
+__all__ = ["PostgresCluster", "postgres_bin_dir", "start_cluster"]
+
+_SEARCH_DIRS = ("/usr/lib/postgresql", "/usr/local/pgsql", "/opt/postgresql")
+_START_TIMEOUT_S = 30.0
+_STOP_TIMEOUT_S = 15.0
+# Durability is worthless in a throwaway cluster; these make commits and DDL cheap.
+_SPEED_SETTINGS = {
+    "fsync": "off",
+    "synchronous_commit": "off",
+    "full_page_writes": "off",
+    "wal_level": "minimal",
+    "max_wal_senders": "0",
+    "max_connections": "200",
+    "shared_buffers": "128MB",
+    "log_min_messages": "warning",
+    "log_min_duration_statement": "-1",
+}
+
+
+def postgres_bin_dir() -> Path:
+    """The directory holding ``initdb`` and ``postgres`` (newest version installed)."""
+    found = shutil.which("initdb")
+    if found:
+        return Path(found).parent
+    candidates = sorted(
+        (path for root in _SEARCH_DIRS for path in Path(root).glob("*/bin/initdb")),
+        key=lambda path: [int(p) if p.isdigit() else 0 for p in path.parent.parent.name.split(".")],
+    )
+    candidates += [path for root in _SEARCH_DIRS for path in Path(root).glob("bin/initdb")]
+    if not candidates:
+        raise RuntimeError(
+            "PostgreSQL is not installed (no initdb under /usr/lib/postgresql/*/bin); "
+            "install it with: apt-get install -y postgresql"
+        )
+    return candidates[-1].parent
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@attrs.define
+class PostgresCluster:
+    """A running throwaway PostgreSQL cluster on 127.0.0.1; ``url(db)`` for SQLAlchemy."""
+
+    root: Path
+    port: int
+    process: subprocess.Popen[bytes]
+    user: str = "postgres"
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def url(self, database: str = "postgres") -> str:
+        """A SQLAlchemy URL (psycopg 3 driver) for ``database`` on this cluster."""
+        return f"postgresql+psycopg://{self.user}@127.0.0.1:{self.port}/{database}"
+
+    def conninfo(self, database: str = "postgres") -> str:
+        """A libpq connection string for ``database`` on this cluster."""
+        return f"host=127.0.0.1 port={self.port} user={self.user} dbname={database}"
+
+    def admin(self) -> psycopg.Connection[tuple[object, ...]]:
+        """An autocommit connection to the maintenance database (for CREATE DATABASE)."""
+        return psycopg.connect(self.conninfo(), autocommit=True, connect_timeout=5)
+
+    def create_database(self, name: str) -> str:
+        """Create an empty database and return its SQLAlchemy URL."""
+        with self.admin() as conn:
+            conn.execute(f'CREATE DATABASE "{name}" TEMPLATE template0')
+        return self.url(name)
+
+    def drop_database(self, name: str) -> None:
+        """Drop a database, disconnecting whoever is still on it."""
+        with self.admin() as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+    def log_tail(self, lines: int = 40) -> str:
+        log = self.root / "postgres.log"
+        if not log.exists():
+            return ""
+        return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+
+    def stop(self) -> None:
+        """Fast shutdown by pid (SIGINT), SIGKILL if it does not exit in time."""
+        if self.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.process.pid, signal.SIGINT)
+            try:
+                self.process.wait(_STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(self.process.pid, signal.SIGKILL)
+                self.process.wait(_STOP_TIMEOUT_S)
+
+
+def _server_user() -> pwd.struct_passwd:
+    try:
+        return pwd.getpwnam("postgres")
+    except KeyError:
+        raise RuntimeError(
+            "running as root, PostgreSQL must run as the 'postgres' user, which does not exist "
+            "(the postgresql package creates it)"
+        ) from None
+
+
+def _as_server_user() -> dict[str, object]:
+    """Popen arguments that drop root to the ``postgres`` user (a no-op for other users)."""
+    if os.geteuid() != 0:
+        return {}
+    entry = _server_user()
+    return {"user": entry.pw_uid, "group": entry.pw_gid, "extra_groups": []}
+
+
+def _chown_to_server_user(path: Path) -> None:
+    if os.geteuid() == 0:
+        entry = _server_user()
+        os.chown(path, entry.pw_uid, entry.pw_gid)
+
+
+def start_cluster(root: Path, settings: dict[str, str] | None = None) -> PostgresCluster:
+    """``initdb`` into ``root/data`` and start ``postgres`` on a free loopback port."""
+    bin_dir = postgres_bin_dir()
+    data, sockets = root / "data", root / "sockets"
+    sockets.mkdir()
+    for path in (root, sockets):
+        _chown_to_server_user(path)
+    drop = _as_server_user()
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LC_ALL": "C", "TZ": "UTC"}
+    subprocess.run(
+        [
+            str(bin_dir / "initdb"),
+            "--pgdata",
+            str(data),
+            "--username",
+            "postgres",
+            "--auth",
+            "trust",
+            "--encoding",
+            "UTF8",
+            "--locale",
+            "C",
+            "--no-sync",
+        ],
+        check=True,
+        capture_output=True,
+        env=env,
+        cwd=root,
+        **drop,  # type: ignore[arg-type]
+    )
+    options = {**_SPEED_SETTINGS, **(settings or {})}
+    last_error = ""
+    for _attempt in range(3):  # the free port may be taken between probing and binding
+        port = _free_port()
+        log = (root / "postgres.log").open("ab")
+        command = [
+            str(bin_dir / "postgres"),
+            "-D",
+            str(data),
+            "-p",
+            str(port),
+            "-c",
+            "listen_addresses=127.0.0.1",
+            "-c",
+            f"unix_socket_directories={sockets}",
+        ]
+        for name, value in options.items():
+            command += ["-c", f"{name}={value}"]
+        process = subprocess.Popen(
+            command,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=root,
+            **drop,  # type: ignore[call-overload]
+        )
+        log.close()
+        cluster = PostgresCluster(root=root, port=port, process=process)
+        if _wait_ready(cluster):
+            return cluster
+        last_error = cluster.log_tail()
+        cluster.stop()
+    raise RuntimeError(f"PostgreSQL did not start:\n{last_error}")
+
+
+def _wait_ready(cluster: PostgresCluster) -> bool:
+    deadline = time.monotonic() + _START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if cluster.process.poll() is not None:
+            return False
+        try:
+            with psycopg.connect(cluster.conninfo(), connect_timeout=2) as conn:
+                conn.execute("SELECT 1")
+            return True
+        except psycopg.OperationalError:
+            time.sleep(0.05)  # polling a starting server: nothing to wait on but the port
+    return False

@@ -7,6 +7,7 @@ import socket
 from datetime import UTC, datetime, timedelta, timezone
 
 import attrs
+import nats
 import pytest
 
 from tests.timer_adapters_nats.jetstream import read_stream
@@ -133,6 +134,19 @@ class TestConnect:
         async with TimerClient.connect(nats_url) as client:
             await client.schedule("tenant-a", "call-1", NOW)
         assert len(await read_stream(broker.jetstream, "TIMER_COMMANDS")) == 1
+
+    async def test_from_a_plain_nats_client(self, nats_url: str) -> None:
+        """A TimerClient over a nats-py client the host already has uses the given prefix."""
+        settings = NatsSettings(url=nats_url, subject_prefix="acme.timer")
+        async with NatsBroker(settings) as broker:
+            nc = await nats.connect(nats_url)
+            try:
+                client = TimerClient(nc, subject_prefix="acme.timer")
+                await client.cancel("tenant-a", "call-1")
+            finally:
+                await nc.close()
+            (held,) = await read_stream(broker.jetstream, "TIMER_COMMANDS")
+        assert held.subject == "acme.timer.commands.tenant-a"
 
     async def test_unreachable_names_the_url(self) -> None:
         """connect() to a closed port raises BrokerUnavailable naming the URL."""

@@ -132,7 +132,13 @@ class NatsCommandSource(CommandSource):
                     for message in messages:
                         await self._settle(message, "nak")
                     break
-                await self._process(messages, handler)
+                try:
+                    await self._process(messages, handler)
+                except Exception:  # a bug must not stop the consumer: they come back later
+                    log.exception(
+                        "unexpected error on %d commands; they will be redelivered", len(messages)
+                    )
+                    await self._pause(1.0)
         finally:
             await self._finish(subscription)
 

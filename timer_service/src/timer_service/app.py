@@ -47,12 +47,21 @@ def broker_url_file(settings: Settings) -> Path:
     return settings.nats_store_dir / "url"
 
 
-def build_store(settings: Settings) -> TimerStore:
-    """The store the settings ask for: PostgreSQL with a URL, else the SQLite file."""
+def build_store(settings: Settings, *, listen: bool = True) -> TimerStore:
+    """The store the settings ask for: PostgreSQL with a URL, else the SQLite file.
+
+    ``listen=False`` leaves out PostgreSQL's ``LISTEN`` connection, for commands that only
+    read (``inspect``) and so have no worker to wake.
+    """
     if settings.database_url is not None:
         from timer_adapters_postgres import PostgresTimerStore
 
-        return PostgresTimerStore(settings.database_url)
+        return PostgresTimerStore(
+            settings.database_url,
+            owner_id=settings.owner_id,
+            lease_s=settings.lease_s,
+            listen=listen,
+        )
     from timer_adapters_sqlite import SqliteTimerStore
 
     return SqliteTimerStore(settings.db_path, synchronous=settings.sqlite_synchronous)

@@ -219,11 +219,14 @@ async def _inspect(settings: Settings, args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     if settings.database_url is None and not settings.db_path.exists():
         raise UsageError(f"TIMER_DB_PATH={settings.db_path}: no such database")
-    store = build_store(settings)
+    store = build_store(settings, listen=False)
     try:
         await store.start()
     except Exception as exc:
-        raise StartupError(f"TIMER_DB_PATH={settings.db_path}: cannot open: {exc}") from exc
+        what = (
+            "TIMER_DATABASE_URL" if settings.database_url else f"TIMER_DB_PATH={settings.db_path}"
+        )
+        raise StartupError(f"{what}: cannot open: {exc}") from exc
     try:
         if call is not None:
             found = await store.get(tenant, call)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -45,6 +46,8 @@ class Settings:
     provision: bool = True
     consumer_name: str = "timer-service"
     stream_replicas: int = 1
+    lease_s: float = 30.0
+    instance_id: str | None = None
     sqlite_synchronous: Literal["NORMAL", "FULL"] = "NORMAL"
     log_level: str = "INFO"
     log_format: Literal["text", "json"] = "text"
@@ -52,6 +55,12 @@ class Settings:
     @property
     def polling_interval_s(self) -> float:
         return self.polling_interval_ms / 1000.0
+
+    @property
+    def owner_id(self) -> str:
+        """This instance's name in PostgreSQL claim leases: ``TIMER_INSTANCE_ID``, else
+        ``<hostname>-<pid>``. It must differ between instances running at the same time."""
+        return self.instance_id or f"{socket.gethostname()[:150]}-{os.getpid()}"
 
     @property
     def embedded_broker(self) -> bool:
@@ -111,12 +120,21 @@ def _path(variable: str, raw: str) -> Path:
 def _url(schemes: tuple[str, ...]) -> Callable[[str, str], str]:
     def parse(variable: str, raw: str) -> str:
         raw = raw.strip()
-        if not re.fullmatch(rf"({'|'.join(schemes)})://[^\s]+", raw):
+        if not re.fullmatch(rf"({'|'.join(map(re.escape, schemes))})://[^\s]+", raw):
             wanted = " or ".join(f"{scheme}://..." for scheme in schemes)
             raise SettingsError(variable, f"a URL like {wanted}", raw)
         return raw
 
     return parse
+
+
+def _nats_urls(variable: str, raw: str) -> str:
+    # A cluster is given as several URLs, comma-separated; the client tries each in turn.
+    parse = _url(("nats", "tls"))
+    parts = [part.strip() for part in raw.split(",")]
+    if not all(parts):
+        raise SettingsError(variable, "one NATS URL or several separated by commas", raw)
+    return ",".join(parse(variable, part) for part in parts)
 
 
 def _token(variable: str, raw: str) -> str:
@@ -145,6 +163,16 @@ def _bool(variable: str, raw: str) -> bool:
     raise SettingsError(variable, "true or false", raw)
 
 
+_INSTANCE_ID = re.compile(r"[A-Za-z0-9_.:@-]{1,200}")
+
+
+def _instance_id(variable: str, raw: str) -> str:
+    value = raw.strip()
+    if _INSTANCE_ID.fullmatch(value) is None:
+        raise SettingsError(variable, "1-200 characters of [A-Za-z0-9_.:@-]", raw)
+    return value
+
+
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?")
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86_400.0, None: 1.0}
 
@@ -156,6 +184,13 @@ def _duration(variable: str, raw: str) -> float:
     return float(match.group(1)) * _UNITS[match.group(2)]
 
 
+def _positive_duration(variable: str, raw: str) -> float:
+    value = _duration(variable, raw)
+    if value <= 0:
+        raise SettingsError(variable, "a duration above zero like 30s or 500ms", raw)
+    return value
+
+
 def _str_parse(variable: str, raw: str) -> str:
     return raw.strip()
 
@@ -164,7 +199,7 @@ def _str_parse(variable: str, raw: str) -> str:
 ENVIRONMENT: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "TIMER_DB_PATH": ("db_path", _path),
     "TIMER_DATABASE_URL": ("database_url", _url(("postgresql", "postgresql+psycopg"))),
-    "TIMER_BROKER_URL": ("broker_url", _url(("nats", "tls"))),
+    "TIMER_BROKER_URL": ("broker_url", _nats_urls),
     "TIMER_POLLING_INTERVAL": (
         "polling_interval_ms",
         _int(1, 86_400_000, "milliseconds between 1 and 86400000"),
@@ -177,6 +212,8 @@ ENVIRONMENT: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "TIMER_PROVISION": ("provision", _bool),
     "TIMER_CONSUMER_NAME": ("consumer_name", _token),
     "TIMER_STREAM_REPLICAS": ("stream_replicas", _int(1, 5, "an integer between 1 and 5")),
+    "TIMER_LEASE": ("lease_s", _positive_duration),
+    "TIMER_INSTANCE_ID": ("instance_id", _instance_id),
     "TIMER_SQLITE_SYNCHRONOUS": ("sqlite_synchronous", _choice("NORMAL", "FULL")),
     "TIMER_LOG_LEVEL": ("log_level", _choice("DEBUG", "INFO", "WARNING", "ERROR")),
     "TIMER_LOG_FORMAT": ("log_format", _choice("text", "json", lower=True)),

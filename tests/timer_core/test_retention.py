@@ -1,0 +1,217 @@
+"""Retention through the worker: fired timers are deleted in small batches once old enough."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from timer_adapters_memory import FakeClock, MemoryEventBus, MemoryTimerStore
+from timer_core import (
+    CommandOutcome,
+    ScheduleTimer,
+    ServiceCallId,
+    TenantId,
+    TimerState,
+    TimerWorker,
+    schedule_timer,
+)
+
+T0 = datetime(2030, 1, 1, tzinfo=UTC)
+A = TenantId("tenant-a")
+HOUR = 3600.0
+
+
+def at(seconds: float) -> datetime:
+    """The instant ``seconds`` after T0."""
+    return T0 + timedelta(seconds=seconds)
+
+
+class RecordingStore(MemoryTimerStore):
+    """The memory store, recording every ``purge_reached`` call and what it deleted."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.purges: list[tuple[datetime, int, int]] = []
+
+    async def purge_reached(self, reached_before: datetime, limit: int) -> int:
+        deleted = await super().purge_reached(reached_before, limit)
+        self.purges.append((reached_before, limit, deleted))
+        return deleted
+
+
+class Rig:
+    """A recording store, a bus, a fake clock and one worker with retention over them."""
+
+    def __init__(self) -> None:
+        self.store = RecordingStore()
+        self.bus = MemoryEventBus()
+        self.clock = FakeClock(T0)
+        self.worker: TimerWorker | None = None
+        self.task: asyncio.Task[None] | None = None
+
+    async def start(self, **options: object) -> TimerWorker:
+        """Start the worker (5 s polling, 1 h retention in batches of 10, purge every 60 s)."""
+        settings: dict[str, object] = {
+            "polling_interval": 5.0,
+            "retention": timedelta(hours=1),
+            "retention_batch": 10,
+            "retention_every": 60.0,
+            **options,
+        }
+        self.worker = TimerWorker(self.store, self.bus, self.clock, **settings)  # type: ignore[arg-type]
+        self.task = asyncio.create_task(self.worker.run())
+        await self.clock.wait_for_sleepers(1)
+        return self.worker
+
+    async def advance(self, seconds: float) -> None:
+        """Move time on and wait until the worker has done its pass and sleeps again."""
+        assert self.worker is not None
+        passes = self.worker.passes
+        self.clock.advance(seconds)
+        async with asyncio.timeout(5):
+            while self.worker.passes == passes or self.clock.sleepers == 0:
+                await asyncio.sleep(0)
+
+    async def schedule(self, call: str, due: float) -> CommandOutcome:
+        """Schedule (or reschedule) tenant-a's timer ``call`` due ``due`` seconds after T0."""
+        outcome = await schedule_timer(
+            self.store, ScheduleTimer(A, ServiceCallId(call), at(due)), self.clock
+        )
+        if self.worker is not None:
+            self.worker.notify_scheduled(at(due))
+        return outcome
+
+    async def stop(self) -> None:
+        if self.worker is not None and self.task is not None:
+            self.worker.stop()
+            await self.task
+
+    def states(self) -> dict[str, TimerState]:
+        """Every stored timer's state, by service call id."""
+        return {str(e.service_call_id): e.state for e in self.store.entries()}
+
+
+@pytest.fixture
+async def rig() -> AsyncIterator[Rig]:
+    """A rig whose worker is stopped after the test."""
+    made = Rig()
+    try:
+        yield made
+    finally:
+        await made.stop()
+
+
+class TestRetention:
+    async def test_fired_timers_are_kept_until_retention_has_passed(self, rig: Rig) -> None:
+        """A timer fired less than the retention ago is still there, Reached."""
+        await rig.schedule("call-1", 1)
+        await rig.start()
+        await rig.advance(1)
+        assert rig.states() == {"call-1": TimerState.REACHED}
+        await rig.advance(HOUR - 60)
+        assert rig.states() == {"call-1": TimerState.REACHED}
+        assert all(deleted == 0 for _, _, deleted in rig.store.purges)
+
+    async def test_old_fired_timers_are_deleted_in_small_batches(self, rig: Rig) -> None:
+        """Twenty-five timers fired over an hour ago go in purges of 10, 10 and 5."""
+        for i in range(25):
+            await rig.schedule(f"call-{i:02d}", 1)
+        await rig.start()
+        await rig.advance(1)
+        assert len(rig.bus.published) == 25
+        rig.store.purges.clear()
+        await rig.advance(HOUR + 61)
+        assert rig.states() == {}
+        assert [(limit, deleted) for _, limit, deleted in rig.store.purges] == [
+            (10, 10),
+            (10, 10),
+            (10, 5),
+        ]
+        cutoff = rig.store.purges[0][0]
+        assert cutoff == rig.clock.now() - timedelta(hours=1)
+
+    async def test_only_timers_fired_before_the_cutoff_go(self, rig: Rig) -> None:
+        """Of two timers fired half an hour apart, the younger outlives the older's purge."""
+        await rig.schedule("early", 1)
+        await rig.schedule("late", 1801)
+        await rig.start()
+        await rig.advance(1)
+        await rig.advance(1800)
+        assert rig.states() == {"early": TimerState.REACHED, "late": TimerState.REACHED}
+        await rig.advance(HOUR - 1800 + 60)
+        assert rig.states() == {"late": TimerState.REACHED}
+        await rig.advance(1800)
+        assert rig.states() == {}
+
+    async def test_scheduled_timers_are_never_deleted(self, rig: Rig) -> None:
+        """A timer still Scheduled survives purges however long ago it was registered."""
+        await rig.schedule("far-future", 30 * 86_400)
+        await rig.schedule("fired", 1)
+        await rig.start()
+        await rig.advance(1)
+        for _ in range(3):
+            await rig.advance(2 * 86_400)
+        assert rig.states() == {"far-future": TimerState.SCHEDULED}
+        assert sum(deleted for _, _, deleted in rig.store.purges) == 1
+        assert rig.bus.published[0].payload.service_call_id == "fired"
+
+    async def test_purges_run_at_most_every_retention_every(self, rig: Rig) -> None:
+        """Idle passes between two purge times do not purge again."""
+        await rig.start(polling_interval=5.0, retention_every=60.0)
+        assert len(rig.store.purges) == 1
+        for _ in range(11):
+            await rig.advance(5)
+        assert len(rig.store.purges) == 1
+        await rig.advance(5)
+        assert len(rig.store.purges) == 2
+
+    async def test_without_retention_nothing_is_purged(self, rig: Rig) -> None:
+        """A worker without retention keeps fired timers for ever."""
+        await rig.schedule("call-1", 1)
+        await rig.start(retention=None)
+        await rig.advance(1)
+        await rig.advance(30 * 86_400)
+        assert rig.states() == {"call-1": TimerState.REACHED}
+        assert rig.store.purges == []
+
+    async def test_a_failed_purge_is_retried_later(self, rig: Rig) -> None:
+        """A store error during a purge is logged; the next purge time deletes the timer."""
+        await rig.schedule("call-1", 1)
+        await rig.start()
+        await rig.advance(1)
+        rig.store.fail_next(1, methods=["purge_reached"])
+        await rig.advance(HOUR + 60)
+        assert rig.states() == {"call-1": TimerState.REACHED}
+        await rig.advance(60)
+        assert rig.states() == {}
+        assert len(rig.bus.published) == 1
+
+
+class TestScheduleAfterDeletion:
+    async def test_schedule_of_a_reached_timer_is_ignored_before_deletion(self, rig: Rig) -> None:
+        """While the fired timer is kept, a ScheduleTimer for it changes nothing."""
+        await rig.schedule("call-1", 1)
+        await rig.start()
+        await rig.advance(1)
+        assert await rig.schedule("call-1", 7200) is CommandOutcome.IGNORED_REACHED
+        await rig.advance(7200)
+        assert len(rig.bus.published) == 1
+
+    async def test_schedule_after_deletion_rearms_the_timer(self, rig: Rig) -> None:
+        """Once retention deleted a fired timer, a ScheduleTimer for its key stores a new one."""
+        await rig.schedule("call-1", 1)
+        await rig.start()
+        await rig.advance(1)
+        await rig.advance(HOUR + 61)
+        assert rig.states() == {}
+        due = HOUR + 62 + 30
+        assert await rig.schedule("call-1", due) is CommandOutcome.SCHEDULED
+        assert rig.states() == {"call-1": TimerState.SCHEDULED}
+        await rig.advance(30)
+        published = rig.bus.published
+        assert [e.payload.due_at for e in published] == [at(1), at(due)]
+        assert published[0].id != published[1].id
+        assert rig.states() == {"call-1": TimerState.REACHED}

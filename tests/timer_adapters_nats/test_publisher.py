@@ -11,7 +11,13 @@ import pytest_asyncio
 from nats.js.api import DiscardPolicy, StorageType, StreamConfig
 
 from tests.timer_adapters_nats.jetstream import read_stream, wait_until
-from timer_adapters_nats import NatsBroker, NatsServerProcess, NatsSettings
+from timer_adapters_nats import (
+    AckedPublisher,
+    NatsBroker,
+    NatsServerProcess,
+    NatsSettings,
+    Outgoing,
+)
 from timer_core import (
     DueTimeReached,
     MessageEnvelope,
@@ -186,3 +192,16 @@ class TestBatches:
             assert await publisher.publish_many([firing(3)]) == [None]
         finally:
             await broker.aclose()
+
+    async def test_unbuildable_message_fails_alone(self, broker: NatsBroker) -> None:
+        """publish_each turns a message that cannot be built into that message's error only."""
+        publisher = AckedPublisher(broker.client, window=4, ack_timeout_s=2.0)
+
+        def build(index: int) -> Outgoing:
+            if index == 2:
+                raise ValueError("cannot encode this one")
+            return Outgoing(f"timer.events.t.c{index}", b"{}", msg_id=f"id-{index}")
+
+        results = await publisher.publish_each(range(6), build)
+        assert [r is None for r in results] == [True, True, False, True, True, True]
+        assert "cannot encode this one" in str(results[2])

@@ -7,8 +7,8 @@ import itertools
 import json
 import logging
 from collections import deque
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, TypeVar
 
 import attrs
 from nats.aio.client import Client
@@ -31,6 +31,8 @@ log = logging.getLogger(__name__)
 
 MSG_ID = "Nats-Msg-Id"
 _NO_RESPONDERS = "503"
+_CHUNK = 32  # publishes written to the socket at once while the next ones are encoded
+_T = TypeVar("_T")
 
 
 @attrs.frozen
@@ -73,18 +75,33 @@ class AckedPublisher:
 
     async def publish_many(self, messages: Sequence[Outgoing]) -> list[PublishError | None]:
         """Publish all, ``window`` at a time; one result per message, in order, never raises."""
-        results: list[PublishError | None] = [None] * len(messages)
-        in_flight: deque[tuple[int, str, asyncio.Future[None], float]] = deque()
+        return await self.publish_each(messages, _itself)
+
+    async def publish_each(
+        self, items: Sequence[_T], build: Callable[[_T], Outgoing]
+    ) -> list[PublishError | None]:
+        """Like :meth:`publish_many`, building each message (encoding it) just before it goes.
+
+        Messages leave in chunks while the next ones are built, so the server stores and
+        acks the first while the client still encodes the rest.
+        """
+        results: list[PublishError | None] = [None] * len(items)
+        in_flight: deque[tuple[int, Outgoing, str, asyncio.Future[None], float]] = deque()
         loop = asyncio.get_running_loop()
-        for index, message in enumerate(messages):
+        unflushed = 0
+        for index, item in enumerate(items):
             if len(in_flight) >= self._window:
                 oldest = in_flight.popleft()
-                results[oldest[0]] = await self._settle(oldest, messages)
-                # Collect every ack already in, then refill the window without yielding, so
-                # the connection's flusher writes the next publishes in one go.
-                while in_flight and in_flight[0][2].done():
-                    done = in_flight.popleft()
-                    results[done[0]] = await self._settle(done, messages)
+                results[oldest[0]] = await self._settle(oldest)
+                # Collect every ack already in, then refill the window.
+                while in_flight and in_flight[0][3].done():
+                    oldest = in_flight.popleft()
+                    results[oldest[0]] = await self._settle(oldest)
+            try:
+                message = build(item)
+            except Exception as exc:  # cannot even be encoded: that one fails
+                results[index] = PublishError(f"message {index} of the batch: {exc}")
+                continue
             if not self._nc.is_connected:
                 # Reconnecting: fail now rather than buffer and time out one by one.
                 results[index] = PublishError(
@@ -96,10 +113,14 @@ class AckedPublisher:
             except Exception as exc:  # one message's failure never fails the others
                 results[index] = _publish_error(message, exc)
                 continue
-            in_flight.append((index, token, future, loop.time() + self._ack_timeout_s))
+            in_flight.append((index, message, token, future, loop.time() + self._ack_timeout_s))
+            unflushed += 1
+            if unflushed >= _CHUNK:
+                unflushed = 0
+                await asyncio.sleep(0)  # the connection's flusher writes this chunk now
         while in_flight:
             oldest = in_flight.popleft()
-            results[oldest[0]] = await self._settle(oldest, messages)
+            results[oldest[0]] = await self._settle(oldest)
         return results
 
     async def publish(self, message: Outgoing) -> None:
@@ -164,11 +185,9 @@ class AckedPublisher:
             future.set_exception(_Refused(f"unreadable ack {msg.data[:100]!r}: {exc}"))
 
     async def _settle(
-        self,
-        pending: tuple[int, str, asyncio.Future[None], float],
-        messages: Sequence[Outgoing],
+        self, pending: tuple[int, Outgoing, str, asyncio.Future[None], float]
     ) -> PublishError | None:
-        index, token, future, deadline = pending
+        _, message, token, future, deadline = pending
         try:
             if not future.done():  # wait_for would yield even for a done future
                 remaining = deadline - asyncio.get_running_loop().time()
@@ -176,8 +195,12 @@ class AckedPublisher:
             future.result()
         except Exception as exc:
             self._waiting.pop(token, None)
-            return _publish_error(messages[index], exc)
+            return _publish_error(message, exc)
         return None
+
+
+def _itself(message: Outgoing) -> Outgoing:
+    return message
 
 
 def _publish_error(message: Outgoing, exc: BaseException) -> PublishError:
@@ -229,7 +252,7 @@ class NatsEventPublisher(EventPublisher):
             publisher = self._publisher()
         except Exception as exc:  # not started, or closed: every envelope failed
             return [PublishError(f"{envelope.id}: {exc}") for envelope in envelopes]
-        results = await publisher.publish_many([self._outgoing(e) for e in envelopes])
+        results = await publisher.publish_each(envelopes, self._outgoing)
         failed = sum(result is not None for result in results)
         if failed:
             log.debug("%d of %d events not acknowledged", failed, len(envelopes))

@@ -94,13 +94,22 @@ def _parser() -> argparse.ArgumentParser:
     _add_common(dlq)
     dlq_sub = dlq.add_subparsers(dest="dlq_command", required=True, metavar="ACTION")
     dlq_list = dlq_sub.add_parser("list", help="show dead letters with their reasons")
-    dlq_list.add_argument("--tenant")
+    dlq_list.add_argument("--tenant", help="only this tenant's (_ = unreadable tenant)")
     dlq_list.add_argument("--limit", type=int, default=50)
-    dlq_list.add_argument("--json", action="store_true")
+    dlq_list.add_argument("--json", action="store_true", help="print JSON instead of lines")
     replay = dlq_sub.add_parser("replay", help="re-publish dead letters to the command subject")
     replay.add_argument("sequences", nargs="*", type=int, help="stream sequence numbers")
     replay.add_argument("--tenant")
     replay.add_argument("--all", action="store_true", help="every dead letter (of --tenant)")
+    replay.add_argument(
+        "--data", metavar="FILE", help="send the fixed command in FILE (- = stdin) instead"
+    )
+    for action in (dlq_list, replay):
+        # Also accepted after the action; SUPPRESS keeps a flag given before it.
+        _add_common(action)
+        for argument in action._actions:
+            if argument.dest.startswith("TIMER_"):
+                argument.default = argparse.SUPPRESS
     return parser
 
 

@@ -1,8 +1,9 @@
 """``timer-service dlq``: list dead-lettered commands with their reasons, and replay them.
 
 Dead letters live in the ``TIMER_DLQ`` stream on ``<prefix>.dlq.<tenantId>`` with the original
-bytes and a ``Timer-Error`` header. Replaying re-publishes the bytes unchanged to the command
-subject of their tenant and removes them from the dead-letter stream.
+bytes and a ``Timer-Error`` header. Replaying re-publishes the bytes unchanged (or a fixed
+command given instead) to the command subject of their tenant and removes them from the
+dead-letter stream.
 """
 
 from __future__ import annotations
@@ -12,12 +13,15 @@ import json
 import sys
 from collections.abc import Sequence
 from datetime import datetime
+from pathlib import Path
 
 import attrs
-import nats
 from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
+from timer_adapters_nats import BrokerUnavailable, connect
+from timer_core import DecodeError, decode_command
+from timer_service.app import StartupError
 from timer_service.settings import Settings
 
 __all__ = ["DLQ_STREAM", "DeadLetter", "list_dead_letters", "replay_dead_letters", "run_dlq"]
@@ -66,12 +70,16 @@ async def list_dead_letters(
 
 
 async def replay_dead_letters(
-    js: JetStreamContext, prefix: str, sequences: Sequence[int]
+    js: JetStreamContext, prefix: str, sequences: Sequence[int], *, data: bytes | None = None
 ) -> list[tuple[int, str]]:
     """Re-publish these dead letters to their tenant's command subject; returns what happened.
 
-    A dead letter whose tenant was unreadable (``<prefix>.dlq._``) cannot be routed and stays.
+    With ``data`` (one sequence only), that fixed command is sent instead of the stored bytes,
+    to the command subject of its own tenant, and only if it decodes. A dead letter whose
+    tenant was unreadable (``<prefix>.dlq._``) cannot be routed unchanged and stays.
     """
+    if data is not None and len(sequences) != 1:
+        raise ValueError("a fixed command replaces exactly one dead letter")
     results: list[tuple[int, str]] = []
     for seq in sequences:
         try:
@@ -80,14 +88,27 @@ async def replay_dead_letters(
             results.append((seq, "not found"))
             continue
         tenant = (raw.subject or "").rpartition(".")[2]
+        body = raw.data or b""
+        if data is not None:
+            try:
+                tenant = decode_command(data).tenant_id
+            except DecodeError as exc:
+                results.append((seq, f"kept: the fixed command is still invalid: {exc}"))
+                continue
+            body = data
         if tenant == "_":
             results.append((seq, "kept: its tenant is unreadable, it cannot be routed"))
             continue
         # No Nats-Msg-Id: the original id may still be in the command stream's duplicate window.
-        ack = await js.publish(f"{prefix}.commands.{tenant}", raw.data or b"")
+        ack = await js.publish(f"{prefix}.commands.{tenant}", body)
         await js.delete_msg(DLQ_STREAM, seq)
         results.append((seq, f"replayed to {prefix}.commands.{tenant} (seq {ack.seq})"))
     return results
+
+
+def _read_fixed(path: str) -> bytes:
+    # A few kilobytes read once before any I/O starts: blocking the loop here costs nothing.
+    return sys.stdin.buffer.read() if path == "-" else Path(path).read_bytes()
 
 
 def _dead_letter(
@@ -105,7 +126,20 @@ def _dead_letter(
 
 async def run_dlq(settings: Settings, args: argparse.Namespace, url: str) -> int:
     """The ``dlq list`` and ``dlq replay`` subcommands."""
-    nc = await nats.connect(url, connect_timeout=5, max_reconnect_attempts=0)
+    data: bytes | None = None
+    if args.dlq_command == "replay" and args.data is not None:
+        if len(args.sequences) != 1 or args.all:
+            print("timer-service: dlq replay --data: name exactly one sequence", file=sys.stderr)
+            return 2
+        try:
+            data = _read_fixed(args.data)
+        except OSError as exc:
+            print(f"timer-service: dlq replay --data {args.data}: {exc}", file=sys.stderr)
+            return 2
+    try:
+        nc = await connect(url, connect_timeout_s=5.0, name="timer-service-dlq")
+    except BrokerUnavailable as exc:
+        raise StartupError(f"TIMER_BROKER_URL={url}: {exc}") from exc
     try:
         js = nc.jetstream()
         prefix = settings.subject_prefix
@@ -126,7 +160,7 @@ async def run_dlq(settings: Settings, args: argparse.Namespace, url: str) -> int
             print("timer-service: dlq replay: name sequence numbers or --all", file=sys.stderr)
             return 2
         failed = 0
-        for seq, outcome in await replay_dead_letters(js, prefix, sequences):
+        for seq, outcome in await replay_dead_letters(js, prefix, sequences, data=data):
             print(f"{seq:>8}  {outcome}")
             failed += not outcome.startswith("replayed")
         return 1 if failed else 0

@@ -13,6 +13,7 @@ from nats.aio.msg import Msg
 from nats.js.client import JetStreamContext
 
 from timer_adapters_nats._publisher import AckedPublisher, Outgoing
+from timer_adapters_nats._wire import decode_command
 from timer_core import (
     NO_INSTRUMENTATION,
     Command,
@@ -22,7 +23,6 @@ from timer_core import (
     Instrumentation,
     MessageEnvelope,
     PublishError,
-    decode_command,
 )
 
 if TYPE_CHECKING:

@@ -130,15 +130,31 @@ def _write_timestamp(value: datetime) -> str:
     return value.isoformat(timespec="milliseconds")[:-6] + "Z"
 
 
+_STATES = {state.value: state for state in TimerState}
+# A handful of tenants own every row: their validated ids are made once and handed to
+# TimerEntry, whose converter passes an id of the right type straight through.
+_tenant_ids: dict[str, TenantId] = {}
+_MAX_TENANT_IDS = 10_000
+
+
+def _tenant_id(value: str) -> TenantId:
+    tenant_id = _tenant_ids.get(value)
+    if tenant_id is None:
+        if len(_tenant_ids) >= _MAX_TENANT_IDS:
+            _tenant_ids.clear()
+        tenant_id = _tenant_ids[value] = TenantId(value)
+    return tenant_id
+
+
 def _entry(row: Sequence[Any]) -> TimerEntry:
     tenant_id, service_call_id, correlation_id, due_at, registered_at, state, reached_at = row
     return TimerEntry(
-        tenant_id=tenant_id,
+        tenant_id=_tenant_id(tenant_id),
         service_call_id=service_call_id,
         due_at=_read_timestamp(due_at),
         registered_at=_read_timestamp(registered_at),
         correlation_id=correlation_id,
-        state=state,
+        state=_STATES[state],
         reached_at=None if reached_at is None else _read_timestamp(reached_at),
     )
 

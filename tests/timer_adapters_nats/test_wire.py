@@ -1,0 +1,198 @@
+"""The adapter's codec shortcuts give exactly what the codec gives, for any input."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta, timezone
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from timer_adapters_nats._wire import decode_command, encode_event
+from timer_core import (
+    DecodeError,
+    DueTimeReached,
+    MessageEnvelope,
+    ScheduleTimer,
+    encode_envelope,
+)
+from timer_core import decode_command as codec_decode_command
+from timer_core.codec import envelope_to_dict
+from timer_core.testing import strategies as ts
+
+
+def codec_outcome(decoder: Any, data: bytes) -> tuple[str, object]:
+    """What ``decoder`` makes of ``data``: the envelope, or the DecodeError's message."""
+    try:
+        return "envelope", decoder(data)
+    except DecodeError as exc:
+        return "error", str(exc)
+
+
+def mutations() -> st.SearchStrategy[Any]:
+    """Edits of a command's JSON object: a key dropped, replaced, added, or a date rewritten."""
+    keys = st.sampled_from(
+        ["id", "type", "tenantId", "aggregateId", "timestampMs", "correlationId", "causationId"]
+    )
+    payload_keys = st.sampled_from(["_tag", "tenantId", "serviceCallId", "dueAt", "extra"])
+    dates = st.sampled_from(
+        [
+            "2030-01-01T00:00:00Z",
+            "2030-01-01T00:00:00.5Z",
+            "2030-01-01T00:00:00.123456Z",
+            "2030-01-01T01:00:00.000+01:00",
+            "2030-01-01t00:00:00.000z",
+            "2030-02-30T00:00:00.000Z",
+            "2030-01-01T24:00:00.000Z",
+            "2030-01-01T00:00:60.000Z",
+            "2030-01-01T00:00:00.000",
+            "2030-01-01 00:00:00.000Z",
+        ]
+    )
+    return st.one_of(
+        st.tuples(st.just("drop"), keys | st.just("payload")),
+        st.tuples(st.just("set"), keys | st.just("payload"), ts.json_values(max_leaves=3)),
+        st.tuples(st.just("set"), st.just("id"), ts.invalid_envelope_ids()),
+        st.tuples(st.just("set"), st.just("tenantId"), ts.invalid_identifiers()),
+        st.tuples(st.just("add"), st.text(max_size=8), ts.json_values(max_leaves=3)),
+        st.tuples(st.just("drop_payload"), payload_keys),
+        st.tuples(st.just("set_payload"), payload_keys, ts.json_values(max_leaves=3)),
+        st.tuples(st.just("set_payload"), st.just("serviceCallId"), ts.invalid_identifiers()),
+        st.tuples(st.just("set_payload"), st.just("dueAt"), dates),
+    )
+
+
+def mutate(obj: dict[str, Any], mutation: tuple[Any, ...]) -> dict[str, Any]:
+    kind, key, *value = mutation
+    payload = obj.get("payload")
+    if kind == "drop":
+        obj.pop(key, None)
+    elif kind in ("set", "add"):
+        obj[key] = value[0]
+    elif isinstance(payload, dict):
+        if kind == "drop_payload":
+            payload.pop(key, None)
+        else:
+            payload[key] = value[0]
+    return obj
+
+
+class TestDecodeCommand:
+    """``decode_command`` of the adapter is the codec's, shortcut or not."""
+
+    @given(ts.command_envelopes())
+    def test_valid_commands_decode_as_the_codec_decodes_them(
+        self, envelope: MessageEnvelope[Any]
+    ) -> None:
+        """Every valid command written by the codec decodes to the envelope it came from."""
+        data = encode_envelope(envelope)
+        assert decode_command(data) == codec_decode_command(data) == envelope
+
+    @given(ts.command_envelopes(), st.lists(mutations(), min_size=1, max_size=3))
+    def test_edited_commands_decode_or_fail_as_the_codec_does(
+        self, envelope: MessageEnvelope[Any], edits: list[tuple[Any, ...]]
+    ) -> None:
+        """After any edits the result, an envelope or the error message, is the codec's."""
+        obj = envelope_to_dict(envelope)
+        for edit in edits:
+            obj = mutate(obj, edit)
+        data = json.dumps(obj).encode()
+        assert codec_outcome(decode_command, data) == codec_outcome(codec_decode_command, data)
+
+    @given(st.binary(max_size=200) | ts.json_values().map(lambda v: json.dumps(v).encode()))
+    def test_any_bytes_decode_or_fail_as_the_codec_does(self, data: bytes) -> None:
+        """Arbitrary bytes and JSON values get the codec's answer."""
+        assert codec_outcome(decode_command, data) == codec_outcome(codec_decode_command, data)
+
+    @pytest.mark.parametrize(
+        "due_at",
+        ["2030-01-01T01:00:00.000+01:00", "2030-01-01T00:00:00.0001Z", "2030-01-01T00:00:00Z"],
+    )
+    def test_timestamps_in_other_forms_are_read_by_the_codec(self, due_at: str) -> None:
+        """Offsets, other precisions and no fraction decode exactly as the codec reads them."""
+        data = json.dumps(
+            {
+                "id": "0190a1b2-c3d4-7e5f-8a6b-7c8d9e0f1a2b",
+                "type": "ScheduleTimer",
+                "tenantId": "tenant-a",
+                "timestampMs": 1,
+                "payload": {
+                    "_tag": "ScheduleTimer",
+                    "tenantId": "tenant-a",
+                    "serviceCallId": "call-1",
+                    "dueAt": due_at,
+                },
+            }
+        ).encode()
+        decoded = decode_command(data)
+        assert decoded == codec_decode_command(data)
+        assert isinstance(decoded.payload, ScheduleTimer)
+        assert decoded.payload.due_at.tzinfo is UTC
+
+    def test_an_event_is_not_a_command(self) -> None:
+        """A DueTimeReached fails as the codec fails it."""
+        event = MessageEnvelope(
+            id="0190a1b2-c3d4-7e5f-8a6b-7c8d9e0f1a2b",
+            payload=DueTimeReached(
+                "tenant-a", "call-1", datetime(2030, 1, 1, tzinfo=UTC), datetime.now(UTC)
+            ),
+            timestamp_ms=1,
+        )
+        data = encode_envelope(event)
+        assert codec_outcome(decode_command, data) == codec_outcome(codec_decode_command, data)
+        assert codec_outcome(decode_command, data)[0] == "error"
+
+
+class TestEncodeEvent:
+    """``encode_event`` writes the codec's bytes."""
+
+    @given(ts.event_envelopes())
+    def test_events_as_the_service_publishes_them(
+        self, envelope: MessageEnvelope[DueTimeReached]
+    ) -> None:
+        """Every DueTimeReached the timer publishes encodes to the codec's exact bytes."""
+        assert encode_event(envelope) == encode_envelope(envelope)
+
+    @given(ts.envelopes(ts.due_time_reached()))
+    def test_events_with_any_optional_fields(
+        self, envelope: MessageEnvelope[DueTimeReached]
+    ) -> None:
+        """With or without aggregateId, correlationId and causationId: the codec's bytes."""
+        assert encode_event(envelope) == encode_envelope(envelope)
+
+    @given(ts.event_envelopes(), st.lists(ts.utc_datetimes(), min_size=2, max_size=5))
+    def test_consecutive_reached_times(
+        self, envelope: MessageEnvelope[DueTimeReached], reached: list[datetime]
+    ) -> None:
+        """The remembered reachedAt text never leaks from one event into the next."""
+        for moment in reached:
+            payload = envelope.payload
+            event = MessageEnvelope(
+                id=envelope.id,
+                payload=DueTimeReached(
+                    payload.tenant_id, payload.service_call_id, payload.due_at, moment
+                ),
+                timestamp_ms=envelope.timestamp_ms,
+                aggregate_id=envelope.aggregate_id,
+                correlation_id=envelope.correlation_id,
+            )
+            assert encode_event(event) == encode_envelope(event)
+
+    def test_instants_in_another_zone_are_written_in_utc(self) -> None:
+        """A due time given with an offset is written as the codec writes it, in UTC."""
+        plus_two = timezone(timedelta(hours=2))
+        event = MessageEnvelope(
+            id="0190a1b2-c3d4-7e5f-8a6b-7c8d9e0f1a2b",
+            payload=DueTimeReached(
+                "tenant-a",
+                "call-1",
+                datetime(2030, 1, 1, 2, tzinfo=plus_two),
+                datetime(2030, 1, 1, 0, 0, 1, 999999, tzinfo=UTC),
+            ),
+            timestamp_ms=7,
+            aggregate_id="call-1",
+        )
+        assert encode_event(event) == encode_envelope(event)
+        assert b'"dueAt":"2030-01-01T00:00:00.000Z"' in encode_event(event)

@@ -28,7 +28,7 @@ from timer_core import (
 if TYPE_CHECKING:
     from timer_adapters_nats._broker import NatsBroker
 
-__all__ = ["ERROR_HEADER", "ORIGINAL_SUBJECT_HEADER", "NatsCommandSource"]
+__all__ = ["ERROR_HEADER", "ORIGINAL_SUBJECT_HEADER", "TRUNCATED_HEADER", "NatsCommandSource"]
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +37,17 @@ ERROR_HEADER = "Timer-Error"
 ORIGINAL_SUBJECT_HEADER = "Timer-Original-Subject"
 """The dead-letter header naming the subject the rejected command was sent to."""
 
+TRUNCATED_HEADER = "Timer-Truncated"
+"""Set on a dead letter whose body had to be cut to fit the server's max_payload beside the
+headers: the original length in bytes (the whole command stays in the commands stream)."""
+
 _MAX_REASON = 1000
+
+
+def _headers_size(headers: dict[str, str]) -> int:
+    """Bytes of the NATS/1.0 header block these headers are sent as."""
+    lines = sum(len(key.encode()) + len(value.encode()) + 4 for key, value in headers.items())
+    return len(b"NATS/1.0\r\n") + lines + 2
 
 
 def _one_line(reason: str) -> str:
@@ -54,7 +64,8 @@ class NatsCommandSource(CommandSource):
       the envelope's (a producer on tenant A's subject never touches tenant B). It is
       republished unchanged to ``<prefix>.dlq.<subject tenant>`` (``_`` when the subject's
       tenant token is not a valid id) with a ``Timer-Error`` header, and terminated once
-      that publish is acked; if the publish fails it is nak'd, so nothing is lost.
+      that publish is acked; if the publish fails it is nak'd, so nothing is lost. A body too
+      large to go out beside the headers is cut to fit and marked ``Timer-Truncated``.
     - Valid commands of one fetch go to the handler as one batch in stream order and are
       acked when it returns; while it runs they are kept from redelivery (in-progress acks).
     - When the handler raises, each is nak'd with a delay that doubles per delivery, and
@@ -208,13 +219,19 @@ class NatsCommandSource(CommandSource):
         reason = _one_line(reason)
         subject = self._subjects.dlq(self._subjects.tenant_of_command(message.subject))
         metadata = message.metadata
-        outgoing = Outgoing(
-            subject=subject,
-            data=message.data,
-            # A redelivery dead-lettered again (crash before term) is dropped as a duplicate.
-            msg_id=f"{metadata.stream}-{metadata.sequence.stream}",
-            headers={ERROR_HEADER: reason, ORIGINAL_SUBJECT_HEADER: message.subject},
+        # A redelivery dead-lettered again (crash before term) is dropped as a duplicate.
+        msg_id = f"{metadata.stream}-{metadata.sequence.stream}"
+        headers = {ERROR_HEADER: reason, ORIGINAL_SUBJECT_HEADER: message.subject}
+        data = message.data
+        # The server counts headers against max_payload and drops the whole connection when
+        # a publish exceeds it, so a command that only just fit cannot go out unchanged.
+        room = self._broker.client.max_payload - _headers_size(
+            {**headers, TRUNCATED_HEADER: str(len(data)), "Nats-Msg-Id": msg_id}
         )
+        if len(data) > room:
+            headers[TRUNCATED_HEADER] = str(len(data))
+            data = data[: max(0, room)]
+        outgoing = Outgoing(subject=subject, data=data, msg_id=msg_id, headers=headers)
         if self._dlq is None:
             self._dlq = AckedPublisher(
                 self._broker.client, window=1, ack_timeout_s=self._settings.ack_timeout_s

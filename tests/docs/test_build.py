@@ -1,0 +1,30 @@
+"""The documentation site builds with mkdocs --strict: no broken link, anchor or include."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.docs.markdown import ROOT
+
+
+class TestBuild:
+    def test_site_builds_strictly(self, tmp_path: Path) -> None:
+        """`mkdocs build --strict` succeeds and renders every page of the navigation."""
+        site = tmp_path / "site"
+        result = subprocess.run(
+            [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+        )
+        assert result.returncode == 0, result.stderr
+        for page in ("quickstart", "concepts", "contract", "configuration", "adapters"):
+            assert (site / page / "index.html").is_file()
+        for page in ("operations", "design", "benchmarks"):
+            assert (site / page / "index.html").is_file()
+        assert "bench/nats.py" in (site / "benchmarks" / "index.html").read_text()

@@ -278,6 +278,30 @@ class TestReplay:
         assert "kept: its tenant is unreadable" in result.stdout
         assert len(await dead_letters(deployment.url, "_")) == before + 1
 
+    async def test_truncated_dead_letter_needs_a_fixed_body(self, deployment: Deployment) -> None:
+        """A dead letter cut to fit the DLQ is listed as such and only replayed with --data."""
+        await publish(
+            deployment.url,
+            "timer.dlq.cut",
+            '{"id":"01b8d960',
+            {
+                "Timer-Error": "$: message of 1048576 bytes exceeds 1048576",
+                "Timer-Truncated": "1048576",
+            },
+        )
+        (row,) = await dlq_json(deployment, "--tenant", "cut")
+        assert row["truncatedFrom"] == 1048576
+        result = await acli(deployment, "dlq", "replay", str(row["seq"]))
+        assert result.returncode == 1
+        assert "replay it with --data" in result.stdout
+        assert [d.seq for d in await dead_letters(deployment.url, "cut")] == [row["seq"]]
+        fixed = deployment.cwd / "cut.json"
+        fixed.write_text(command("cut", "call-1", "2031-01-01T00:00:00Z"))
+        result = await acli(deployment, "dlq", "replay", str(row["seq"]), "--data", str(fixed))
+        assert result.returncode == 0, result.stdout
+        (timer,) = await until_timer(deployment, "cut")
+        assert timer.service_call_id == "call-1"
+
     async def test_unknown_sequence_and_bad_arguments(self, deployment: Deployment) -> None:
         """An unknown sequence is reported (exit 1); --data with two sequences is refused (2)."""
         missing = await acli(deployment, "dlq", "replay", "999999")

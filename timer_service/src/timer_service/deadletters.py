@@ -24,9 +24,18 @@ from timer_core import DecodeError, decode_command
 from timer_service.app import StartupError
 from timer_service.settings import Settings
 
-__all__ = ["DLQ_STREAM", "DeadLetter", "list_dead_letters", "replay_dead_letters", "run_dlq"]
+__all__ = [
+    "DLQ_STREAM",
+    "TRUNCATED_HEADER",
+    "DeadLetter",
+    "list_dead_letters",
+    "replay_dead_letters",
+    "run_dlq",
+]
 
 DLQ_STREAM = "TIMER_DLQ"
+#: Set by the command source on a dead letter whose body had to be cut to fit (original size).
+TRUNCATED_HEADER = "Timer-Truncated"
 
 
 @attrs.frozen
@@ -39,6 +48,8 @@ class DeadLetter:
     reason: str
     data: bytes
     time: datetime | None
+    truncated_from: int | None = None
+    """The original size in bytes when ``data`` is only the start of the command."""
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -48,6 +59,7 @@ class DeadLetter:
             "reason": self.reason,
             "time": None if self.time is None else self.time.isoformat(),
             "data": self.data.decode("utf-8", errors="replace"),
+            "truncatedFrom": self.truncated_from,
         }
 
 
@@ -89,6 +101,16 @@ async def replay_dead_letters(
             continue
         tenant = (raw.subject or "").rpartition(".")[2]
         body = raw.data or b""
+        truncated = (raw.headers or {}).get(TRUNCATED_HEADER)
+        if data is None and truncated is not None:
+            results.append(
+                (
+                    seq,
+                    f"kept: only the first {len(body)} of {truncated} bytes were "
+                    "kept; replay it with --data",
+                )
+            )
+            continue
         if data is not None:
             try:
                 tenant = decode_command(data).tenant_id
@@ -114,13 +136,16 @@ def _read_fixed(path: str) -> bytes:
 def _dead_letter(
     seq: int, subject: str, headers: dict[str, str] | None, data: bytes | None, time: object
 ) -> DeadLetter:
+    headers = headers or {}
+    truncated = headers.get(TRUNCATED_HEADER, "")
     return DeadLetter(
         seq=seq,
         subject=subject,
         tenant=subject.rpartition(".")[2],
-        reason=(headers or {}).get("Timer-Error", ""),
+        reason=headers.get("Timer-Error", ""),
         data=data or b"",
         time=time if isinstance(time, datetime) else None,
+        truncated_from=int(truncated) if truncated.isdigit() else None,
     )
 
 

@@ -1,11 +1,12 @@
 """Benchmark of acked JetStream publishing: sequential vs NatsEventPublisher's window, in one run.
 
-Every path publishes ``DueTimeReached`` envelopes encoded by the codec, with a fresh envelope
-id each and the ``Nats-Msg-Id`` header, to a real ``nats-server`` (file storage) started
-here. Rows: sequential ``js.publish`` (one acked round trip at a time, the baseline),
-sequential ``NatsEventPublisher.publish``, ``publish_many`` in batches of 100 (the worker's
-default) and 1,000, and core NATS publish without JetStream as the upper bound. Prints a
-table and writes it into the "NATS (bench/nats.py)" section of bench/README.md.
+Every path publishes ``DueTimeReached`` envelopes encoded as ``NatsEventPublisher`` encodes
+them (``encode_event``, equal to the codec's bytes), each with a fresh envelope id and the
+``Nats-Msg-Id`` header, to a real ``nats-server`` (file storage) started here. Rows:
+sequential ``js.publish`` (one acked round trip at a time, the baseline), sequential
+``NatsEventPublisher.publish``, ``publish_many`` in batches of 100 (the worker's default)
+and 1,000, and core NATS publish without JetStream as the upper bound. Prints a table and
+writes it into the "NATS (bench/nats.py)" section of bench/README.md.
 
     uv run --all-packages python bench/nats.py            # full run (about a minute)
     uv run --all-packages python bench/nats.py --quick    # small counts, README untouched
@@ -39,12 +40,12 @@ from timer_adapters_nats import (  # noqa: E402
     NatsSettings,
     find_nats_server,
 )
+from timer_adapters_nats._wire import encode_event  # noqa: E402 - the publisher's encoder
 from timer_core import (  # noqa: E402
     DueTimeReached,
     MessageEnvelope,
     TimerEntry,
     build_due_event,
-    encode_envelope,
 )
 
 README = Path(__file__).with_name("README.md")
@@ -101,7 +102,7 @@ async def _measure(
         for e in batch:
             await js.publish(
                 subjects.events(e.tenant_id, e.payload.service_call_id),
-                encode_envelope(e),
+                encode_event(e),
                 headers={"Nats-Msg-Id": e.id},
             )
 
@@ -122,7 +123,7 @@ async def _measure(
             # Not in any stream: no storage, no ack; what the client and server can move.
             await nc.publish(
                 f"bench.core.{e.tenant_id}.{e.payload.service_call_id}",
-                encode_envelope(e),
+                encode_event(e),
                 headers={"Nats-Msg-Id": e.id},
             )
         await nc.flush()
@@ -211,11 +212,10 @@ def main() -> None:
     window = NatsSettings(url="nats://unused").publish_window
     body = "\n\n".join(
         [
-            "Acked publishes of `DueTimeReached` envelopes (codec-encoded, fresh id, "
-            "`Nats-Msg-Id` header) to `TIMER_EVENTS` (file storage) on a local `nats-server` "
-            "started by the script; median of "
-            f"{args.repeat} rounds, each running every row in turn. Reproduce: "
-            "`uv run --all-packages python bench/nats.py`.",
+            "Acked publishes of `DueTimeReached` envelopes (encoded as the publisher does, "
+            "fresh id, `Nats-Msg-Id` header) to `TIMER_EVENTS` (file storage) on a local "
+            f"`nats-server` started by the script; median of {args.repeat} rounds, each "
+            "running every row in turn. Reproduce: `uv run --all-packages python bench/nats.py`.",
             table(results, window),
             f"Machine: {where}. The machine is shared with other work, so absolute numbers "
             "move between runs; the rows of one run are comparable.",

@@ -1,0 +1,557 @@
+"""Scale-out benchmark: schedule-path and fire-path throughput of 1, 2 and 4 ``timer-service``
+processes sharing one PostgreSQL database and one ``nats-server``, with the CPU each part used.
+
+Schedule path: ``ScheduleTimer`` commands wait in ``TIMER_COMMANDS`` behind a paused consumer;
+the consumer is resumed and the clock runs until every command is stored and acked (the
+instances share the durable consumer). Fire path: every stored timer is moved to one due time
+a few seconds ahead (a storm), and the clock runs from that due time until every timer was
+published to ``TIMER_EVENTS`` and marked ``Reached``. Both run on real processes: PostgreSQL
+(durable settings unless ``--fast-pg``), ``nats-server`` (file storage) and the service.
+
+The measured part of the "Scale-out on PostgreSQL (bench/scale_out.py)" section of
+bench/README.md is rewritten between its markers; the prose around them is kept.
+
+    uv run --all-packages python bench/scale_out.py            # 3 rounds of 20,000 timers
+    uv run --all-packages python bench/scale_out.py --quick    # small, README untouched
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import platform
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from importlib.metadata import version
+from pathlib import Path
+
+# bench/nats.py would shadow the nats package: keep this directory off the import path, and
+# put the repository on it for the tests' own helpers (the throwaway PostgreSQL cluster and
+# the service subprocess).
+_HERE = Path(__file__).resolve().parent
+sys.path[:] = [str(_HERE.parent)] + [p for p in sys.path if Path(p or ".").resolve() != _HERE]
+
+import attrs  # noqa: E402
+import nats  # noqa: E402
+import psutil  # noqa: E402
+import psycopg  # noqa: E402
+
+from tests.pg import PostgresCluster, postgres_bin_dir, start_cluster  # noqa: E402
+from tests.timer_service.process import ServiceProcess, free_port  # noqa: E402
+from timer_adapters_nats import TimerClient  # noqa: E402
+from timer_adapters_nats.embedded import NatsServerProcess, find_nats_server  # noqa: E402
+
+README = Path(__file__).with_name("README.md")
+SECTION = "## Scale-out on PostgreSQL (bench/scale_out.py)"
+BEGIN, END = "<!-- scale_out:begin -->", "<!-- scale_out:end -->"
+PROFILE_BEGIN, PROFILE_END = "<!-- scale_out:profile:begin -->", "<!-- scale_out:profile:end -->"
+CONSUMER = "timer-service"
+TENANTS = 50
+FAR = datetime(2100, 1, 1, tzinfo=UTC)
+# The storm falls due this long after it is written: long enough for every instance's
+# next poll (1 s) to see it and go to sleep until it.
+STORM_LEAD_S = 2.5
+DURABLE_PG = {"fsync": "on", "synchronous_commit": "on", "full_page_writes": "on"}
+GROUPS = ("services", "postgres", "nats-server", "bench", "other")
+OWN = ("services", "postgres", "nats-server")
+DB_SCHEDULER = "10,600-11,840"
+TIME_LIMIT_S = 300.0
+
+
+# Where a profiled sample's time went: the leaf-most frame of a known kind names it.
+PROFILE_KINDS = (
+    ("psycopg (driver, libpq calls)", ("psycopg/", "psycopg_c/", "psycopg_binary/")),
+    ("SQLAlchemy", ("sqlalchemy/",)),
+    ("nats-py", ("nats/",)),
+    ("codec (json, cattrs, ids)", ("json/", "cattrs/", "timer_core/codec", "uuid_utils/")),
+    ("asyncio (loop, transports)", ("asyncio/", "selectors.py")),
+    ("thread pool hand-off", ("concurrent/futures/", "threading.py", "queue.py")),
+    ("Timer's own code", ("timer_core/", "timer_adapters_", "timer_service/")),
+    ("prometheus_client", ("prometheus_client/",)),
+)
+
+
+class Profiler:
+    """py-spy sampling one service process (threads holding the GIL: its Python CPU time)."""
+
+    def __init__(self, pid: int, output: Path) -> None:
+        executable = shutil.which("py-spy")
+        if executable is None:
+            raise SystemExit("--profile needs py-spy on PATH (uv tool install py-spy)")
+        self.output = output
+        self.process = subprocess.Popen(
+            [
+                executable,
+                "record",
+                *("--pid", str(pid), "--rate", "250", "--gil", "--nonblocking"),
+                *("--format", "raw", "--output", str(output)),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+
+    def stop(self) -> dict[str, float]:
+        """Stop sampling; the share of samples per kind of code."""
+        self.process.send_signal(signal.SIGINT)
+        self.process.wait(30)
+        samples: dict[str, int] = {}
+        leaves: dict[str, int] = {}
+        for line in self.output.read_text().splitlines():
+            stack, _, count = line.rpartition(" ")
+            frames = stack.split(";")
+            kind = next(
+                (
+                    name
+                    for frame in reversed(frames)
+                    for name, marks in PROFILE_KINDS
+                    if any(mark in frame for mark in marks)
+                ),
+                "other",
+            )
+            samples[kind] = samples.get(kind, 0) + int(count)
+            leaf = frames[-1]
+            leaves[leaf] = leaves.get(leaf, 0) + int(count)
+        total = sum(samples.values()) or 1
+        top = sorted(leaves.items(), key=lambda item: -item[1])[:15]
+        print(f"profile {self.output.name}: hottest leaf frames", file=sys.stderr)
+        for leaf, count in top:
+            print(f"  {count / total:6.1%} {leaf}", file=sys.stderr)
+        return {kind: count / total for kind, count in samples.items()}
+
+
+@attrs.frozen
+class Usage:
+    """CPU seconds per group of processes, and the machine's busy seconds, at one moment."""
+
+    wall: float
+    cpu: dict[str, float]
+    busy: float
+    xacts: int
+
+    def cores(self, later: Usage) -> dict[str, float]:
+        """Cores each group kept busy between this moment and ``later`` ("other": the rest of
+        the machine, e.g. other work sharing it)."""
+        wall = later.wall - self.wall
+        used = {group: (later.cpu[group] - self.cpu[group]) / wall for group in self.cpu}
+        used["other"] = max(0.0, (later.busy - self.busy) / wall - sum(used.values()))
+        return used
+
+
+@attrs.frozen
+class Run:
+    """One measured path of one configuration."""
+
+    instances: int
+    path: str
+    timers: int
+    seconds: float
+    cores: dict[str, float]
+    xacts: int
+    profile: dict[str, float] | None = None
+
+    @property
+    def rate(self) -> float:
+        return self.timers / self.seconds
+
+    def cpu_ms(self, group: str) -> float:
+        """CPU milliseconds ``group`` spent per timer."""
+        return self.cores[group] * self.seconds * 1000.0 / self.timers
+
+    @property
+    def own_cpu_ms(self) -> float:
+        """CPU milliseconds per timer of everything Timer needs (not the rest of the machine)."""
+        return sum(self.cpu_ms(group) for group in OWN)
+
+
+class Rig:
+    """PostgreSQL, a nats-server and N service processes, with CPU accounting over them."""
+
+    def __init__(
+        self, pg: PostgresCluster, root: Path, instances: int, batch: int, profile: bool
+    ) -> None:
+        self.pg = pg
+        self.profile = profile
+        self.root = root
+        self.instances = instances
+        self.batch = batch
+        self.database = f"bench_{instances}_{int(time.time() * 1000)}"
+        self.nats = NatsServerProcess(root / f"nats-{self.database}", host="127.0.0.1")
+        self.services: list[ServiceProcess] = []
+
+    @property
+    def conninfo(self) -> str:
+        return self.pg.conninfo(self.database)
+
+    def start(self) -> None:
+        url = self.pg.create_database(self.database)
+        self.nats.start()
+        for index in range(self.instances):
+            env = {k: v for k, v in os.environ.items() if not k.startswith("TIMER_")}
+            env.update(
+                TIMER_DATABASE_URL=url,
+                TIMER_BROKER_URL=self.nats.url,
+                TIMER_HTTP_PORT=str(free_port()),
+                TIMER_POLLING_INTERVAL="1000",
+                TIMER_BATCH_SIZE=str(self.batch),
+                TIMER_INSTANCE_ID=f"bench-{index}",
+                TIMER_LOG_LEVEL="WARNING",
+            )
+            log = self.root / f"service-{self.database}-{index}.log"
+            self.services.append(ServiceProcess(env, self.root, log).start())
+        for service in self.services:
+            service.wait_healthy(60.0)
+
+    def stop(self) -> None:
+        for service in self.services:
+            try:
+                service.terminate(30.0)
+            except Exception:  # a hung instance must not keep the others running
+                service.kill_group()
+        self.nats.stop()
+        self.pg.drop_database(self.database)
+
+    def usage(self) -> Usage:
+        def seconds(processes: Iterator[psutil.Process]) -> float:
+            total = 0.0
+            for process in processes:
+                try:
+                    times = process.cpu_times()
+                except psutil.NoSuchProcess:
+                    continue
+                total += times.user + times.system
+            return total
+
+        def pids(*pids: int | None) -> Iterator[psutil.Process]:
+            return (psutil.Process(pid) for pid in pids if pid is not None)
+
+        postmaster = psutil.Process(self.pg.pid)
+        machine = psutil.cpu_times()
+        with psycopg.connect(self.conninfo, autocommit=True) as conn:
+            row = conn.execute(
+                "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()"
+            ).fetchone()
+        return Usage(
+            wall=time.perf_counter(),
+            cpu={
+                "services": seconds(pids(*(s.proc.pid for s in self.services if s.proc))),
+                "postgres": seconds(iter([postmaster, *postmaster.children(recursive=True)])),
+                "nats-server": seconds(pids(self.nats.pid)),
+                "bench": seconds(pids(os.getpid())),
+            },
+            busy=machine.user + machine.system + machine.nice + machine.irq + machine.softirq,
+            xacts=int(row[0]) if row else 0,
+        )
+
+    def profiler(self, path: str) -> Profiler | None:
+        """py-spy on the first instance, when profiling."""
+        first = self.services[0].proc
+        if not self.profile or first is None:
+            return None
+        return Profiler(first.pid, self.root / f"profile-{self.database}-{path}.txt")
+
+    def check(self, started: float) -> None:
+        """Fail rather than wait forever: an instance died, or the path outlasts its limit."""
+        for service in self.services:
+            if service.proc is not None and service.proc.poll() is not None:
+                raise RuntimeError(f"an instance exited:\n{service.log()[-3000:]}")
+        if time.perf_counter() - started > TIME_LIMIT_S:
+            tail = self.services[0].log()[-3000:]
+            raise RuntimeError(f"no result after {TIME_LIMIT_S:.0f}s; first log:\n{tail}")
+
+    def count(self, sql: str) -> int:
+        with psycopg.connect(self.conninfo, autocommit=True) as conn:
+            row = conn.execute(sql).fetchone()
+        return int(row[0]) if row else 0
+
+
+async def schedule_path(rig: Rig, timers: int) -> Run:
+    """Commands queued behind a paused consumer, then resumed: time until all are stored."""
+    nc = await nats.connect(rig.nats.url)
+    try:
+        js = nc.jetstream(timeout=10)
+        await js.pause_consumer("TIMER_COMMANDS", CONSUMER, "2099-01-01T00:00:00Z")
+        client = TimerClient(nc, publish_window=1024)
+        envelopes = [
+            client.schedule_envelope(
+                f"tenant-{n % TENANTS}", f"call-{n:08d}", FAR + timedelta(milliseconds=n)
+            )
+            for n in range(timers)
+        ]
+        for start in range(0, timers, 5000):
+            results = await client.send_many(envelopes[start : start + 5000])
+            assert not any(results), "publishing the commands failed"
+        profiler = rig.profiler("schedule")
+        before = await asyncio.to_thread(rig.usage)
+        await js.resume_consumer("TIMER_COMMANDS", CONSUMER)
+        while True:
+            info = await js.consumer_info("TIMER_COMMANDS", CONSUMER)
+            if info.num_pending == 0 and info.num_ack_pending == 0:
+                break
+            rig.check(before.wall)
+            await asyncio.sleep(0.05)
+        after = await asyncio.to_thread(rig.usage)
+        profile = None if profiler is None else profiler.stop()
+    finally:
+        await nc.close()
+    stored = await asyncio.to_thread(rig.count, "SELECT count(*) FROM timer_schedules")
+    assert stored == timers, f"{stored} of {timers} commands stored"
+    return Run(
+        rig.instances,
+        "schedule",
+        timers,
+        after.wall - before.wall,
+        before.cores(after),
+        after.xacts - before.xacts,
+        profile,
+    )
+
+
+async def fire_path(rig: Rig, timers: int) -> Run:
+    """Every stored timer moved to one due time: time from it until all are published and
+    marked ``Reached``."""
+    due = datetime.now(UTC) + timedelta(seconds=STORM_LEAD_S)
+    due = due.replace(microsecond=due.microsecond // 1000 * 1000)
+
+    def storm() -> None:
+        with psycopg.connect(rig.conninfo, autocommit=True) as conn:
+            conn.execute("UPDATE timer_schedules SET due_at = %s", (due,))
+
+    await asyncio.to_thread(storm)
+    profiler = rig.profiler("fire")
+    await asyncio.sleep(max(0.0, (due - datetime.now(UTC)).total_seconds() - 0.02))
+    before = await asyncio.to_thread(rig.usage)
+    # The clock starts at the due time itself, not when this process woke up for it.
+    before = attrs.evolve(before, wall=before.wall + (due - datetime.now(UTC)).total_seconds())
+    reached = "SELECT count(*) FROM timer_schedules WHERE state = 'Reached'"
+    while await asyncio.to_thread(rig.count, reached) < timers:
+        rig.check(before.wall)
+        await asyncio.sleep(0.05)
+    after = await asyncio.to_thread(rig.usage)
+    profile = None if profiler is None else profiler.stop()
+    nc = await nats.connect(rig.nats.url)
+    try:
+        info = await nc.jetstream().stream_info("TIMER_EVENTS")
+    finally:
+        await nc.close()
+    assert info.state.messages == timers, f"{info.state.messages} events for {timers} timers"
+    return Run(
+        rig.instances,
+        "fire",
+        timers,
+        after.wall - before.wall,
+        before.cores(after),
+        after.xacts - before.xacts,
+        profile,
+    )
+
+
+def measure(
+    pg: PostgresCluster,
+    root: Path,
+    counts: list[int],
+    timers: int,
+    rounds: int,
+    batch: int,
+    profile: bool = False,
+) -> list[Run]:
+    """Every configuration once per round, rounds interleaved (the machine's load drifts)."""
+    runs: list[Run] = []
+    for round_ in range(1, rounds + 1):
+        for instances in counts:
+            rig = Rig(pg, root, instances, batch, profile)
+            try:
+                rig.start()
+                for run in (
+                    asyncio.run(schedule_path(rig, timers)),
+                    asyncio.run(fire_path(rig, timers)),
+                ):
+                    runs.append(run)
+                    cores = " ".join(f"{g}={c:.2f}" for g, c in run.cores.items())
+                    print(
+                        f"round {round_} instances {instances} {run.path}: {run.rate:,.0f}/s "
+                        f"({run.seconds:.2f}s, {run.xacts / run.timers:.3f} xact/timer; "
+                        f"cores {cores})",
+                        file=sys.stderr,
+                    )
+            finally:
+                rig.stop()
+    return runs
+
+
+def machine(durable: bool) -> str:
+    """nproc, CPU model, versions and the load at start."""
+    model = platform.processor() or "unknown CPU"
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            model = line.split(":", 1)[1].strip()
+            break
+    pg = subprocess.run(
+        [str(postgres_bin_dir() / "postgres"), "--version"], capture_output=True, text=True
+    ).stdout.strip()
+    server = subprocess.run(
+        [str(find_nats_server()), "--version"], capture_output=True, text=True
+    ).stdout.strip()
+    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    settings = "fsync and synchronous_commit on" if durable else "fsync and synchronous_commit off"
+    return (
+        f"nproc {os.cpu_count()}, {model}, {psutil.virtual_memory().total / 2**30:.0f} GiB; "
+        f"Python {platform.python_version()}, {pg} ({settings}), {server}, "
+        f"psycopg {version('psycopg')}, nats-py {version('nats-py')}; "
+        f"load average at start {load}"
+    )
+
+
+def _rate(runs: list[Run]) -> str:
+    rates = sorted(run.rate for run in runs)
+    middle = statistics.median(rates)
+    if len(rates) == 1:
+        return f"{middle:,.0f}"
+    return f"{middle:,.0f} ({rates[0]:,.0f}-{rates[-1]:,.0f})"
+
+
+def tables(runs: list[Run], counts: list[int]) -> str:
+    """Throughput, then CPU per timer by component (medians over the rounds)."""
+    cores = os.cpu_count() or 1
+
+    def runs_of(n: int, path: str) -> list[Run]:
+        return [r for r in runs if r.instances == n and r.path == path]
+
+    def median(values: list[float]) -> float:
+        return statistics.median(values)
+
+    lines = [
+        "| instances | schedule path, commands/s | fire path, timers/s "
+        "| db-scheduler, executions/s |",
+        "| ---: | ---: | ---: | ---: |",
+    ]
+    for n in counts:
+        theirs = DB_SCHEDULER if n == 4 else ""
+        schedule, fire = _rate(runs_of(n, "schedule")), _rate(runs_of(n, "fire"))
+        lines.append(f"| {n} | {schedule} | {fire} | {theirs} |")
+    lines += [
+        "",
+        "CPU per timer (ms, median over the rounds) of each part, the rest of the machine's "
+        "load meanwhile (cores busy with other work), PostgreSQL commits per timer, and the "
+        f"rate {cores} otherwise idle cores would allow at that CPU cost per timer:",
+        "",
+        "| instances | path | services | postgres | nats-server | other work, cores "
+        "| commits/timer | CPU-bound rate |",
+        "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for n in counts:
+        for path in ("schedule", "fire"):
+            chosen = runs_of(n, path)
+            own = median([r.own_cpu_ms for r in chosen])
+            lines.append(
+                f"| {n} | {path} | "
+                + " | ".join(f"{median([r.cpu_ms(g) for r in chosen]):.3f}" for g in OWN)
+                + f" | {median([r.cores['other'] for r in chosen]):.2f}"
+                + f" | {median([r.xacts / r.timers for r in chosen]):.3f}"
+                + f" | {cores * 1000 / own:,.0f}/s |"
+            )
+    return "\n".join(lines)
+
+
+def profile_table(runs: list[Run]) -> str:
+    """Where the first instance's Python time went, per path and instance count."""
+    profiled = [r for r in runs if r.profile]
+    if not profiled:
+        return ""
+    kinds = [name for name, _ in PROFILE_KINDS] + ["other"]
+    header = "| instances | path | " + " | ".join(kinds) + " |"
+    lines = [header, "| ---: | --- | " + " | ".join("---:" for _ in kinds) + " |"]
+    for run in profiled:
+        assert run.profile is not None
+        shares = " | ".join(f"{run.profile.get(kind, 0.0):.0%}" for kind in kinds)
+        lines.append(f"| {run.instances} | {run.path} | {shares} |")
+    return "\n".join(lines)
+
+
+def write_readme(body: str, begin: str = BEGIN, end: str = END) -> None:
+    """Replace the text between one pair of this benchmark's markers, nothing else (a missing
+    pair is added at the end of this benchmark's section)."""
+    text = README.read_text() if README.exists() else "# Benchmarks\n"
+    block = f"{begin}\n{body.rstrip()}\n{end}"
+    if begin in text and end in text:
+        before, rest = text.split(begin, 1)
+        text = before + block + rest.split(end, 1)[1]
+    elif SECTION in text:
+        before, rest = text.split(SECTION, 1)
+        cut = rest.find("\n## ")
+        mine, after = (rest, "") if cut < 0 else (rest[:cut], rest[cut:])
+        text = before + SECTION + mine.rstrip() + f"\n\n{block}\n" + after
+    else:
+        text = text.rstrip() + f"\n\n{SECTION}\n\n{block}\n"
+    README.write_text(text)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small counts, README untouched")
+    parser.add_argument("--timers", type=int, default=20_000)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--instances", default="1,2,4", help="comma-separated instance counts")
+    parser.add_argument("--batch-size", type=int, default=100, help="TIMER_BATCH_SIZE")
+    parser.add_argument(
+        "--fast-pg", action="store_true", help="PostgreSQL with fsync off (as in the tests)"
+    )
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="sample the first instance with py-spy; writes only the profile table",
+    )
+    args = parser.parse_args()
+    timers, rounds = (3_000, 1) if args.quick else (args.timers, args.rounds)
+    counts = [int(part) for part in args.instances.split(",")]
+    where = machine(not args.fast_pg)
+    print(f"machine: {where}", file=sys.stderr)
+    root = Path(tempfile.mkdtemp(prefix="timer-scale-"))
+    pg_root = Path(tempfile.mkdtemp(prefix="timer-scale-pg-"))  # handed to the postgres user
+    pg = None
+    try:
+        pg = start_cluster(pg_root, None if args.fast_pg else DURABLE_PG)
+        runs = measure(pg, root, counts, timers, rounds, args.batch_size, args.profile)
+    finally:
+        if pg is not None:
+            pg.stop()
+        shutil.rmtree(root, ignore_errors=True)
+        shutil.rmtree(pg_root, ignore_errors=True)
+    run = (
+        f"`uv run --all-packages python bench/scale_out.py{' --profile' if args.profile else ''}` "
+        f"on {datetime.now(UTC):%Y-%m-%d}; {timers:,} timers per path, "
+        f"`TIMER_BATCH_SIZE={args.batch_size}`, command fetch batch 100"
+    )
+    if args.profile:
+        body = "\n\n".join(
+            [
+                f"Run: {run}, one round. Share of py-spy samples (250/s, threads holding the "
+                "GIL, so Python CPU time) of the first instance, by the leaf-most frame's "
+                "library:",
+                profile_table(runs),
+            ]
+        )
+    else:
+        body = "\n\n".join(
+            [
+                f"Run: {run}, median of {rounds} rounds (range in brackets). Machine: {where}.",
+                tables(runs, counts),
+            ]
+        )
+    print(body)
+    if not args.quick:
+        if args.profile:
+            write_readme(body, PROFILE_BEGIN, PROFILE_END)
+        else:
+            write_readme(body)
+
+
+if __name__ == "__main__":
+    main()

@@ -71,6 +71,11 @@ class NatsCommandSource(CommandSource):
     - When the handler raises, each is nak'd with a delay that doubles per delivery, and
       fetching pauses that long so later commands do not overtake them. On its last
       allowed delivery (``max_deliver``) a command is dead-lettered instead of dropped.
+    - Commands another instance fetched and never settled (it crashed with them in hand)
+      come back only after the ack wait, behind later ones. So when the consumer has
+      unsettled commands at start, later commands are handed back (nak'd until that ack wait
+      is over) until every command delivered before the start is settled: a CancelTimer is
+      never overtaken by the ScheduleTimer it cancels.
     - Fetch errors and disconnects are logged and retried with backoff; :meth:`run` only
       returns after :meth:`stop`. A stopped source stays stopped.
     """
@@ -87,6 +92,10 @@ class NatsCommandSource(CommandSource):
         self._done.set()
         self._run_task: asyncio.Task[None] | None = None
         self._dlq: AckedPublisher | None = None
+        # (last stream sequence delivered before this source started, loop time by which
+        # everything delivered then is redeliverable, loop time to give up waiting for it),
+        # while any of those is unsettled.
+        self._barrier: tuple[int, float, float] | None = None
 
     @property
     def running(self) -> bool:
@@ -119,6 +128,7 @@ class NatsCommandSource(CommandSource):
             while not self._stop.is_set():
                 try:
                     if subscription is None:
+                        self._barrier = await self._unsettled_at_start()
                         subscription = await self._broker.jetstream.pull_subscribe_bind(
                             durable=settings.consumer_name, stream=settings.commands_stream
                         )
@@ -144,7 +154,10 @@ class NatsCommandSource(CommandSource):
                         await self._settle(message, "nak")
                     break
                 try:
-                    await self._process(messages, handler)
+                    if self._barrier is not None:
+                        messages = await self._behind_barrier(messages, handler)
+                    if messages:
+                        await self._process(messages, handler)
                 except Exception:  # a bug must not stop the consumer: they come back later
                     log.exception(
                         "unexpected error on %d commands; they will be redelivered", len(messages)
@@ -152,6 +165,62 @@ class NatsCommandSource(CommandSource):
                     await self._pause(1.0)
         finally:
             await self._finish(subscription)
+
+    async def _unsettled_at_start(self) -> tuple[int, float, float] | None:
+        """The barrier for commands a predecessor may have left in hand, or None."""
+        settings = self._settings
+        info = await self._broker.jetstream.consumer_info(
+            settings.commands_stream, settings.consumer_name
+        )
+        if not info.num_ack_pending or info.delivered is None:
+            return None
+        ack_wait = info.config.ack_wait or settings.ack_wait_s
+        log.warning(
+            "%d commands up to seq %d were delivered before this start and are unsettled; "
+            "later commands wait for them (up to %.0fs)",
+            info.num_ack_pending,
+            info.delivered.stream_seq,
+            ack_wait,
+        )
+        now = asyncio.get_running_loop().time()
+        return info.delivered.stream_seq, now + ack_wait + 1.0, now + 3 * ack_wait
+
+    async def _behind_barrier(
+        self, messages: Sequence[Msg], handler: CommandBatchHandler
+    ) -> list[Msg]:
+        """Handle those from before the start; the later ones, once the barrier is gone."""
+        assert self._barrier is not None
+        last, redelivered_by, give_up_at = self._barrier
+        earlier = [m for m in messages if m.metadata.sequence.stream <= last]
+        later = [m for m in messages if m.metadata.sequence.stream > last]
+        if earlier:
+            await self._process(earlier, handler)
+        loop = asyncio.get_running_loop()
+        if not later or await self._settled_up_to(last) or loop.time() > give_up_at:
+            if later:
+                self._barrier = None
+                log.info("commands delivered before this start are settled; going on")
+            return later
+        # Back until the earlier ones are surely redeliverable; the server hands out expired
+        # commands in stream order, so the earlier ones then come first.
+        delay = max(redelivered_by - loop.time(), self._settings.nak_delay(1))
+        for message in later:
+            await self._settle(message, "nak", delay=delay)
+        await self._pause(delay)
+        return []
+
+    async def _settled_up_to(self, seq: int) -> bool:
+        """Whether every command up to stream sequence ``seq`` is acked or terminated."""
+        settings = self._settings
+        await self._broker.client.flush()
+        for _ in range(5):  # acks just sent take a moment to show in the ack floor
+            info = await self._broker.jetstream.consumer_info(
+                settings.commands_stream, settings.consumer_name
+            )
+            if info.ack_floor is not None and info.ack_floor.stream_seq >= seq:
+                return True
+            await asyncio.sleep(0.1)
+        return False
 
     async def _fetch(self, subscription: JetStreamContext.PullSubscription) -> list[Msg]:
         try:

@@ -62,6 +62,7 @@ class AckedPublisher:
     def __init__(self, nc: Client, *, window: int, ack_timeout_s: float) -> None:
         self._nc = nc
         self._window = window
+        self._refill = max(1, window // 4)
         self._ack_timeout_s = ack_timeout_s
         self._inbox: str | None = None
         self._waiting: dict[str, asyncio.Future[None]] = {}
@@ -91,10 +92,10 @@ class AckedPublisher:
         unflushed = 0
         for index, item in enumerate(items):
             if len(in_flight) >= self._window:
-                oldest = in_flight.popleft()
-                results[oldest[0]] = await self._settle(oldest)
-                # Collect every ack already in, then refill the window.
-                while in_flight and in_flight[0][3].done():
+                # Wait until a quarter of the window is acked, not for one ack per wake-up:
+                # the stream acks in order, so that many slots then refill in one go.
+                await self._await_ack(in_flight, min(len(in_flight), self._refill))
+                while in_flight and (in_flight[0][3].done() or len(in_flight) >= self._window):
                     oldest = in_flight.popleft()
                     results[oldest[0]] = await self._settle(oldest)
             try:
@@ -118,10 +119,25 @@ class AckedPublisher:
             if unflushed >= _CHUNK:
                 unflushed = 0
                 await asyncio.sleep(0)  # the connection's flusher writes this chunk now
+        # One wait for the last ack rather than one per message still in flight.
+        await self._await_ack(in_flight, len(in_flight))
         while in_flight:
             oldest = in_flight.popleft()
             results[oldest[0]] = await self._settle(oldest)
         return results
+
+    @staticmethod
+    async def _await_ack(
+        in_flight: deque[tuple[int, Outgoing, str, asyncio.Future[None], float]], count: int
+    ) -> None:
+        """Wait until the ``count``-th oldest message is acked, at most until the oldest's
+        deadline. Never cancels the ack it waits for (``asyncio.wait``, not ``wait_for``)."""
+        if count < 1:
+            return
+        future = in_flight[count - 1][3]
+        if not future.done():
+            timeout = in_flight[0][4] - asyncio.get_running_loop().time()
+            await asyncio.wait((future,), timeout=max(0.0, timeout))
 
     async def publish(self, message: Outgoing) -> None:
         """Publish one and wait for its ack; raises :class:`PublishError` unless acked."""

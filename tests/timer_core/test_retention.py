@@ -215,3 +215,40 @@ class TestScheduleAfterDeletion:
         assert [e.payload.due_at for e in published] == [at(1), at(due)]
         assert published[0].id != published[1].id
         assert rig.states() == {"call-1": TimerState.REACHED}
+
+
+class SlowPurgeStore(RecordingStore):
+    """A store whose every purge batch takes 0.4 s of (fake) time, like a big first purge."""
+
+    clock: FakeClock
+
+    async def purge_reached(self, reached_before: datetime, limit: int) -> int:
+        deleted = await super().purge_reached(reached_before, limit)
+        self.clock.advance(0.4)
+        return deleted
+
+
+class TestPurgeYieldsToFiring:
+    async def test_a_long_purge_stops_when_a_timer_comes_due(self, rig: Rig) -> None:
+        """A purge of many batches pauses for a due timer and finishes in later idle time."""
+        store = SlowPurgeStore()
+        store.clock = rig.clock
+        rig.store = store
+        for i in range(60):
+            await rig.schedule(f"old-{i:02d}", 1)
+        await rig.start(retention_every=HOUR)
+        await rig.advance(1)
+        assert len(rig.bus.published) == 60
+        await rig.schedule("urgent", HOUR + 62)
+        store.purges.clear()
+        await rig.advance(HOUR + 60)
+        # Batches of 10 take 0.4 s each: the whole purge would take 2.8 s, but the timer due
+        # 2 s after it began fires at most one batch late.
+        async with asyncio.timeout(5):
+            while len(rig.bus.published) < 61:
+                await asyncio.sleep(0)
+        urgent = rig.bus.published[-1].payload
+        assert urgent.service_call_id == "urgent"
+        assert urgent.reached_at - urgent.due_at <= timedelta(seconds=0.4)
+        await rig.advance(5)
+        assert rig.states() == {"urgent": TimerState.REACHED}

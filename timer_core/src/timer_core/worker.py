@@ -149,8 +149,7 @@ class TimerWorker:
                 await self._sleep(self._backoff(publish_failures), wakeable=False)
                 continue
             publish_failures = 0
-            await self._purge_expired()
-            await self._sleep_until_due()
+            await self._idle()
 
     async def _pass(self, after: DueCursor | None) -> FiringReport:
         return await fire_due_timers(
@@ -163,42 +162,52 @@ class TimerWorker:
             instrumentation=self._instrumentation,
         )
 
-    async def _purge_expired(self) -> None:
-        """Retention: delete fired timers past it, a small batch at a time, when idle."""
-        if self._retention is None:
-            return
-        now_mono = self._clock.monotonic()
-        if self._next_purge_at is not None and now_mono < self._next_purge_at:
-            return
-        self._next_purge_at = now_mono + self._retention_every
-        cutoff = self._clock.now() - self._retention
-        deleted = 0
-        try:
-            while not self._stop.is_set():
-                batch = await self._store.purge_reached(cutoff, self._retention_batch)
-                deleted += batch
-                if batch < self._retention_batch:
-                    break
-                await asyncio.sleep(0)
-        except StoreError as exc:
-            log.warning("retention purge failed (%s); trying again later", exc)
-        if deleted:
-            log.info("retention: deleted %d timers fired before %s", deleted, cutoff)
-
-    async def _sleep_until_due(self) -> None:
+    async def _idle(self) -> None:
+        """Nothing more is due now: purge expired timers if it is time, then sleep until due."""
         try:
             next_due = await self._store.next_due_at()
         except StoreError as exc:
-            log.warning(
-                "could not read the next due time (%s); polling in %.1fs", exc, self._interval
-            )
+            log.warning("could not read the next due time (%s); polling again later", exc)
             next_due = None
+        await self._purge_expired(next_due)
         now = self._clock.now()
         delay = self._interval
         if next_due is not None:
             delay = min(delay, max(0.0, (next_due - now).total_seconds()))
         self._wake_at = now + timedelta(seconds=delay)
         await self._sleep(delay, wakeable=True)
+
+    async def _purge_expired(self, next_due: datetime | None) -> None:
+        """Retention: delete fired timers past it, a batch at a time, in idle time only.
+
+        Purging stops as soon as a timer is due or a new one was scheduled (firing always
+        comes first) and goes on at the next idle moment, so a large first purge never
+        holds firings back.
+        """
+        if self._retention is None:
+            return
+        if self._next_purge_at is not None and self._clock.monotonic() < self._next_purge_at:
+            return
+        cutoff = self._clock.now() - self._retention
+        deleted = 0
+        finished = False
+        try:
+            while not (self._stop.is_set() or self._wake.is_set()):
+                if next_due is not None and self._clock.now() >= next_due:
+                    break
+                batch = await self._store.purge_reached(cutoff, self._retention_batch)
+                deleted += batch
+                if batch < self._retention_batch:
+                    finished = True
+                    break
+                await asyncio.sleep(0)
+        except StoreError as exc:
+            log.warning("retention purge failed (%s); trying again later", exc)
+            finished = True
+        if finished:
+            self._next_purge_at = self._clock.monotonic() + self._retention_every
+        if deleted:
+            log.info("retention: deleted %d timers fired before %s", deleted, cutoff)
 
     def _backoff(self, failures: int) -> float:
         return float(min(self._max_backoff, self._initial_backoff * 2 ** min(failures - 1, 30)))

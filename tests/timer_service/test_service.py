@@ -182,3 +182,29 @@ class TestDemo:
         )
         assert result.returncode == 0, result.stdout + result.stderr
         assert "OK: 600/600 timers fired, 0 early" in result.stdout
+
+
+class TestEmbeddedBroker:
+    def test_embedded_server_dies_with_a_killed_service(self, tmp_path: Path) -> None:
+        """SIGKILL of the service takes its embedded nats-server with it; a restart works."""
+        import psutil
+
+        env = {k: v for k, v in os.environ.items() if not k.startswith("TIMER_")}
+        env["TIMER_HTTP_PORT"] = str(free_port())
+        proc = ServiceProcess(env, tmp_path, tmp_path.parent / f"{tmp_path.name}-kill.log")
+        try:
+            proc.start()
+            proc.wait_healthy()
+            assert proc.proc is not None
+            children = psutil.Process(proc.proc.pid).children()
+            servers = [child for child in children if "nats-server" in child.name()]
+            assert len(servers) == 1
+            proc.proc.kill()
+            proc.proc.wait()
+            gone, alive = psutil.wait_procs(servers, timeout=10)
+            assert alive == [], "the embedded nats-server outlived its service"
+            proc.start()
+            proc.wait_healthy()
+            assert proc.terminate() == 0, proc.log()
+        finally:
+            proc.kill_group()

@@ -8,6 +8,7 @@ host, which then stops the server after finishing its own work.
 from __future__ import annotations
 
 import collections
+import ctypes
 import logging
 import os
 import re
@@ -18,7 +19,7 @@ import subprocess
 import sysconfig
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Self
@@ -58,13 +59,38 @@ def free_port(host: str = "127.0.0.1") -> int:
     return port
 
 
+def _load_prctl() -> Callable[..., int] | None:
+    try:
+        prctl: Callable[..., int] = ctypes.CDLL(None, use_errno=True).prctl
+        return prctl
+    except (OSError, AttributeError):
+        return None
+
+
+# Looked up before any fork: the child may only make the call, not load a library.
+_PRCTL = _load_prctl()
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM this server when the process that started it dies.
+
+    An embedded server must not outlive a service killed with SIGKILL: it would hold the
+    port and the JetStream store directory against the restarted service. (Linux: the signal
+    comes when the thread that forked exits, so start it from a long-lived thread.)
+    """
+    if _PRCTL is not None:
+        _PRCTL(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
 class NatsServerProcess:
     """One ``nats-server`` process on ``host``; ``port=0`` lets the server pick a free port.
 
     After the first :meth:`start` the chosen ports stick, so a :meth:`stop` then :meth:`start`
     comes back on the same URL with the same ``store_dir`` (a server restart). Cluster options
     (``server_name``, ``cluster_name``, ``cluster_port``, ``routes``) form a JetStream cluster
-    of several processes on loopback.
+    of several processes on loopback. With ``die_with_parent`` (Linux) the server is
+    terminated when the process that started it dies, even by SIGKILL.
     """
 
     def __init__(
@@ -82,8 +108,10 @@ class NatsServerProcess:
         start_timeout_s: float = 15.0,
         stop_timeout_s: float = 10.0,
         extra_args: Sequence[str] = (),
+        die_with_parent: bool = False,
     ) -> None:
         self.store_dir = Path(store_dir)
+        self.die_with_parent = die_with_parent
         self.host = host
         self.port = port
         self.jetstream = jetstream
@@ -195,6 +223,7 @@ class NatsServerProcess:
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.PIPE,
                 start_new_session=True,
+                preexec_fn=_die_with_parent if self.die_with_parent else None,
             )
         except OSError as exc:
             raise NatsServerError(f"cannot run {executable}: {exc}") from exc

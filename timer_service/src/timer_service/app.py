@@ -86,7 +86,9 @@ class TimerService:
         """Start every component, or raise :class:`StartupError` naming what failed."""
         settings = self.settings
         if settings.embedded_broker:
-            self.broker_url = await asyncio.to_thread(self._start_embedded_broker)
+            # Started from the event loop's own thread, which lives as long as the process:
+            # the server's parent-death signal is tied to the thread that forked it.
+            self.broker_url = self._start_embedded_broker()
         self.store = build_store(settings)
         try:
             await self.store.start()
@@ -147,7 +149,9 @@ class TimerService:
                 f"{exc.strerror or exc}"
             ) from exc
         port = _EMBEDDED_PORT if _port_free(_EMBEDDED_PORT) else 0
-        self.embedded = NatsServerProcess(store_dir, host="127.0.0.1", port=port)
+        self.embedded = NatsServerProcess(
+            store_dir, host="127.0.0.1", port=port, die_with_parent=True
+        )
         self.embedded.start()
         broker_url_file(self.settings).write_text(self.embedded.url + "\n")
         log.info(

@@ -71,7 +71,10 @@ PROFILE_KINDS = (
     ("psycopg (driver, libpq calls)", ("psycopg/", "psycopg_c/", "psycopg_binary/")),
     ("SQLAlchemy", ("sqlalchemy/",)),
     ("nats-py", ("nats/",)),
-    ("codec (json, cattrs, ids)", ("json/", "cattrs/", "timer_core/codec", "uuid_utils/")),
+    (
+        "encoding (json, wire format, ids)",
+        ("json/", "cattrs/", "timer_core/codec", "timer_adapters_nats/_wire", "uuid", "_ids.py"),
+    ),
     ("asyncio (loop, transports)", ("asyncio/", "selectors.py")),
     ("thread pool hand-off", ("concurrent/futures/", "threading.py", "queue.py")),
     ("Timer's own code", ("timer_core/", "timer_adapters_", "timer_service/")),

@@ -499,6 +499,7 @@ def write_readme(body: str, begin: str = BEGIN, end: str = END) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small counts, README untouched")
+    parser.add_argument("--print-only", action="store_true", help="leave the README untouched")
     parser.add_argument("--timers", type=int, default=20_000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--instances", default="1,2,4", help="comma-separated instance counts")
@@ -549,7 +550,7 @@ def main() -> None:
             ]
         )
     print(body)
-    if not args.quick:
+    if not (args.quick or args.print_only):
         if args.profile:
             write_readme(body, PROFILE_BEGIN, PROFILE_END)
         else:

@@ -1,0 +1,72 @@
+"""Fixtures of the chaos suite: a real nats-server and the service as a killable subprocess,
+both stopped by pid at teardown; the figures every scenario reported end the test run."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+
+import nats
+import pytest
+from nats.aio.client import Client
+from nats.js.client import JetStreamContext
+
+from tests.chaos.rig import REPORTED, ChaosService, service_env
+from tests.conftest import NatsServerFactory
+from timer_adapters_nats.embedded import NatsServerProcess
+
+ServiceFactory = Callable[..., ChaosService]
+
+
+@pytest.fixture
+def broker(nats_server_factory: NatsServerFactory) -> NatsServerProcess:
+    """A running nats-server with JetStream on 127.0.0.1 and a free port (stopped at teardown)."""
+    server = nats_server_factory()
+    server.start()
+    return server
+
+
+@pytest.fixture
+def make_service(tmp_path: Path, broker: NatsServerProcess) -> Iterator[ServiceFactory]:
+    """Makes (unstarted) services on ``tmp_path/timer.db`` and :func:`broker`; keyword
+    arguments are extra ``TIMER_*`` settings. Every one is killed by its group at teardown."""
+    made: list[ChaosService] = []
+
+    def make(**settings: str | int) -> ChaosService:
+        env = service_env(tmp_path, broker.url, **settings)
+        service = ChaosService(env, tmp_path, tmp_path / f"service-{len(made)}.log")
+        made.append(service)
+        return service
+
+    try:
+        yield make
+    finally:
+        for service in made:
+            service.close()
+
+
+@pytest.fixture
+async def nc(broker: NatsServerProcess) -> AsyncIterator[Client]:
+    """The test's own connection to :func:`broker` (reconnecting for as long as it takes)."""
+    client = await nats.connect(
+        broker.url, max_reconnect_attempts=-1, reconnect_time_wait=0.2, connect_timeout=5
+    )
+    try:
+        yield client
+    finally:
+        await client.close()
+
+
+@pytest.fixture
+def js(nc: Client) -> JetStreamContext:
+    return nc.jetstream(timeout=10)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Every chaos figure again at the end of the run, where CI logs show it."""
+    if not REPORTED:
+        return
+    terminalreporter.section("chaos figures")
+    for scenario, figures in REPORTED:
+        line = " ".join(f"{key}={value}" for key, value in figures.items())
+        terminalreporter.write_line(f"{scenario}: {line}")

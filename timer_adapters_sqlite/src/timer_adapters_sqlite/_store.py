@@ -220,9 +220,14 @@ class _OpenJob:
 
 _Job = _ApplyJob | _CallJob | _OpenJob
 _STOP = object()
+"""Queued after the last job: the thread finishes what came before it, then ends."""
+
+# (the caller's future, the result, or the error to raise in the caller)
+_Result = tuple[asyncio.Future[Any], Any, BaseException | None]
 
 
-def _settle(results: list[tuple[asyncio.Future[Any], Any, BaseException | None]]) -> None:
+def _settle(results: list[_Result]) -> None:
+    """Resolve callers' futures; runs on their event loop."""
     for future, result, error in results:
         # A caller cancelled while its write was in flight: the write stands, nobody waits.
         if future.done():
@@ -231,9 +236,6 @@ def _settle(results: list[tuple[asyncio.Future[Any], Any, BaseException | None]]
             future.set_result(result)
         else:
             future.set_exception(error)
-
-
-_Result = tuple[asyncio.Future[Any], Any, BaseException | None]
 
 
 def _deliver(results: list[_Result]) -> None:
@@ -335,7 +337,13 @@ class _Writer:
         stopping = False
         while not stopping:
             jobs, held, stopping = self._next_group(held)
-            self._run_jobs(jobs)
+            try:
+                self._run_jobs(jobs)
+            except Exception as exc:
+                # A bug here must not kill the only writer and leave every caller waiting.
+                log.exception("timer store writer on %s failed", self._where)
+                error = StoreError(f"timer store writer on {self._where} failed: {exc!r}")
+                _deliver([(job.future, None, error) for job in jobs])
         # Nothing is submitted after the stop marker by the store; this is a safety net so
         # no caller could ever wait forever.
         leftovers: list[_Job] = list(held)

@@ -11,8 +11,15 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from timer_core import (
+    CausationId,
+    CorrelationId,
     DecodeError,
+    EnvelopeId,
+    InvalidIdentifier,
     MessageEnvelope,
+    ServiceCallId,
+    TenantId,
+    TimerEntry,
     decode_command,
     decode_envelope,
     decode_event,
@@ -148,6 +155,37 @@ def envelope_shaped() -> st.SearchStrategy[dict[str, Any]]:
     )
 
 
+class TestStrategies:
+    """The shipped strategies generate what their names promise."""
+
+    @given(
+        ts.invalid_identifiers(),
+        st.sampled_from([TenantId, ServiceCallId, CorrelationId, CausationId]),
+    )
+    def test_invalid_identifiers_are_rejected(self, value: Any, kind: Any) -> None:
+        """Every value from invalid_identifiers is refused by every identifier type."""
+        with pytest.raises(InvalidIdentifier):
+            kind(value)
+
+    @given(ts.invalid_envelope_ids())
+    def test_invalid_envelope_ids_are_rejected(self, value: Any) -> None:
+        """Every value from invalid_envelope_ids is refused by EnvelopeId."""
+        with pytest.raises(InvalidIdentifier):
+            EnvelopeId(value)
+
+    @given(ts.utc_datetimes())
+    def test_datetimes_are_utc_milliseconds(self, value: datetime) -> None:
+        """utc_datetimes yields aware UTC datetimes with whole milliseconds."""
+        assert value.tzinfo is UTC
+        assert value.microsecond % 1000 == 0
+
+    @given(ts.timer_entries())
+    def test_timer_entries_are_consistent(self, entry: TimerEntry) -> None:
+        """A generated Reached timer was reached at or after its due time."""
+        if entry.reached_at is not None:
+            assert entry.reached_at >= entry.due_at
+
+
 class TestTotalDecoding:
     """Whatever arrives, decoding returns an envelope or raises DecodeError naming a field."""
 
@@ -202,6 +240,12 @@ class TestTotalDecoding:
     )
     def test_hostile_documents(self, data: bytes) -> None:
         """Empty, deeply nested, huge or non-standard JSON fails with a DecodeError."""
+        assert decode_fails(data).field == "$"
+
+    @given(ts.command_envelopes(), st.sampled_from(["utf-16", "utf-32", "utf-8-sig"]))
+    def test_only_utf8_is_read(self, envelope: MessageEnvelope[Any], encoding: str) -> None:
+        """A valid message in another encoding, or with a byte-order mark, is rejected."""
+        data = encode_envelope(envelope).decode().encode(encoding)
         assert decode_fails(data).field == "$"
 
 

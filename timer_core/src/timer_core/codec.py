@@ -231,7 +231,9 @@ def decode_envelope(data: bytes | str) -> MessageEnvelope[Message]:
     if len(data) > MAX_MESSAGE_BYTES:
         raise DecodeError("$", f"message of {len(data)} bytes exceeds {MAX_MESSAGE_BYTES}")
     try:
-        obj = json.loads(data, parse_constant=_reject_constant)
+        # json.loads would also guess UTF-16/32 from raw bytes; the contract says UTF-8 only.
+        text = data.decode("utf-8") if isinstance(data, bytes | bytearray) else data
+        obj = json.loads(text, parse_constant=_reject_constant)
     except RecursionError:
         raise DecodeError("$", "JSON is nested too deeply") from None
     except UnicodeDecodeError as exc:

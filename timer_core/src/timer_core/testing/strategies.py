@@ -23,6 +23,7 @@ from timer_core._messages import (
     ScheduleTimer,
 )
 from timer_core._time import floor_ms
+from timer_core.errors import InvalidIdentifier
 
 __all__ = [
     "ID_ALPHABET",
@@ -128,11 +129,19 @@ def invalid_envelope_ids() -> st.SearchStrategy[Any]:
     """Values :class:`EnvelopeId` rejects: other UUID versions, uppercase, junk, non-strings."""
     return st.one_of(
         st.uuids(version=4).map(str),
-        envelope_ids().map(str.upper),
-        st.text(ID_ALPHABET, max_size=40),
+        envelope_ids().map(str.upper).filter(_not_an_envelope_id),
+        st.text(ID_ALPHABET, max_size=40).filter(_not_an_envelope_id),
         st.none(),
         st.integers(),
     )
+
+
+def _not_an_envelope_id(value: str) -> bool:
+    try:
+        EnvelopeId(value)
+    except InvalidIdentifier:
+        return True
+    return False
 
 
 def utc_datetimes(

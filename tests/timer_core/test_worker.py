@@ -289,6 +289,19 @@ class TestFailures:
         assert len(ids) == 1
         await rig.asleep(worker, 5.0)
 
+    async def test_backoff_never_exceeds_the_polling_interval(self, rig: Rig) -> None:
+        """With a polling interval below the backoff cap, failures retry once per interval."""
+        rig.bus.set_unavailable(True)
+        await rig.schedule("x", 0)
+        worker = rig.start(polling_interval=0.15, max_backoff=30.0)
+        for wait in (0.05, 0.1, 0.15, 0.15):
+            await rig.asleep(worker, wait)
+            rig.clock.advance(wait)
+        rig.bus.set_unavailable(False)
+        await rig.asleep(worker, 0.15)
+        rig.clock.advance(0.15)
+        await rig.bus.wait_for_published(1)
+
     async def test_failing_timers_do_not_starve_later_batches(self, rig: Rig) -> None:
         """Full batches of failing timers are stepped over, so later due timers still fire."""
         rig.bus.fail_when(lambda e: e.payload.service_call_id.startswith("bad"))

@@ -210,7 +210,10 @@ class TimerWorker:
             log.info("retention: deleted %d timers fired before %s", deleted, cutoff)
 
     def _backoff(self, failures: int) -> float:
-        return float(min(self._max_backoff, self._initial_backoff * 2 ** min(failures - 1, 30)))
+        # Never past the polling interval: it is the longest the worker may go without
+        # looking, so a broker or database that comes back is used within one interval.
+        exponential = self._initial_backoff * 2 ** min(failures - 1, 30)
+        return float(min(self._max_backoff, self._interval, exponential))
 
     async def _sleep(self, seconds: float, *, wakeable: bool) -> None:
         if seconds <= 0 or self._stop.is_set():

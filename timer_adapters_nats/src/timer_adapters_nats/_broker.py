@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import logging
-from types import TracebackType
-from typing import Self
 
 import nats.js.errors
 from nats.aio.client import Client
@@ -23,7 +21,7 @@ from timer_adapters_nats._connection import BrokerUnavailable, connect
 from timer_adapters_nats._publisher import NatsEventPublisher
 from timer_adapters_nats._settings import NatsSettings
 from timer_adapters_nats._source import NatsCommandSource
-from timer_core import NO_INSTRUMENTATION, Instrumentation
+from timer_core import NO_INSTRUMENTATION, AsyncResource, Instrumentation
 
 __all__ = ["NatsBroker"]
 
@@ -33,7 +31,7 @@ _STREAM_NAME_IN_USE = 10058
 _CONTRACT_DUPLICATE_WINDOW_S = 120.0
 
 
-class NatsBroker:
+class NatsBroker(AsyncResource):
     """Owns one NATS connection and hands out the adapters that share it.
 
     :meth:`start` connects (failing within ``connect_timeout_s`` with
@@ -111,18 +109,6 @@ class NatsBroker:
             await nc.close()
         except Exception as exc:  # closing must not mask the caller's own exception
             log.warning("closing the NATS connection failed: %s", exc)
-
-    async def __aenter__(self) -> Self:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
     async def provision(self) -> None:
         """Create the three streams if absent and create or update the consumer (idempotent).

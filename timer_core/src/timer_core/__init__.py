@@ -39,6 +39,7 @@ from timer_core.errors import (
 )
 from timer_core.instrumentation import NO_INSTRUMENTATION, Instrumentation
 from timer_core.ports import (
+    AsyncResource,
     Clock,
     CommandBatchHandler,
     CommandOutcome,
@@ -63,6 +64,7 @@ from timer_core.workflows import (
 
 __all__ = [
     "NO_INSTRUMENTATION",
+    "AsyncResource",
     "CancelTimer",
     "CausationId",
     "Clock",

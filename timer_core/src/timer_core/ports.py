@@ -22,6 +22,7 @@ from timer_core._time import to_epoch_ms
 from timer_core.errors import PublishError
 
 __all__ = [
+    "AsyncResource",
     "Clock",
     "CommandBatchHandler",
     "CommandOutcome",
@@ -74,22 +75,18 @@ class DueCursor(NamedTuple):
 TimerOperation = TimerEntry | TimerKey
 
 
-class TimerStore(abc.ABC):
-    """Durable storage of timers, keyed by ``(tenant_id, service_call_id)``.
+class AsyncResource:
+    """Something with an explicit lifecycle: ``await start()`` ... ``await aclose()``.
 
-    Every method that reads or writes timers is scoped by tenant, except :meth:`find_due`,
-    :meth:`next_due_at`, :meth:`count_scheduled` and :meth:`purge_reached`, which the worker
-    runs across tenants. Instants are aware UTC datetimes at millisecond precision and come
-    back exactly as stored. Failures raise :class:`~timer_core.errors.StoreError`
-    (:class:`~timer_core.errors.StoreUnavailable` for transient ones: locked, full, down),
-    never a driver's own exception. Methods are safe to call concurrently from one event loop.
+    ``async with resource:`` does both. Subclasses override the two hooks (the defaults do
+    nothing); no I/O happens in ``__init__``.
     """
 
-    async def start(self) -> None:  # noqa: B027 - optional hook
-        """Open connections and apply migrations. Idempotent. The default does nothing."""
+    async def start(self) -> None:
+        """Acquire resources. Idempotent. The default does nothing."""
 
-    async def aclose(self) -> None:  # noqa: B027 - optional hook
-        """Release resources; writes already returned stay durable. The default does nothing."""
+    async def aclose(self) -> None:
+        """Release resources. Idempotent. The default does nothing."""
 
     async def __aenter__(self) -> Self:
         await self.start()
@@ -102,6 +99,24 @@ class TimerStore(abc.ABC):
         tb: TracebackType | None,
     ) -> None:
         await self.aclose()
+
+
+class TimerStore(AsyncResource, abc.ABC):
+    """Durable storage of timers, keyed by ``(tenant_id, service_call_id)``.
+
+    Every method that reads or writes timers is scoped by tenant, except :meth:`find_due`,
+    :meth:`next_due_at`, :meth:`count_scheduled` and :meth:`purge_reached`, which the worker
+    runs across tenants. Instants are aware UTC datetimes at millisecond precision and come
+    back exactly as stored. Failures raise :class:`~timer_core.errors.StoreError`
+    (:class:`~timer_core.errors.StoreUnavailable` for transient ones: locked, full, down),
+    never a driver's own exception. Methods are safe to call concurrently from one event loop.
+    """
+
+    async def start(self) -> None:
+        """Open connections and apply migrations. Idempotent. The default does nothing."""
+
+    async def aclose(self) -> None:
+        """Release resources; writes already returned stay durable. The default does nothing."""
 
     @abc.abstractmethod
     async def apply(self, operations: Sequence[TimerOperation]) -> list[CommandOutcome]:
@@ -175,7 +190,7 @@ class TimerStore(abc.ABC):
         """
         return None
 
-    async def release_claims(self, entries: Sequence[TimerEntry]) -> None:  # noqa: B027
+    async def release_claims(self, entries: Sequence[TimerEntry]) -> None:
         """Give up this store's claims on timers it will not fire now (publish failed).
 
         Other instances may then claim them at once instead of after the lease. A timer
@@ -214,7 +229,7 @@ class TimerStore(abc.ABC):
         """
 
 
-class EventPublisher(abc.ABC):
+class EventPublisher(AsyncResource, abc.ABC):
     """Publishes ``DueTimeReached`` envelopes to the broker, at least once.
 
     An envelope counts as published only once the broker acknowledged it durably. Publishing
@@ -222,23 +237,11 @@ class EventPublisher(abc.ABC):
     expected to drop the duplicate within its duplicate window.
     """
 
-    async def start(self) -> None:  # noqa: B027 - optional hook
+    async def start(self) -> None:
         """Connect. Idempotent. The default does nothing."""
 
-    async def aclose(self) -> None:  # noqa: B027 - optional hook
+    async def aclose(self) -> None:
         """Disconnect after the publishes in flight. The default does nothing."""
-
-    async def __aenter__(self) -> Self:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
     @abc.abstractmethod
     async def publish_many(

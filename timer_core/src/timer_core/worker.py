@@ -15,13 +15,12 @@ from timer_core.errors import StoreError
 from timer_core.instrumentation import NO_INSTRUMENTATION, Instrumentation
 from timer_core.ports import (
     Clock,
-    DueCursor,
     EnvelopeIdGenerator,
     EventPublisher,
     TimerStore,
     Uuid7EnvelopeIds,
 )
-from timer_core.workflows import FiringReport, fire_due_timers
+from timer_core.workflows import DrainReport, FiringReport, drain_due_timers
 
 __all__ = ["TimerWorker"]
 
@@ -29,9 +28,10 @@ log = logging.getLogger(__name__)
 
 
 class TimerWorker:
-    """Runs :func:`~timer_core.workflows.fire_due_timers` until stopped.
+    """Runs :func:`~timer_core.workflows.drain_due_timers` until stopped.
 
-    - drains a backlog batch after batch without sleeping while batches come back full;
+    - drains a backlog batch after batch without sleeping while batches come back full,
+      reading and marking batches while their neighbours are published;
     - continues past timers whose publish failed (keyset cursor), then backs off before
       retrying them, so a broker outage neither spins nor starves other timers;
     - a failing pass (store down) is logged and retried with capped exponential backoff;
@@ -111,16 +111,13 @@ class TimerWorker:
     async def _loop(self) -> None:
         store_failures = 0
         publish_failures = 0
-        sweep_failed = False
-        after: DueCursor | None = None
         while not self._stop.is_set():
             self._wake.clear()
             self._wake_at = None
             try:
-                report = await self._pass(after)
+                report = await self._drain()
             except Exception as exc:  # one bad pass must not kill the loop
                 store_failures += 1
-                after = None
                 delay = self._backoff(store_failures)
                 self._instrumentation.worker_error(exc)
                 level = logging.WARNING if isinstance(exc, StoreError) else logging.ERROR
@@ -134,33 +131,29 @@ class TimerWorker:
                 await self._sleep(delay, wakeable=False)
                 continue
             store_failures = 0
-            self.last_pass_at = self._clock.monotonic()
-            self.passes += 1
-            sweep_failed = sweep_failed or bool(report.failed)
-            if report.batch_full:
-                # More may be due: go on at once, past the failed ones if there were any.
-                after = report.cursor if sweep_failed else None
-                await asyncio.sleep(0)
-                continue
-            after = None
-            if sweep_failed:
-                sweep_failed = False
+            if report.failed:
+                # The drain stepped over them; retry them after a pause, not in a spin.
                 publish_failures += 1
                 await self._sleep(self._backoff(publish_failures), wakeable=False)
                 continue
             publish_failures = 0
             await self._idle()
 
-    async def _pass(self, after: DueCursor | None) -> FiringReport:
-        return await fire_due_timers(
+    async def _drain(self) -> DrainReport:
+        return await drain_due_timers(
             self._store,
             self._publisher,
             self._clock,
             batch_size=self._batch_size,
             ids=self._ids,
-            after=after,
             instrumentation=self._instrumentation,
+            stopping=self._stop.is_set,
+            on_batch=self._batch_done,
         )
+
+    def _batch_done(self, report: FiringReport) -> None:
+        self.last_pass_at = self._clock.monotonic()
+        self.passes += 1
 
     async def _idle(self) -> None:
         """Nothing more is due now: purge expired timers if it is time, then sleep until due."""

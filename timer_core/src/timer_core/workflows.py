@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 
 import attrs
@@ -32,9 +32,11 @@ from timer_core.ports import (
 )
 
 __all__ = [
+    "DrainReport",
     "FiringReport",
     "build_due_event",
     "cancel_timer",
+    "drain_due_timers",
     "fire_due_timers",
     "handle_commands",
     "schedule_timer",
@@ -172,22 +174,183 @@ async def fire_due_timers(
     ``expired``), and the publish is awaited only until then (the unacknowledged ones
     fail). Timers not fired are handed back with :meth:`TimerStore.release_claims`.
     """
+    found = await _find(store, clock, batch_size, after, instrumentation)
+    if not found.due:
+        return found.report([], [])
+    fired, failed, expired = await _publish(store, publisher, clock, found, ids, instrumentation)
+    if not expired:
+        await _mark(store, clock, found, fired, instrumentation)
+    return found.report(fired, failed, expired)
+
+
+@attrs.frozen
+class DrainReport:
+    """What one call of :func:`drain_due_timers` did, in counts (a drain may fire millions)."""
+
+    batches: int
+    """Batches found and fired (an empty first find counts as none)."""
+    fired: int
+    """Timers published and marked ``Reached``."""
+    failed: list[tuple[TimerEntry, PublishError]]
+    """Timers whose publish failed; they stay ``Scheduled`` for a later drain."""
+    expired: int = 0
+    """Claimed timers not published because their claim lease ran out first."""
+
+
+def _never() -> bool:
+    return False
+
+
+async def drain_due_timers(
+    store: TimerStore,
+    publisher: EventPublisher,
+    clock: Clock,
+    *,
+    batch_size: int,
+    ids: EnvelopeIdGenerator = _DEFAULT_IDS,
+    instrumentation: Instrumentation = NO_INSTRUMENTATION,
+    stopping: Callable[[], bool] = _never,
+    on_batch: Callable[[FiringReport], None] | None = None,
+) -> DrainReport:
+    """Fire batch after batch, in due order, until a batch comes back short (or ``stopping``).
+
+    Every batch is fired as :func:`fire_due_timers` fires it: published, then marked, each
+    timer's publish acknowledged before its mark. Batches follow each other by keyset cursor,
+    so a batch whose publish failed is stepped over, not read again. The store work of
+    neighbouring batches overlaps the broker work: the next batch is read while this one
+    is published, and this one is marked while the next one is published (marks stay in
+    order, one at a time). The drain returns only once every mark it started is done.
+    A leasing store is drained one batch at a time: a batch claimed ahead would spend its
+    lease waiting. ``on_batch`` gets each batch's report once it is marked.
+    """
+    pipelined = store.claim_lease_s is None
+    fired = batches = expired = 0
+    failed: list[tuple[TimerEntry, PublishError]] = []
+    found = await _find(store, clock, batch_size, None, instrumentation)
+    if not found.due and on_batch is not None:
+        on_batch(found.report([], []))
+    ahead: asyncio.Task[_Found] | None = None
+    marking: asyncio.Task[None] | None = None
+    try:
+        while found.due:
+            if pipelined and found.cursor is not None and not stopping():
+                ahead = asyncio.ensure_future(
+                    _find(store, clock, batch_size, found.cursor, instrumentation)
+                )
+            reached, lost, late = await _publish(
+                store, publisher, clock, found, ids, instrumentation
+            )
+            batches += 1
+            fired += len(reached)
+            failed += lost
+            expired += len(late)
+            if marking is not None:
+                previous, marking = marking, None
+                await previous  # one mark at a time, in due order
+            marking = asyncio.ensure_future(
+                _mark_and_report(
+                    store, clock, found, reached, lost, late, instrumentation, on_batch
+                )
+            )
+            if not pipelined:
+                previous, marking = marking, None
+                await previous
+            if found.cursor is None or stopping():
+                break
+            await asyncio.sleep(0)  # a long drain still lets the command consumer run
+            if ahead is None:
+                found = await _find(store, clock, batch_size, found.cursor, instrumentation)
+            else:
+                found, ahead = await ahead, None
+        if marking is not None:
+            previous, marking = marking, None
+            await previous
+    finally:
+        await _settle_drain(store, ahead, marking)
+    return DrainReport(batches=batches, fired=fired, failed=failed, expired=expired)
+
+
+async def _settle_drain(
+    store: TimerStore,
+    ahead: asyncio.Task[_Found] | None,
+    marking: asyncio.Task[None] | None,
+) -> None:
+    """A drain ending early (stop, error) still finishes its last mark; a batch read ahead
+    and never published is handed back."""
+    if marking is not None:
+        try:
+            await marking
+        except Exception as exc:  # the drain is failing already; this one is only logged
+            log.warning("marking a fired batch failed (%s); it will be published again", exc)
+    if ahead is not None:
+        try:
+            found = await ahead
+        except Exception:  # nothing was claimed, so nothing to hand back
+            return
+        if found.due:
+            await _release(store, found.due)
+
+
+@attrs.frozen
+class _Found:
+    """A batch of due timers as one find read it, and when."""
+
+    due: list[TimerEntry]
+    now: datetime
+    started: float
+    cursor: DueCursor | None
+
+    def report(
+        self,
+        fired: list[TimerEntry],
+        failed: list[tuple[TimerEntry, PublishError]],
+        expired: list[TimerEntry] | None = None,
+    ) -> FiringReport:
+        return FiringReport(
+            found=len(self.due),
+            fired=fired,
+            failed=failed,
+            cursor=self.cursor,
+            expired=expired or [],
+        )
+
+
+async def _find(
+    store: TimerStore,
+    clock: Clock,
+    batch_size: int,
+    after: DueCursor | None,
+    instrumentation: Instrumentation,
+) -> _Found:
     started = clock.monotonic()
     now = floor_ms(clock.now())
     due = await store.find_due(now, batch_size, after=after)
     if not due:
         instrumentation.poll_completed(clock.monotonic() - started, 0)
-        return FiringReport(found=0, fired=[], failed=[], cursor=None)
+        return _Found(due=[], now=now, started=started, cursor=None)
     cursor = DueCursor.of(due[-1]) if len(due) >= batch_size else None
+    return _Found(due=due, now=now, started=started, cursor=cursor)
+
+
+async def _publish(
+    store: TimerStore,
+    publisher: EventPublisher,
+    clock: Clock,
+    found: _Found,
+    ids: EnvelopeIdGenerator,
+    instrumentation: Instrumentation,
+) -> tuple[list[TimerEntry], list[tuple[TimerEntry, PublishError]], list[TimerEntry]]:
+    """Publish a found batch (within its lease); the reached entries, failures and expired."""
+    due, now = found.due, found.now
     lease = store.claim_lease_s
-    deadline = None if lease is None else started + lease
+    deadline = None if lease is None else found.started + lease
     if deadline is not None and clock.monotonic() >= deadline:
         log.warning(
             "claiming %d due timers outlasted the %.1fs lease; not publishing them", len(due), lease
         )
         await _release(store, due)
-        instrumentation.poll_completed(clock.monotonic() - started, 0)
-        return FiringReport(found=len(due), fired=[], failed=[], cursor=cursor, expired=due)
+        instrumentation.poll_completed(clock.monotonic() - found.started, 0)
+        return [], [], due
     envelopes = [build_due_event(entry, now, ids) for entry in due]
     if deadline is None:
         results = await publisher.publish_many(envelopes)
@@ -210,13 +373,37 @@ async def fire_due_timers(
             failed[0][0].service_call_id,
             failed[0][1],
         )
-    if failed:
         await _release(store, [entry for entry, _ in failed])
+    return reached, failed, []
+
+
+async def _mark(
+    store: TimerStore,
+    clock: Clock,
+    found: _Found,
+    reached: list[TimerEntry],
+    instrumentation: Instrumentation,
+) -> None:
     if reached:
         await store.mark_reached(reached)
         instrumentation.timers_fired(reached)
-    instrumentation.poll_completed(clock.monotonic() - started, len(reached))
-    return FiringReport(found=len(due), fired=reached, failed=failed, cursor=cursor)
+    instrumentation.poll_completed(clock.monotonic() - found.started, len(reached))
+
+
+async def _mark_and_report(
+    store: TimerStore,
+    clock: Clock,
+    found: _Found,
+    reached: list[TimerEntry],
+    failed: list[tuple[TimerEntry, PublishError]],
+    expired: list[TimerEntry],
+    instrumentation: Instrumentation,
+    on_batch: Callable[[FiringReport], None] | None,
+) -> None:
+    if not expired:
+        await _mark(store, clock, found, reached, instrumentation)
+    if on_batch is not None:
+        on_batch(found.report(reached, failed, expired))
 
 
 async def _publish_within(

@@ -1,0 +1,251 @@
+"""drain_due_timers: batch after batch in due order, store work overlapping the publishing."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from timer_adapters_memory import FakeClock, MemoryEventBus, MemoryTimerStore
+from timer_core import (
+    DueCursor,
+    DueTimeReached,
+    EventPublisher,
+    MessageEnvelope,
+    PublishError,
+    StoreUnavailable,
+    TimerEntry,
+    TimerState,
+)
+from timer_core.workflows import DrainReport, drain_due_timers
+
+T0 = datetime(2030, 1, 1, tzinfo=UTC)
+
+
+class Journal:
+    """The order in which a drain read, published and marked, as ``(what, calls)`` lines."""
+
+    def __init__(self) -> None:
+        self.lines: list[tuple[str, list[str]]] = []
+
+    def note(self, what: str, calls: Sequence[str]) -> None:
+        self.lines.append((what, list(calls)))
+
+    def index(self, what: str, call: str) -> int:
+        """Where ``call`` was first ``what`` ("read", "published" or "marked")."""
+        return next(i for i, (w, calls) in enumerate(self.lines) if w == what and call in calls)
+
+
+class JournalStore(MemoryTimerStore):
+    """A memory store that notes reads and marks, and can hold a mark until released."""
+
+    def __init__(self, journal: Journal, *, lease_s: float | None = None) -> None:
+        super().__init__()
+        self.journal = journal
+        self.lease_s = lease_s
+        self.reads = 0
+        self.hold_marks = asyncio.Event()
+        self.hold_marks.set()
+        self.mark_started = asyncio.Event()
+
+    @property
+    def claim_lease_s(self) -> float | None:
+        return self.lease_s
+
+    async def find_due(
+        self, now: datetime, limit: int, *, after: DueCursor | None = None
+    ) -> list[TimerEntry]:
+        self.reads += 1
+        found = await super().find_due(now, limit, after=after)
+        self.journal.note("read", [str(e.service_call_id) for e in found])
+        return found
+
+    async def mark_reached(self, entries: Sequence[TimerEntry]) -> int:
+        self.mark_started.set()
+        await self.hold_marks.wait()
+        changed = await super().mark_reached(entries)
+        self.journal.note("marked", [str(e.service_call_id) for e in entries])
+        return changed
+
+
+class JournalBus(EventPublisher):
+    """Publishes through a memory bus, noting each batch and every timer's stored state."""
+
+    def __init__(self, journal: Journal, store: MemoryTimerStore) -> None:
+        self.journal = journal
+        self.store = store
+        self.bus = MemoryEventBus()
+        self.states: dict[str, TimerState | None] = {}
+        self.batches = 0
+        self.before_batch: list[asyncio.Event] = []
+
+    async def publish_many(
+        self, envelopes: Sequence[MessageEnvelope[DueTimeReached]]
+    ) -> list[PublishError | None]:
+        if self.batches < len(self.before_batch):
+            await self.before_batch[self.batches].wait()
+        self.batches += 1
+        calls = [str(e.payload.service_call_id) for e in envelopes]
+        for envelope in envelopes:
+            stored = await self.store.get(envelope.tenant_id, envelope.payload.service_call_id)
+            self.states[str(envelope.payload.service_call_id)] = stored and stored.state
+        results = await self.bus.publish_many(envelopes)
+        self.journal.note("published", [c for c, r in zip(calls, results, strict=True) if not r])
+        return results
+
+
+class Rig:
+    def __init__(self, *, lease_s: float | None = None) -> None:
+        self.journal = Journal()
+        self.store = JournalStore(self.journal, lease_s=lease_s)
+        self.publisher = JournalBus(self.journal, self.store)
+        self.clock = FakeClock(T0)
+
+    async def schedule(self, count: int) -> list[str]:
+        """``count`` timers due one second apart before T0; their call ids, in due order."""
+        calls = [f"c{i:03d}" for i in range(count)]
+        await self.store.apply(
+            [
+                TimerEntry(
+                    tenant_id="tenant-a",
+                    service_call_id=call,
+                    due_at=T0 - timedelta(seconds=count - i),
+                    registered_at=T0 - timedelta(hours=1),
+                )
+                for i, call in enumerate(calls)
+            ]
+        )
+        return calls
+
+    def states(self) -> dict[str, TimerState]:
+        return {str(e.service_call_id): e.state for e in self.store.entries()}
+
+    async def drain(self, stopping: Callable[[], bool] | None = None) -> DrainReport:
+        if stopping is None:
+            return await drain_due_timers(self.store, self.publisher, self.clock, batch_size=10)
+        return await drain_due_timers(
+            self.store, self.publisher, self.clock, batch_size=10, stopping=stopping
+        )
+
+
+@pytest.fixture
+def rig() -> Rig:
+    return Rig()
+
+
+class TestDrain:
+    """A drain fires every due timer, batch after batch, in due order, publish before mark."""
+
+    async def test_fires_every_batch_in_due_order(self, rig: Rig) -> None:
+        """35 due timers in batches of 10: four batches, published in due order, all Reached."""
+        calls = await rig.schedule(35)
+        report = await rig.drain()
+        assert (report.batches, report.fired, report.failed) == (4, 35, [])
+        assert [str(e.payload.service_call_id) for e in rig.publisher.bus.published] == calls
+        assert set(rig.states().values()) == {TimerState.REACHED}
+
+    async def test_every_timer_is_published_before_it_is_marked(self, rig: Rig) -> None:
+        """Each timer is still Scheduled when published and marked only after its publish."""
+        calls = await rig.schedule(35)
+        await rig.drain()
+        assert set(rig.publisher.states.values()) == {TimerState.SCHEDULED}
+        for call in calls:
+            assert rig.journal.index("published", call) < rig.journal.index("marked", call)
+
+    async def test_the_next_batch_is_read_while_this_one_is_published(self, rig: Rig) -> None:
+        """The first batch's publish waits for the second batch's read, which happens."""
+        await rig.schedule(25)
+        second_read = asyncio.Event()
+        rig.publisher.before_batch = [second_read]
+
+        async def watch() -> None:
+            while rig.store.reads < 2:
+                await asyncio.sleep(0)
+            second_read.set()
+
+        watcher = asyncio.ensure_future(watch())
+        async with asyncio.timeout(5):
+            report = await rig.drain()
+        await watcher
+        assert report.fired == 25
+
+    async def test_a_batch_is_marked_while_the_next_is_published(self, rig: Rig) -> None:
+        """The second batch is published while the first batch's mark is still running."""
+        await rig.schedule(20)
+        rig.store.hold_marks.clear()
+        rig.publisher.before_batch = [asyncio.Event(), rig.store.mark_started]
+        rig.publisher.before_batch[0].set()
+        draining = asyncio.ensure_future(rig.drain())
+        async with asyncio.timeout(5):
+            while rig.publisher.batches < 2:
+                await asyncio.sleep(0)
+        assert rig.states()["c000"] is TimerState.SCHEDULED  # first mark still held
+        rig.store.hold_marks.set()
+        async with asyncio.timeout(5):
+            report = await draining
+        assert report.fired == 20
+
+    async def test_returns_only_once_every_mark_is_done(self, rig: Rig) -> None:
+        """When the drain returns, every timer it fired is stored as Reached."""
+        await rig.schedule(30)
+
+        async def slow_marks() -> None:
+            await asyncio.sleep(0.01)
+            rig.store.hold_marks.set()
+
+        rig.store.hold_marks.clear()
+        releaser = asyncio.ensure_future(slow_marks())
+        await rig.drain()
+        await releaser
+        assert set(rig.states().values()) == {TimerState.REACHED}
+
+    async def test_failed_publishes_are_stepped_over(self, rig: Rig) -> None:
+        """Failing timers stay Scheduled and are reported; later batches still fire."""
+        calls = await rig.schedule(30)
+        rig.publisher.bus.fail_when(lambda e: e.payload.service_call_id < "c012")
+        report = await rig.drain()
+        assert [str(entry.service_call_id) for entry, _ in report.failed] == calls[:12]
+        assert report.fired == 18
+        assert [c for c, s in rig.states().items() if s is TimerState.SCHEDULED] == calls[:12]
+
+
+class TestEndingEarly:
+    """Stopping and store failures end a drain cleanly: what was published is marked or kept."""
+
+    async def test_stopping_leaves_the_batch_read_ahead_unpublished(self, rig: Rig) -> None:
+        """Once stopping, the batch in flight is finished and the one read ahead is not fired."""
+        calls = await rig.schedule(25)
+        report = await rig.drain(stopping=lambda: rig.publisher.batches >= 1)
+        assert report.batches == 1
+        assert [str(e.payload.service_call_id) for e in rig.publisher.bus.published] == calls[:10]
+        states = rig.states()
+        assert [c for c in calls if states[c] is TimerState.REACHED] == calls[:10]
+
+    async def test_a_failed_mark_fails_the_drain_and_the_firing_is_repeated(self, rig: Rig) -> None:
+        """A mark that fails raises from the drain; its timers stay Scheduled and the next
+        drain publishes them again under the same envelope ids."""
+        await rig.schedule(25)
+        rig.store.fail_next(1, methods=["mark_reached"])
+        with pytest.raises(StoreUnavailable):
+            await rig.drain()
+        first_ids = {e.payload.service_call_id: e.id for e in rig.publisher.bus.publish_attempts}
+        assert rig.states()["c000"] is TimerState.SCHEDULED
+        report = await rig.drain()
+        assert set(rig.states().values()) == {TimerState.REACHED}
+        again = [
+            e
+            for e in rig.publisher.bus.publish_attempts
+            if e.payload.service_call_id in {"c000", "c009"}
+        ]
+        assert {e.id for e in again} == {first_ids["c000"], first_ids["c009"]}
+        assert report.failed == []
+
+    async def test_a_leasing_store_is_drained_one_batch_at_a_time(self) -> None:
+        """With claim leases, nothing is read ahead and every batch is marked before the next."""
+        rig = Rig(lease_s=30.0)
+        await rig.schedule(25)
+        await rig.drain()
+        kinds = [what for what, calls in rig.journal.lines if calls]
+        assert kinds == ["read", "published", "marked"] * 3

@@ -123,7 +123,15 @@ class TestCluster:
 
         try:
             await wait_until(r3_stream_created, within=30, interval=0.25, what="an R3 stream")
-            await js.publish("r3", b"replicated")
+
+            async def published() -> bool:
+                try:
+                    await js.publish("r3", b"replicated")
+                except nats.errors.Error:
+                    return False  # the new stream's leader is still being elected
+                return True
+
+            await wait_until(published, within=30, interval=0.25, what="an acked publish")
             info = await js.stream_info("R3")
             assert info.config.num_replicas == 3
             assert info.cluster is not None and info.cluster.leader is not None

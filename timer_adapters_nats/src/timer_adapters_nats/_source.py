@@ -10,9 +10,9 @@ from typing import TYPE_CHECKING
 
 import nats.errors
 from nats.aio.msg import Msg
-from nats.js.client import JetStreamContext
 
 from timer_adapters_nats._publisher import AckedPublisher, Outgoing
+from timer_adapters_nats._pull import PullBatches
 from timer_adapters_nats._wire import decode_command
 from timer_core import (
     NO_INSTRUMENTATION,
@@ -123,16 +123,19 @@ class NatsCommandSource(CommandSource):
     async def _loop(self, handler: CommandBatchHandler) -> None:
         settings = self._settings
         failures = 0
-        subscription: JetStreamContext.PullSubscription | None = None
+        puller: PullBatches | None = None
         try:
             while not self._stop.is_set():
                 try:
-                    if subscription is None:
+                    if puller is None:
                         self._barrier = await self._unsettled_at_start()
-                        subscription = await self._broker.jetstream.pull_subscribe_bind(
-                            durable=settings.consumer_name, stream=settings.commands_stream
+                        puller = PullBatches(
+                            self._broker.client,
+                            stream=settings.commands_stream,
+                            consumer=settings.consumer_name,
                         )
-                    messages = await self._fetch(subscription)
+                        await puller.start()
+                    messages = await puller.fetch(settings.fetch_batch, settings.fetch_timeout_s)
                 except Exception as exc:  # a disconnect or a server error: back off, go on
                     failures += 1
                     delay = min(10.0, 0.1 * 2 ** min(failures - 1, 10))
@@ -164,7 +167,7 @@ class NatsCommandSource(CommandSource):
                     )
                     await self._pause(1.0)
         finally:
-            await self._finish(subscription)
+            await self._finish(puller)
 
     async def _unsettled_at_start(self) -> tuple[int, float, float] | None:
         """The barrier for commands a predecessor may have left in hand, or None."""
@@ -222,22 +225,16 @@ class NatsCommandSource(CommandSource):
             await asyncio.sleep(0.1)
         return False
 
-    async def _fetch(self, subscription: JetStreamContext.PullSubscription) -> list[Msg]:
-        try:
-            return await subscription.fetch(
-                self._settings.fetch_batch, timeout=self._settings.fetch_timeout_s
-            )
-        except TimeoutError:  # nothing to do within the long poll (nats' own is a subclass)
-            return []
-
-    async def _finish(self, subscription: JetStreamContext.PullSubscription | None) -> None:
-        """Send the last acks out before the caller closes the connection."""
+    async def _finish(self, puller: PullBatches | None) -> None:
+        """Hand back what was delivered but not fetched, send the last acks out, unsubscribe."""
+        if puller is not None:
+            for message in puller.leftovers():
+                await self._settle(message, "nak")
         with contextlib.suppress(Exception):
             if self._broker.is_connected:
                 await self._broker.client.flush(timeout=max(1, int(self._settings.ack_timeout_s)))
-        if subscription is not None:
-            with contextlib.suppress(Exception):
-                await subscription.unsubscribe()
+        if puller is not None:
+            await puller.aclose()
 
     async def _process(self, messages: Sequence[Msg], handler: CommandBatchHandler) -> None:
         accepted: list[Msg] = []

@@ -1,0 +1,131 @@
+"""PullBatches: batches from the durable pull consumer on a real nats-server."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+
+import pytest
+from nats.aio.msg import Msg
+
+from timer_adapters_nats import NatsBroker
+from timer_adapters_nats._pull import PullBatches, PullError
+
+
+async def publish(broker: NatsBroker, count: int, *, start: int = 0) -> None:
+    """``count`` numbered command messages, acked by JetStream (bodies are not decoded here)."""
+    js = broker.jetstream
+    for i in range(start, start + count):
+        await js.publish("timer.commands.tenant-a", f"{i}".encode())
+
+
+def bodies(messages: list[Msg]) -> list[int]:
+    return [int(message.data) for message in messages]
+
+
+@pytest.fixture
+async def puller(broker: NatsBroker) -> AsyncIterator[PullBatches]:
+    """A started puller on the broker's commands consumer, closed after the test."""
+    settings = broker.settings
+    pull = PullBatches(
+        broker.client, stream=settings.commands_stream, consumer=settings.consumer_name
+    )
+    await pull.start()
+    try:
+        yield pull
+    finally:
+        await pull.aclose()
+
+
+class TestFetch:
+    """A fetch returns what is there at once, or the first delivery of a long poll."""
+
+    async def test_returns_at_most_a_batch_in_stream_order(
+        self, broker: NatsBroker, puller: PullBatches
+    ) -> None:
+        """25 waiting messages come back as batches of 10, 10 and 5, in stream order."""
+        await publish(broker, 25)
+        got = [bodies(await puller.fetch(10, 1.0)) for _ in range(3)]
+        assert got == [list(range(10)), list(range(10, 20)), list(range(20, 25))]
+
+    async def test_an_empty_consumer_returns_nothing_after_the_wait(
+        self, puller: PullBatches
+    ) -> None:
+        """With nothing to deliver, a fetch returns an empty batch once its wait is over."""
+        started = time.monotonic()
+        assert await puller.fetch(10, 0.3) == []
+        assert 0.2 <= time.monotonic() - started < 2.0
+
+    async def test_a_message_published_during_the_wait_returns_at_once(
+        self, broker: NatsBroker, puller: PullBatches
+    ) -> None:
+        """A long poll returns with the first message published while it waits."""
+        fetching = asyncio.ensure_future(puller.fetch(10, 5.0))
+        await asyncio.sleep(0.2)
+        started = time.monotonic()
+        await publish(broker, 1)
+        assert bodies(await fetching) == [0]
+        assert time.monotonic() - started < 2.0
+
+    async def test_later_deliveries_of_an_open_poll_are_kept_for_the_next_fetch(
+        self, broker: NatsBroker, puller: PullBatches
+    ) -> None:
+        """Messages delivered to a poll after its fetch returned come with the next fetch."""
+        fetching = asyncio.ensure_future(puller.fetch(10, 2.0))
+        await asyncio.sleep(0.2)
+        await publish(broker, 1)
+        first = bodies(await fetching)
+        await publish(broker, 3, start=1)
+        rest: list[int] = []
+        async with asyncio.timeout(5):
+            while len(first) + len(rest) < 4:
+                rest += bodies(await puller.fetch(10, 0.5))
+        assert first + rest == [0, 1, 2, 3]
+
+    async def test_nacked_messages_are_fetched_again(
+        self, broker: NatsBroker, puller: PullBatches
+    ) -> None:
+        """A message handed back with a nak is delivered again."""
+        await publish(broker, 2)
+        first = await puller.fetch(10, 1.0)
+        await first[0].ack()
+        await first[1].nak()
+        again = await puller.fetch(10, 2.0)
+        assert bodies(again) == [1]
+        assert again[0].metadata.num_delivered == 2
+
+    async def test_leftovers_are_the_deliveries_not_fetched(
+        self, broker: NatsBroker, puller: PullBatches
+    ) -> None:
+        """Deliveries that arrive after the last fetch are handed out by leftovers()."""
+        fetching = asyncio.ensure_future(puller.fetch(10, 2.0))
+        await asyncio.sleep(0.2)
+        await publish(broker, 1)
+        await fetching
+        await publish(broker, 2, start=1)
+        async with asyncio.timeout(5):
+            while puller.held < 2:
+                await asyncio.sleep(0.01)
+        assert bodies(puller.leftovers()) == [1, 2]
+        assert puller.leftovers() == []
+
+
+class TestErrors:
+    """Refused requests raise; a fetch before start is an error."""
+
+    async def test_a_consumer_that_does_not_exist_is_an_error(self, broker: NatsBroker) -> None:
+        """Pulling from a missing consumer raises PullError instead of waiting in silence."""
+        pull = PullBatches(broker.client, stream="TIMER_COMMANDS", consumer="no-such-consumer")
+        await pull.start()
+        try:
+            with pytest.raises(PullError):
+                await pull.fetch(10, 1.0)
+        finally:
+            await pull.aclose()
+
+    async def test_fetch_before_start_is_an_error(self, broker: NatsBroker) -> None:
+        """A puller that was never started refuses to fetch."""
+        pull = PullBatches(broker.client, stream="TIMER_COMMANDS", consumer="timer-service")
+        with pytest.raises(PullError):
+            await pull.fetch(10, 0.1)

@@ -107,6 +107,9 @@ class TimerService:
                 consumer_name=settings.consumer_name,
                 provision=settings.provision,
                 stream_replicas=settings.stream_replicas,
+                # The same lever for both directions: commands stored per transaction, as
+                # timers fired per pass (bench/README.md measures the trade-off).
+                fetch_batch=settings.batch_size,
             ),
             instrumentation=self.instrumentation,
         )

@@ -27,6 +27,8 @@ _RFC3339 = re.compile(
 
 def require_utc(value: datetime, what: str = "datetime") -> datetime:
     """Return ``value`` converted to UTC; a naive datetime is rejected, never guessed."""
+    if value.__class__ is datetime and value.tzinfo is UTC:
+        return value  # the hot path's case (every instant Timer makes), without utcoffset()
     if not isinstance(value, datetime):
         raise InvalidTimestamp(f"{what} must be a datetime, got {type(value).__name__}")
     offset = value.utcoffset()
@@ -39,7 +41,9 @@ def require_utc(value: datetime, what: str = "datetime") -> datetime:
 
 def floor_ms(value: datetime) -> datetime:
     """Drop sub-millisecond precision (used for 'now': never later than the real instant)."""
-    return value.replace(microsecond=value.microsecond - value.microsecond % 1000)
+    rest = value.microsecond % 1000
+    # Most instants are read back at milliseconds already: no new datetime for those.
+    return value.replace(microsecond=value.microsecond - rest) if rest else value
 
 
 def ceil_ms(value: datetime) -> datetime:

@@ -110,6 +110,29 @@ class TestFetch:
         assert bodies(puller.leftovers()) == [1, 2]
         assert puller.leftovers() == []
 
+    async def test_finish_waits_until_no_request_can_deliver_into_the_void(
+        self, broker: NatsBroker, puller: PullBatches
+    ) -> None:
+        """After finish(), a new message goes to the next puller at once, first delivery."""
+        fetching = asyncio.ensure_future(puller.fetch(10, 1.0))
+        await asyncio.sleep(0.2)
+        await publish(broker, 1)
+        assert bodies(await fetching) == [0]  # its long poll stays open a while
+        assert await puller.finish() == []
+        await puller.aclose()
+        await publish(broker, 1, start=1)
+        settings = broker.settings
+        successor = PullBatches(
+            broker.client, stream=settings.commands_stream, consumer=settings.consumer_name
+        )
+        await successor.start()
+        try:
+            (message,) = await successor.fetch(10, 1.0)
+        finally:
+            await successor.aclose()
+        assert bodies([message]) == [1]
+        assert message.metadata.num_delivered == 1
+
 
 class TestErrors:
     """Refused requests raise; a fetch before start is an error."""

@@ -41,7 +41,8 @@ class PullBatches:
     :meth:`fetch` first asks for what is there now (a no-wait request); only when that is
     nothing does it leave a request open for ``wait_s`` and return with the first delivery.
     Deliveries to a request still open after its fetch returned are kept, in arrival order,
-    for the next fetch; :meth:`leftovers` hands them out at the end (to nak them).
+    for the next fetch; :meth:`finish` waits for the last request to close and hands out
+    what is left (to nak it) before the inbox goes away.
     """
 
     def __init__(
@@ -57,6 +58,8 @@ class PullBatches:
         self._wanted = 0
         self._ended: tuple[str, str] | None = None
         self._wake = asyncio.Event()
+        # Loop time until which a long poll sent may still deliver.
+        self._open_until = 0.0
 
     async def start(self) -> None:
         """Subscribe the inbox the requests are answered on. Idempotent."""
@@ -82,6 +85,17 @@ class PullBatches:
         self._box.clear()
         return taken
 
+    async def finish(self) -> list[Msg]:
+        """Wait until no request sent can deliver any more, then hand out :meth:`leftovers`.
+
+        A request still open when the inbox goes away would deliver into the void: those
+        messages would come back only after the ack wait, one delivery fewer to spare.
+        """
+        loop = asyncio.get_running_loop()
+        while self._subscription is not None and loop.time() < self._open_until:
+            await asyncio.sleep(min(0.02, self._open_until - loop.time()))
+        return self.leftovers()
+
     async def fetch(self, batch: int, wait_s: float) -> list[Msg]:
         """Up to ``batch`` messages: the ones there now, else the first within ``wait_s``.
 
@@ -95,8 +109,11 @@ class PullBatches:
         found = await self._request({"batch": batch, "no_wait": True}, batch, batch, wait_s)
         if found:
             return found
-        expires_ns = int(max(wait_s - _EXPIRY_MARGIN_S, 0.001) * 1e9)
-        return await self._request({"batch": batch, "expires": expires_ns}, 1, batch, wait_s)
+        expires = max(wait_s - _EXPIRY_MARGIN_S, 0.001)
+        self._open_until = asyncio.get_running_loop().time() + expires + _EXPIRY_MARGIN_S
+        return await self._request(
+            {"batch": batch, "expires": int(expires * 1e9)}, 1, batch, wait_s
+        )
 
     async def _request(
         self, body: dict[str, object], wanted: int, batch: int, wait_s: float

@@ -228,7 +228,7 @@ class NatsCommandSource(CommandSource):
     async def _finish(self, puller: PullBatches | None) -> None:
         """Hand back what was delivered but not fetched, send the last acks out, unsubscribe."""
         if puller is not None:
-            for message in puller.leftovers():
+            for message in await puller.finish():
                 await self._settle(message, "nak")
         with contextlib.suppress(Exception):
             if self._broker.is_connected:

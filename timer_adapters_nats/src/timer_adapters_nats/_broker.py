@@ -151,7 +151,9 @@ class NatsBroker(AsyncResource):
 
         The backoff is the source's doubling nak delay. A consumer-level ``backoff`` is left
         out on purpose: the server applies it over explicit nak delays from the second
-        redelivery on, which would turn a 1 s retry into an ack-wait-long one.
+        redelivery on, which would turn a 1 s retry into an ack-wait-long one. Room for four
+        fetch batches unacknowledged: the one being stored and the next, read ahead, of two
+        instances (the server's default of 1000 would stall a read-ahead at batches of 1000).
         """
         settings = self.settings
         return ConsumerConfig(
@@ -162,6 +164,7 @@ class NatsBroker(AsyncResource):
             ack_policy=AckPolicy.EXPLICIT,
             ack_wait=settings.ack_wait_s,
             max_deliver=settings.max_deliver,
+            max_ack_pending=max(1000, 4 * settings.fetch_batch),
             filter_subject=settings.subjects.commands_filter,
         )
 

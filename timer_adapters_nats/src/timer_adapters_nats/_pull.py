@@ -115,6 +115,15 @@ class PullBatches:
             {"batch": batch, "expires": int(expires * 1e9)}, 1, batch, wait_s
         )
 
+    async def fetch_now(self, batch: int, wait_s: float) -> list[Msg]:
+        """Up to ``batch`` messages there now, without a long poll (``wait_s`` bounds the wait
+        for the server's answer). Raises :class:`PullError` like :meth:`fetch`."""
+        if self._subscription is None:
+            raise PullError("the pull subscription is not started")
+        if self._box:
+            return self._take(batch)
+        return await self._request({"batch": batch, "no_wait": True}, batch, batch, wait_s)
+
     async def _request(
         self, body: dict[str, object], wanted: int, batch: int, wait_s: float
     ) -> list[Msg]:

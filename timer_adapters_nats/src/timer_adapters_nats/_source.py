@@ -8,6 +8,7 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING
 
+import attrs
 import nats.errors
 from nats.aio.msg import Msg
 
@@ -42,12 +43,22 @@ TRUNCATED_HEADER = "Timer-Truncated"
 headers: the original length in bytes (the whole command stays in the commands stream)."""
 
 _MAX_REASON = 1000
+# How long a read-ahead waits for the server's answer (a local one answers in a millisecond).
+_READ_AHEAD_WAIT_S = 0.05
 
 
 def _headers_size(headers: dict[str, str]) -> int:
     """Bytes of the NATS/1.0 header block these headers are sent as."""
     lines = sum(len(key.encode()) + len(value.encode()) + 4 for key, value in headers.items())
     return len(b"NATS/1.0\r\n") + lines + 2
+
+
+@attrs.define
+class _Batch:
+    """Fetched commands that decoded, with their messages (to ack or nak), in stream order."""
+
+    messages: list[Msg] = attrs.field(factory=list)
+    envelopes: list[MessageEnvelope[Command]] = attrs.field(factory=list)
 
 
 def _one_line(reason: str) -> str:
@@ -96,6 +107,8 @@ class NatsCommandSource(CommandSource):
         # everything delivered then is redeliverable, loop time to give up waiting for it),
         # while any of those is unsettled.
         self._barrier: tuple[int, float, float] | None = None
+        # Whether the last batch handed over was stored: only then is the next read ahead.
+        self._stored_last = True
 
     @property
     def running(self) -> bool:
@@ -159,8 +172,14 @@ class NatsCommandSource(CommandSource):
                 try:
                     if self._barrier is not None:
                         messages = await self._behind_barrier(messages, handler)
-                    if messages:
-                        await self._process(messages, handler)
+                        if messages:
+                            await self._process(messages, handler)
+                        continue
+                    batch: _Batch | None = await self._prepare(messages)
+                    while batch is not None:
+                        # Stored one after the other; each next one is fetched and decoded
+                        # while the store writes this one.
+                        batch = await self._handle(batch, handler, puller)
                 except Exception:  # a bug must not stop the consumer: they come back later
                     log.exception(
                         "unexpected error on %d commands; they will be redelivered", len(messages)
@@ -237,31 +256,78 @@ class NatsCommandSource(CommandSource):
             await puller.aclose()
 
     async def _process(self, messages: Sequence[Msg], handler: CommandBatchHandler) -> None:
-        accepted: list[Msg] = []
-        envelopes: list[MessageEnvelope[Command]] = []
+        await self._handle(await self._prepare(messages), handler, None)
+
+    async def _prepare(self, messages: Sequence[Msg]) -> _Batch:
+        """Decode a fetched batch; the rejected commands are dead-lettered on the way."""
+        batch = _Batch()
         for message in messages:
             try:
                 envelope = self._check(message)
             except DecodeError as exc:
                 await self._dead_letter(message, str(exc))
                 continue
-            accepted.append(message)
-            envelopes.append(envelope)
-        if not envelopes:
-            return
-        keep_alive = asyncio.create_task(self._keep_alive(accepted))
+            batch.messages.append(message)
+            batch.envelopes.append(envelope)
+        return batch
+
+    async def _handle(
+        self, batch: _Batch, handler: CommandBatchHandler, puller: PullBatches | None
+    ) -> _Batch | None:
+        """Hand ``batch`` over and ack it once the handler returned; meanwhile, with a
+        ``puller``, fetch and decode the next batch, which is returned (None: fetch anew).
+
+        The next batch is read ahead only after a batch was stored, so a store outage does
+        not spend deliveries of commands that never reached the handler; if this batch
+        fails, the one read ahead is handed back with the same delay, behind it.
+        """
+        if not batch.envelopes:
+            return None
+        kept_alive = list(batch.messages)
+        keep_alive = asyncio.create_task(self._keep_alive(kept_alive))
+        handling = asyncio.ensure_future(handler(batch.envelopes))
+        ahead: _Batch | None = None
         try:
-            await handler(envelopes)
-        except Exception as exc:  # StoreError and the like: redeliver later, keep running
-            keep_alive.cancel()
-            await self._retry_later(accepted, exc)
-            return
+            if puller is not None and self._stored_last and not self._stop.is_set():
+                ahead = await self._read_ahead(puller)
+                kept_alive += ahead.messages
+            try:
+                await handling
+            except Exception as exc:  # StoreError and the like: redeliver later, keep running
+                self._stored_last = False
+                keep_alive.cancel()
+                await self._retry_later(batch.messages, exc, behind=ahead.messages if ahead else ())
+                return None
         finally:
+            if not handling.done():  # the read-ahead failed: the batch in hand still finishes
+                with contextlib.suppress(Exception):
+                    await handling
             keep_alive.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await keep_alive
-        for message in accepted:
+        self._stored_last = True
+        for message in batch.messages:
             await self._settle(message, "ack")
+        if ahead is not None and self._stop.is_set():
+            # Read ahead before stop: hand them straight back for another consumer.
+            for message in ahead.messages:
+                await self._settle(message, "nak")
+            return None
+        return ahead if ahead is not None and ahead.envelopes else None
+
+    async def _read_ahead(self, puller: PullBatches) -> _Batch:
+        """The next batch, decoded; empty when there is none right now (or fetching failed)."""
+        settings = self._settings
+        try:
+            # Only what is there now, and not waiting long for it: the batch in hand is acked
+            # after this. A late answer still lands in the puller for the next fetch.
+            messages = await puller.fetch_now(
+                settings.fetch_batch, min(settings.fetch_timeout_s, _READ_AHEAD_WAIT_S)
+            )
+        except Exception as exc:  # the loop's next fetch reports and backs off
+            log.debug("reading the next commands ahead failed: %s", exc)
+            return _Batch()
+        return await self._prepare(messages)
 
     def _check(self, message: Msg) -> MessageEnvelope[Command]:
         """Decode a command and hold it to the tenant of the subject it came on."""
@@ -325,7 +391,11 @@ class NatsCommandSource(CommandSource):
             reason,
         )
 
-    async def _retry_later(self, messages: Sequence[Msg], error: Exception) -> None:
+    async def _retry_later(
+        self, messages: Sequence[Msg], error: Exception, *, behind: Sequence[Msg] = ()
+    ) -> None:
+        """Nak ``messages`` with the growing delay (dead-letter those out of deliveries),
+        then ``behind`` (fetched after them, not handled) with the longest of those delays."""
         settings = self._settings
         longest = 0.0
         for message in messages:
@@ -339,6 +409,14 @@ class NatsCommandSource(CommandSource):
             delay = settings.nak_delay(delivered)
             longest = max(longest, delay)
             await self._settle(message, "nak", delay=delay)
+        for message in behind:
+            delivered = message.metadata.num_delivered
+            if settings.max_deliver != -1 and delivered >= settings.max_deliver:
+                await self._dead_letter(
+                    message, f"not stored after {delivered} deliveries: held behind a failure"
+                )
+                continue
+            await self._settle(message, "nak", delay=longest or settings.nak_delay(1))
         log.warning(
             "handling %d commands failed (%s: %s); redelivery in %.1fs",
             len(messages),

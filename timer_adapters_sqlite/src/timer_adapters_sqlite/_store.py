@@ -8,6 +8,8 @@ second thread with its own connection, which WAL lets proceed while the writer w
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import logging
 import os
 import queue
@@ -70,6 +72,46 @@ _MARK_REACHED = f"""
 UPDATE {TABLE} SET state = 'Reached', reached_at = ?
 WHERE tenant_id = ? AND service_call_id = ? AND state = 'Scheduled' AND due_at = ?
 """
+# The same two writes as one statement each, their rows handed over as one JSON array:
+# executemany takes the GIL back between every two rows, and while the event loop keeps
+# another thread busy each of those waits up to a switch interval (5 ms) for it (measured:
+# 0.3-3k upserts/s that way, 8k/s as one statement, the event loop running on meanwhile).
+_UPSERT_JSON = f"""
+INSERT INTO {TABLE} (tenant_id, service_call_id, correlation_id, due_at, registered_at, state)
+SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]'), json_extract(value, '$[2]'),
+       json_extract(value, '$[3]'), json_extract(value, '$[4]'), 'Scheduled'
+FROM json_each(?) WHERE true ORDER BY key
+ON CONFLICT (tenant_id, service_call_id) DO UPDATE SET
+    due_at = excluded.due_at,
+    correlation_id = excluded.correlation_id,
+    registered_at = excluded.registered_at
+WHERE {TABLE}.state = 'Scheduled'
+"""
+_MARK_REACHED_JSON = f"""
+UPDATE {TABLE} INDEXED BY idx_timer_schedules_scheduled_due
+SET state = 'Reached', reached_at = marks.reached_at
+FROM (
+    SELECT json_extract(value, '$[0]') AS reached_at, json_extract(value, '$[1]') AS tenant_id,
+           json_extract(value, '$[2]') AS service_call_id, json_extract(value, '$[3]') AS due_at
+    FROM json_each(?)
+) AS marks
+WHERE {TABLE}.tenant_id = marks.tenant_id AND {TABLE}.service_call_id = marks.service_call_id
+  AND {TABLE}.state = 'Scheduled' AND {TABLE}.due_at = marks.due_at
+"""
+
+
+def _json_statements_supported() -> bool:
+    """Whether this SQLite has JSON functions and UPDATE ... FROM (3.33; JSON built in 3.38)."""
+    try:
+        with contextlib.closing(sqlite3.connect(":memory:")) as probe:
+            probe.execute("CREATE TABLE t (a, b)")
+            probe.execute("UPDATE t SET b = j.value FROM json_each('[1]') AS j WHERE t.a = j.key")
+    except sqlite3.Error:
+        return False
+    return True
+
+
+_JSON_STATEMENTS = _json_statements_supported()
 # INDEXED BY pins the plans the EXPLAIN QUERY PLAN tests prove: statistics from a host's
 # ANALYZE must never turn the poll into a scan whose cost grows with the table.
 _FIND_DUE = f"""
@@ -514,7 +556,10 @@ class _Writer:
     def _schedule_run(
         cursor: sqlite3.Cursor, params: list[tuple[Any, ...]]
     ) -> list[CommandOutcome]:
-        cursor.executemany(_UPSERT, params)
+        if _JSON_STATEMENTS:
+            cursor.execute(_UPSERT_JSON, (json.dumps(params),))
+        else:
+            cursor.executemany(_UPSERT, params)
         if cursor.rowcount == len(params):
             return [CommandOutcome.SCHEDULED] * len(params)
         # Some upserts hit a Reached timer. Within a run of upserts a Reached key stays
@@ -711,9 +756,14 @@ class SqliteTimerStore(TimerStore):
         if not params:
             return 0
 
-        # One executemany through the DBAPI connection: the poller's hot path (measured).
+        # Straight through the DBAPI connection: the poller's hot path (measured). One
+        # statement for the batch unless a key repeats in it (UPDATE ... FROM would update
+        # such a row once, with either reached_at; one by one, the first mark stays).
         def mark(connection: sa.Connection) -> int:
-            return self._driver(connection).executemany(_MARK_REACHED, params).rowcount
+            driver = self._driver(connection)
+            if _JSON_STATEMENTS and len({row[1:3] for row in params}) == len(params):
+                return driver.execute(_MARK_REACHED_JSON, (json.dumps(params),)).rowcount
+            return driver.executemany(_MARK_REACHED, params).rowcount
 
         return await self._write(mark)
 

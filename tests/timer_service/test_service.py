@@ -201,7 +201,7 @@ class TestEmbeddedBroker:
             assert len(servers) == 1
             proc.proc.kill()
             proc.proc.wait()
-            gone, alive = psutil.wait_procs(servers, timeout=10)
+            _gone, alive = psutil.wait_procs(servers, timeout=10)
             assert alive == [], "the embedded nats-server outlived its service"
             proc.start()
             proc.wait_healthy()

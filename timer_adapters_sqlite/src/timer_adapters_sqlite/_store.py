@@ -15,6 +15,7 @@ import os
 import queue
 import sqlite3
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, TypeVar
@@ -649,6 +650,21 @@ class SqliteTimerStore(TimerStore):
         return self._engine
 
     async def start(self) -> None:
+        # Opening switches the file to WAL and migrates it; another connection doing that at
+        # the same moment (a second store or process) can make SQLite answer busy at once,
+        # without waiting for the busy timeout, so opening is retried for that long.
+        deadline = time.monotonic() + self._busy_timeout_ms / 1000
+        while True:
+            try:
+                await self._start_once()
+                return
+            except StoreUnavailable as exc:
+                busy = "SQLITE_BUSY" in str(exc) or "SQLITE_LOCKED" in str(exc)
+                if not busy or time.monotonic() >= deadline:
+                    raise
+            await asyncio.sleep(0.05)
+
+    async def _start_once(self) -> None:
         async with self._lifecycle:
             if self._writer is not None:
                 return

@@ -18,8 +18,10 @@ __all__ = [
     "TenantId",
 ]
 
-_TOKEN = re.compile(r"[A-Za-z0-9_-]{1,128}")
-_UUID7 = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}")
+_TOKEN_PATTERN = r"[A-Za-z0-9_-]{1,128}"
+_UUID7_PATTERN = r"[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}"
+_TOKEN = re.compile(_TOKEN_PATTERN)
+_UUID7 = re.compile(_UUID7_PATTERN)
 
 
 class _Token(str):
@@ -27,6 +29,9 @@ class _Token(str):
 
     __slots__ = ()
     kind: ClassVar[str] = "identifier"
+    #: The regular expression a value must match in full (for decoders that check a whole
+    #: message with one pattern and then build ids with ``str.__new__``).
+    pattern: ClassVar[str] = _TOKEN_PATTERN
 
     def __new__(cls, value: str) -> Self:
         if type(value) is cls:
@@ -72,6 +77,8 @@ class EnvelopeId(str):
     """A message id: a lowercase UUID version 7 string."""
 
     __slots__ = ()
+    #: The regular expression a value must match in full.
+    pattern: ClassVar[str] = _UUID7_PATTERN
 
     def __new__(cls, value: str) -> Self:
         if type(value) is cls:

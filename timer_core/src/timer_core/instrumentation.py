@@ -20,6 +20,17 @@ class Instrumentation:
     def command_handled(self, envelope: MessageEnvelope[Command], outcome: str) -> None:
         """A valid command was applied; ``outcome`` is a :class:`CommandOutcome` value."""
 
+    def commands_handled(
+        self, envelopes: Sequence[MessageEnvelope[Command]], outcomes: Sequence[str]
+    ) -> None:
+        """A batch of commands was applied, ``outcomes[i]`` for ``envelopes[i]``.
+
+        What the workflows call, once per batch; by default :meth:`command_handled` per
+        command. Override this instead to count a batch at once.
+        """
+        for envelope, outcome in zip(envelopes, outcomes, strict=True):
+            self.command_handled(envelope, outcome)
+
     def command_rejected(self, subject: str, reason: str) -> None:
         """A command could not be decoded and was dead-lettered with ``reason``."""
 

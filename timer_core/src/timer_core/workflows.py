@@ -75,16 +75,17 @@ async def handle_commands(
         return []
     now = floor_ms(clock.now())
     outcomes = await store.apply([_operation(envelope, now) for envelope in envelopes])
-    for envelope, outcome in zip(envelopes, outcomes, strict=True):
-        instrumentation.command_handled(envelope, outcome.value)
-        log.debug(
-            "%s %s/%s -> %s (correlation %s)",
-            envelope.type,
-            envelope.tenant_id,
-            envelope.payload.service_call_id,
-            outcome.value,
-            envelope.correlation_id,
-        )
+    instrumentation.commands_handled(envelopes, outcomes)
+    if log.isEnabledFor(logging.DEBUG):
+        for envelope, outcome in zip(envelopes, outcomes, strict=True):
+            log.debug(
+                "%s %s/%s -> %s (correlation %s)",
+                envelope.type,
+                envelope.tenant_id,
+                envelope.payload.service_call_id,
+                outcome.value,
+                envelope.correlation_id,
+            )
     return outcomes
 
 

@@ -1,0 +1,72 @@
+"""The Prometheus instrumentation counts what the core reports, in batches or one by one."""
+
+from __future__ import annotations
+
+import logging
+from datetime import UTC, datetime
+
+import pytest
+
+from timer_core import (
+    CancelTimer,
+    Command,
+    CommandOutcome,
+    EnvelopeId,
+    MessageEnvelope,
+    ScheduleTimer,
+    ServiceCallId,
+    TenantId,
+)
+from timer_service.metrics import PrometheusInstrumentation
+
+
+def command(i: int) -> MessageEnvelope[Command]:
+    payload: Command
+    if i % 2:
+        payload = CancelTimer(TenantId("t"), ServiceCallId(f"c{i}"))
+    else:
+        payload = ScheduleTimer(
+            TenantId("t"), ServiceCallId(f"c{i}"), datetime(2030, 1, 1, tzinfo=UTC)
+        )
+    return MessageEnvelope(id=EnvelopeId.generate(), payload=payload, timestamp_ms=0)
+
+
+def counted(metrics: PrometheusInstrumentation) -> dict[str, float]:
+    return {
+        outcome: metrics.registry.get_sample_value(
+            "timer_commands_received_total", {"outcome": outcome}
+        )
+        or 0.0
+        for outcome in ("stored", "ignored", "rejected")
+    }
+
+
+OUTCOMES = [
+    CommandOutcome.SCHEDULED,
+    CommandOutcome.CANCELLED,
+    CommandOutcome.IGNORED_REACHED,
+    CommandOutcome.CANCEL_NOOP,
+    CommandOutcome.SCHEDULED,
+]
+
+
+class TestCommandCounts:
+    def test_a_batch_counts_each_outcome(self) -> None:
+        """A batch adds one to its bucket per command: stored when the store changed."""
+        metrics = PrometheusInstrumentation()
+        metrics.commands_handled([command(i) for i in range(5)], OUTCOMES)
+        metrics.command_rejected("timer.commands.t", "bad")
+        assert counted(metrics) == {"stored": 3.0, "ignored": 2.0, "rejected": 1.0}
+
+    @pytest.mark.parametrize("level", [logging.INFO, logging.DEBUG])
+    def test_batches_and_single_commands_count_alike(
+        self, level: int, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """Counting a batch at once gives what counting its commands one by one gives."""
+        caplog.set_level(level, logger="timer_service.events")
+        batched, single = PrometheusInstrumentation(), PrometheusInstrumentation()
+        envelopes = [command(i) for i in range(5)]
+        batched.commands_handled(envelopes, OUTCOMES)
+        for envelope, outcome in zip(envelopes, OUTCOMES, strict=True):
+            single.command_handled(envelope, outcome)
+        assert counted(batched) == counted(single)

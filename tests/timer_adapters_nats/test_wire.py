@@ -101,6 +101,79 @@ class TestDecodeCommand:
         data = json.dumps(obj).encode()
         assert codec_outcome(decode_command, data) == codec_outcome(codec_decode_command, data)
 
+    @given(ts.command_envelopes(), st.lists(mutations(), min_size=1, max_size=3))
+    def test_compact_edited_commands_decode_or_fail_as_the_codec_does(
+        self, envelope: MessageEnvelope[Any], edits: list[tuple[Any, ...]]
+    ) -> None:
+        """Edits written compactly, as the codec writes (the exact-form shortcut's input)."""
+        obj = envelope_to_dict(envelope)
+        for edit in edits:
+            obj = mutate(obj, edit)
+        data = json.dumps(obj, separators=(",", ":")).encode()
+        assert codec_outcome(decode_command, data) == codec_outcome(codec_decode_command, data)
+
+    @given(
+        ts.command_envelopes(),
+        st.lists(
+            st.tuples(st.integers(min_value=0), st.sampled_from(list(b'"{}:,-.0179AZaz_ \\xe9'))),
+            min_size=1,
+            max_size=3,
+        ),
+    )
+    def test_commands_with_bytes_changed_decode_or_fail_as_the_codec_does(
+        self, envelope: MessageEnvelope[Any], changes: list[tuple[int, int]]
+    ) -> None:
+        """A canonical command with any bytes overwritten gets the codec's answer."""
+        data = bytearray(encode_envelope(envelope))
+        for position, byte in changes:
+            data[position % len(data)] = byte
+        assert codec_outcome(decode_command, bytes(data)) == codec_outcome(
+            codec_decode_command, bytes(data)
+        )
+
+    @pytest.mark.parametrize(
+        ("find", "replace"),
+        [
+            (
+                '"_tag":"ScheduleTimer","tenantId":"tenant-a"',
+                '"_tag":"ScheduleTimer","tenantId":"tenant-b"',
+            ),
+            ('"aggregateId":"call-1"', '"aggregateId":"call-2"'),
+            ('"type":"ScheduleTimer"', '"type":"CancelTimer"'),
+            ('"_tag":"ScheduleTimer"', '"_tag":"CancelTimer"'),
+            (',"dueAt":"2030-01-01T00:00:00.000Z"', ""),
+            ('"dueAt":"2030-01-01T00:00:00.000Z"', '"dueAt":"2030-13-01T00:00:00.000Z"'),
+            ('"timestampMs":1', '"timestampMs":9007199254740993'),
+            ('"timestampMs":1', '"timestampMs":-0'),
+            ('"timestampMs":1', '"timestampMs":01'),
+        ],
+    )
+    def test_near_misses_of_the_exact_form_get_the_codecs_answer(
+        self, find: str, replace: str
+    ) -> None:
+        """Each check the exact-form shortcut makes beyond its pattern matches the codec."""
+        data = (
+            '{"id":"0190a1b2-c3d4-7e5f-8a6b-7c8d9e0f1a2b","type":"ScheduleTimer",'
+            '"tenantId":"tenant-a","aggregateId":"call-1","timestampMs":1,'
+            '"payload":{"_tag":"ScheduleTimer","tenantId":"tenant-a","serviceCallId":"call-1",'
+            '"dueAt":"2030-01-01T00:00:00.000Z"}}'
+        )
+        assert find in data
+        edited = data.replace(find, replace).encode()
+        assert codec_outcome(decode_command, edited) == codec_outcome(codec_decode_command, edited)
+
+    @given(ts.command_envelopes())
+    def test_shortcut_builds_the_codecs_types(self, envelope: MessageEnvelope[Any]) -> None:
+        """Every field of a shortcut decode has exactly the type the codec gives it."""
+        data = encode_envelope(envelope)
+        fast, slow = decode_command(data), codec_decode_command(data)
+        for name in ("id", "aggregate_id", "correlation_id", "causation_id", "timestamp_ms"):
+            assert type(getattr(fast, name)) is type(getattr(slow, name))
+        for name in ("tenant_id", "service_call_id"):
+            assert type(getattr(fast.payload, name)) is type(getattr(slow.payload, name))
+        if isinstance(slow.payload, ScheduleTimer):
+            assert fast.payload.due_at.tzinfo is slow.payload.due_at.tzinfo
+
     @given(st.binary(max_size=200) | ts.json_values().map(lambda v: json.dumps(v).encode()))
     def test_any_bytes_decode_or_fail_as_the_codec_does(self, data: bytes) -> None:
         """Arbitrary bytes and JSON values get the codec's answer."""

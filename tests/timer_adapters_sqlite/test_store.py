@@ -240,6 +240,46 @@ class TestGroupCommit:
         assert await store.count_scheduled() == 100
 
 
+def rows_in_file_alone(db_path: Path) -> int:
+    """Timers in a copy of the database file without its WAL (what checkpoints copied)."""
+    copy = db_path.with_name("copy.db")
+    copy.write_bytes(db_path.read_bytes())
+    alone = sqlite3.connect(copy)
+    try:
+        (rows,) = alone.execute("SELECT count(*) FROM timer_schedules").fetchone()
+    except sqlite3.OperationalError:  # not even the table has been copied back yet
+        return 0
+    finally:
+        alone.close()
+    return int(rows)
+
+
+class TestCheckpoints:
+    async def test_commits_are_checkpointed_beside_the_writer(self, db_path: Path) -> None:
+        """After commits, the checkpointer thread copies the WAL back into the database file.
+
+        The writer's own checkpoint only starts past thousands of pages, so a database file
+        holding the rows after a few small commits was written by the checkpointer.
+        """
+        async with SqliteTimerStore(db_path) as store:
+            for batch in range(5):
+                await store.apply([entry(call=f"b{batch}-{i}") for i in range(50)])
+            deadline = asyncio.get_running_loop().time() + 10
+            while rows_in_file_alone(db_path) < 250:
+                assert asyncio.get_running_loop().time() < deadline, "the WAL was not copied back"
+                await asyncio.sleep(0.01)
+            assert store.checkpoints_completed > 0
+
+    async def test_the_wal_stays_bounded_under_sustained_writes(self, db_path: Path) -> None:
+        """Back-to-back batches do not grow the WAL past its limit (checkpoints keep up)."""
+        async with SqliteTimerStore(db_path) as store:
+            for batch in range(40):
+                await store.apply([entry(call=f"b{batch}-{i:04d}") for i in range(500)])
+            wal = db_path.with_name(db_path.name + "-wal")
+            assert wal.stat().st_size <= 64 * 1024 * 1024
+            assert store.checkpoints_completed > 0
+
+
 class TestTenantIsolation:
     async def test_due_query_returns_only_the_tenants_timers(self, store: SqliteTimerStore) -> None:
         """The seed's isolation test: a tenant's due query never returns another tenant's."""

@@ -349,6 +349,78 @@ class _Reader:
             return future, None, translate_error(exc, self._where)
 
 
+# The writer checkpoints on its own only past this many WAL pages (32 MiB at 4 KiB pages):
+# normally the checkpointer thread has copied the WAL back long before. Past the size limit
+# the WAL file is cut back to it whenever it restarts.
+_WRITER_AUTOCHECKPOINT_PAGES = 8192
+_WAL_SIZE_LIMIT_BYTES = 64 * 1024 * 1024
+
+
+class _Checkpointer:
+    """The thread that copies committed WAL pages back into the database file.
+
+    SQLite's default has the committing connection checkpoint every 1000 WAL pages, and a
+    batch of upserts with random keys dirties pages all over five indexes: nearly every
+    commit of 1000 timers paid for a checkpoint (copy and sync) before the writer could
+    take the next batch. Here, after each commit, a PASSIVE checkpoint on a connection of
+    its own runs beside the writer (it never blocks writers or readers).
+    Measured: 1000-upsert transactions 13,000 -> 21,000/s (bench/README.md).
+    """
+
+    def __init__(self, engine: sa.Engine, where: str) -> None:
+        self._engine = engine
+        self._where = where
+        self._wake = threading.Event()
+        self._stopping = False
+        self._thread = threading.Thread(
+            target=self._run, name="timer-sqlite-checkpointer", daemon=True
+        )
+        self.checkpoints = 0
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def poke(self) -> None:
+        """A commit happened: checkpoint when the one in progress (if any) is done."""
+        self._wake.set()
+
+    def stop(self) -> None:
+        self._stopping = True
+        self._wake.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def _run(self) -> None:
+        connection: sa.Connection | None = None
+        try:
+            while True:
+                self._wake.wait()
+                self._wake.clear()
+                if self._stopping:
+                    return
+                try:
+                    if connection is None:
+                        connection = self._engine.connect()
+                    driver = connection.connection.driver_connection
+                    assert isinstance(driver, sqlite3.Connection)
+                    busy, frames, copied = driver.execute(
+                        "PRAGMA wal_checkpoint(PASSIVE)"
+                    ).fetchone()
+                    if not busy and frames == copied:
+                        self.checkpoints += 1  # the WAL is all in the file now
+                except Exception as exc:
+                    # The writer's own checkpoint past the page limit is the fallback.
+                    log.debug("checkpoint of %s failed: %s", self._where, exc)
+                    if connection is not None:
+                        with contextlib.suppress(Exception):
+                            connection.close()
+                        connection = None
+        finally:
+            if connection is not None:
+                with contextlib.suppress(Exception):
+                    connection.close()
+
+
 class _Writer:
     """The one thread that writes: drains the queue and commits each drained group at once."""
 
@@ -360,9 +432,16 @@ class _Writer:
         self._connection: sa.Connection | None = None
         self._driver: sqlite3.Connection | None = None
         self._thread = threading.Thread(target=self._run, name="timer-sqlite-writer", daemon=True)
+        self._checkpointer = _Checkpointer(engine, where)
         self.transactions = 0
 
+    @property
+    def checkpoints(self) -> int:
+        """Checkpoints the checkpointer thread completed (the whole WAL copied back)."""
+        return self._checkpointer.checkpoints
+
     def start(self) -> None:
+        self._checkpointer.start()
         self._thread.start()
 
     def submit(self, job: _Job) -> None:
@@ -399,6 +478,7 @@ class _Writer:
                 leftovers.append(item)
         closed = StoreUnavailable(f"the timer store on {self._where} is closed")
         _deliver([(job.future, None, closed) for job in leftovers])
+        self._checkpointer.stop()
         self._close()
 
     def _next_group(self, held: list[_Job]) -> tuple[list[_Job], list[_Job], bool]:
@@ -452,6 +532,8 @@ class _Writer:
             driver = connection.connection.driver_connection
             assert isinstance(driver, sqlite3.Connection)
             self._driver = driver
+            driver.execute(f"PRAGMA wal_autocheckpoint = {_WRITER_AUTOCHECKPOINT_PAGES}")
+            driver.execute(f"PRAGMA journal_size_limit = {_WAL_SIZE_LIMIT_BYTES}")
             migrate_connection(connection, mode=job.mode, where=self._where)
             return job.future, None, None
         except Exception as exc:
@@ -487,6 +569,7 @@ class _Writer:
                 # is ours (BEGIN IMMEDIATE above), so only SQLAlchemy's state is reset here.
                 connection.rollback()
             self.transactions += 1
+            self._checkpointer.poke()
             return job.future, result, None
         except Exception as exc:
             return job.future, None, self._error(exc)
@@ -551,6 +634,7 @@ class _Writer:
             self._rollback(driver)
             raise
         self.transactions += 1
+        self._checkpointer.poke()
         return outcomes
 
     @staticmethod
@@ -641,6 +725,11 @@ class SqliteTimerStore(TimerStore):
     def transactions_committed(self) -> int:
         """Write transactions committed since :meth:`start` (group commits count once)."""
         return 0 if self._writer is None else self._writer.transactions
+
+    @property
+    def checkpoints_completed(self) -> int:
+        """WAL checkpoints run beside the writer since :meth:`start` (see the module notes)."""
+        return 0 if self._writer is None else self._writer.checkpoints
 
     @property
     def engine(self) -> sa.Engine:

@@ -136,6 +136,36 @@ class TestReadAhead:
                 # Back at once (nak'd), not after the 5 s ack wait of the test settings.
                 await wait_until(lambda: successor.stored == calls[2:], within=3.0, what="the rest")
 
+    async def test_a_stored_batch_is_acked_once_the_next_is_handed_over(
+        self, settings: NatsSettings
+    ) -> None:
+        """Batch one is acked while batch two is in the handler, never before it is stored."""
+        async with small_batches(settings, 3) as broker:
+            await send(broker, 6)
+            first, second = asyncio.Event(), asyncio.Event()
+            entered: list[int] = []
+
+            async def handler(batch: Sequence[MessageEnvelope[Command]]) -> list[CommandOutcome]:
+                entered.append(len(batch))
+                await (first if len(entered) == 1 else second).wait()
+                return [CommandOutcome.SCHEDULED] * len(batch)
+
+            source = broker.command_source()
+            task = asyncio.create_task(source.run(handler))
+            try:
+                await wait_until(lambda: _ack_pending(broker, 6), what="both batches delivered")
+                assert entered == [3]
+                first.set()
+                await wait_until(lambda: _ack_pending(broker, 3), what="batch one acked")
+                assert entered == [3, 3]  # ... with batch two held in the handler
+                second.set()
+                await wait_until(lambda: _ack_pending(broker, 0), what="batch two acked")
+            finally:
+                first.set()
+                second.set()
+                await asyncio.wait_for(source.stop(), 10)
+                await task
+
 
 async def _ack_pending(broker: NatsBroker, count: int) -> bool:
     info = await consumer(broker)

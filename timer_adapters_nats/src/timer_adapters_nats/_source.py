@@ -176,10 +176,16 @@ class NatsCommandSource(CommandSource):
                             await self._process(messages, handler)
                         continue
                     batch: _Batch | None = await self._prepare(messages)
-                    while batch is not None:
-                        # Stored one after the other; each next one is fetched and decoded
-                        # while the store writes this one.
-                        batch = await self._handle(batch, handler, puller)
+                    stored: Sequence[Msg] = ()
+                    try:
+                        while batch is not None:
+                            # Stored one after the other; each next one is fetched and
+                            # decoded while the store writes this one, and a stored batch is
+                            # acked once the next one is on its way to the store.
+                            previous, stored = stored, ()
+                            batch, stored = await self._handle(batch, handler, puller, previous)
+                    finally:
+                        await self._ack(stored)
                 except Exception:  # a bug must not stop the consumer: they come back later
                     log.exception(
                         "unexpected error on %d commands; they will be redelivered", len(messages)
@@ -256,7 +262,12 @@ class NatsCommandSource(CommandSource):
             await puller.aclose()
 
     async def _process(self, messages: Sequence[Msg], handler: CommandBatchHandler) -> None:
-        await self._handle(await self._prepare(messages), handler, None)
+        _, stored = await self._handle(await self._prepare(messages), handler, None)
+        await self._ack(stored)
+
+    async def _ack(self, messages: Sequence[Msg]) -> None:
+        for message in messages:
+            await self._settle(message, "ack")
 
     async def _prepare(self, messages: Sequence[Msg]) -> _Batch:
         """Decode a fetched batch; the rejected commands are dead-lettered on the way."""
@@ -272,20 +283,35 @@ class NatsCommandSource(CommandSource):
         return batch
 
     async def _handle(
-        self, batch: _Batch, handler: CommandBatchHandler, puller: PullBatches | None
-    ) -> _Batch | None:
-        """Hand ``batch`` over and ack it once the handler returned; meanwhile, with a
-        ``puller``, fetch and decode the next batch, which is returned (None: fetch anew).
+        self,
+        batch: _Batch,
+        handler: CommandBatchHandler,
+        puller: PullBatches | None,
+        stored: Sequence[Msg] = (),
+    ) -> tuple[_Batch | None, Sequence[Msg]]:
+        """Hand ``batch`` over; meanwhile, with a ``puller``, fetch and decode the next batch.
+
+        Returns the next batch (None: fetch anew) and this batch's messages once it is
+        stored, to be acked by the caller. ``stored`` (the batch stored before) is acked
+        here once this batch has been handed over, so the store starts on this one first;
+        it is acked before this returns or raises in any case.
 
         The next batch is read ahead only after a batch was stored, so a store outage does
         not spend deliveries of commands that never reached the handler; if this batch
         fails, the one read ahead is handed back with the same delay, behind it.
         """
-        if not batch.envelopes:
-            return None
-        kept_alive = list(batch.messages)
-        keep_alive = asyncio.create_task(self._keep_alive(kept_alive))
-        handling = asyncio.ensure_future(handler(batch.envelopes))
+        try:
+            if not batch.envelopes:
+                return None, ()
+            kept_alive = list(batch.messages)
+            keep_alive = asyncio.create_task(self._keep_alive(kept_alive))
+            handling = asyncio.ensure_future(handler(batch.envelopes))
+            if stored:
+                await asyncio.sleep(0)  # the handler builds and queues its write first
+                stored, acking = (), stored
+                await self._ack(acking)
+        finally:
+            await self._ack(stored)
         ahead: _Batch | None = None
         try:
             if puller is not None and self._stored_last and not self._stop.is_set():
@@ -297,7 +323,7 @@ class NatsCommandSource(CommandSource):
                 self._stored_last = False
                 keep_alive.cancel()
                 await self._retry_later(batch.messages, exc, behind=ahead.messages if ahead else ())
-                return None
+                return None, ()
         finally:
             if not handling.done():  # the read-ahead failed: the batch in hand still finishes
                 with contextlib.suppress(Exception):
@@ -306,14 +332,12 @@ class NatsCommandSource(CommandSource):
             with contextlib.suppress(asyncio.CancelledError):
                 await keep_alive
         self._stored_last = True
-        for message in batch.messages:
-            await self._settle(message, "ack")
         if ahead is not None and self._stop.is_set():
             # Read ahead before stop: hand them straight back for another consumer.
             for message in ahead.messages:
                 await self._settle(message, "nak")
-            return None
-        return ahead if ahead is not None and ahead.envelopes else None
+            return None, batch.messages
+        return (ahead if ahead is not None and ahead.envelopes else None), batch.messages
 
     async def _read_ahead(self, puller: PullBatches) -> _Batch:
         """The next batch, decoded; empty when there is none right now (or fetching failed)."""

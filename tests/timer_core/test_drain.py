@@ -249,3 +249,52 @@ class TestEndingEarly:
         await rig.drain()
         kinds = [what for what, calls in rig.journal.lines if calls]
         assert kinds == ["read", "published", "marked"] * 3
+
+
+class TestUnfinishedMarks:
+    """With ``finish_marks=False`` the last mark is handed over; the next drain carries it."""
+
+    async def test_the_last_mark_is_handed_over_unfinished(self, rig: Rig) -> None:
+        """The drain returns with its last mark held; its timers are published, not Reached."""
+        calls = await rig.schedule(5)
+        rig.store.hold_marks.clear()
+        report = await drain_due_timers(
+            rig.store, rig.publisher, rig.clock, batch_size=10, finish_marks=False
+        )
+        assert report.fired == 5 and report.unfinished_mark is not None
+        assert {str(key.service_call_id) for key in report.unfinished_keys} == set(calls)
+        assert set(rig.states().values()) == {TimerState.SCHEDULED}
+        rig.store.hold_marks.set()
+        await report.unfinished_mark
+        assert set(rig.states().values()) == {TimerState.REACHED}
+
+    async def test_a_carried_mark_is_not_published_again_and_finishes_first(self, rig: Rig) -> None:
+        """The next drain skips the carried timers and marks its own only after them."""
+        first = await rig.schedule(5)
+        rig.store.hold_marks.clear()
+        report = await drain_due_timers(
+            rig.store, rig.publisher, rig.clock, batch_size=10, finish_marks=False
+        )
+        later = TimerEntry(
+            tenant_id="tenant-a", service_call_id="later", due_at=T0, registered_at=T0
+        )
+        await rig.store.apply([later])
+        draining = asyncio.ensure_future(
+            drain_due_timers(
+                rig.store,
+                rig.publisher,
+                rig.clock,
+                batch_size=10,
+                carried_mark=report.unfinished_mark,
+                carried_keys=report.unfinished_keys,
+            )
+        )
+        await asyncio.sleep(0.01)
+        assert not draining.done()  # its own mark waits behind the carried one
+        rig.store.hold_marks.set()
+        second = await draining
+        assert second.fired == 1 and second.unfinished_mark is None
+        published = [str(e.payload.service_call_id) for e in rig.publisher.bus.published]
+        assert published == [*first, "later"]  # nothing published twice
+        assert rig.journal.index("marked", first[0]) < rig.journal.index("marked", "later")
+        assert set(rig.states().values()) == {TimerState.REACHED}

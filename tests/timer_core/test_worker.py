@@ -22,6 +22,7 @@ from timer_core import (
     ServiceCallId,
     SystemClock,
     TenantId,
+    TimerEntry,
     TimerState,
     TimerWorker,
     handle_commands,
@@ -422,3 +423,50 @@ class TestRealClock:
         finally:
             worker.stop()
             await asyncio.wait_for(task, 5)
+
+
+class HeldMarks(MemoryTimerStore):
+    """A memory store whose marks wait until ``release`` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = asyncio.Event()
+        self.marking = 0
+
+    async def mark_reached(self, entries: Sequence[TimerEntry]) -> int:
+        self.marking += 1
+        await self.release.wait()
+        return await super().mark_reached(entries)
+
+
+class TestMarksInTheBackground:
+    """The worker looks for newly due timers while the last ones are being marked."""
+
+    async def test_a_timer_due_meanwhile_fires_before_the_last_mark_ends(self, rig: Rig) -> None:
+        """With x's mark held, y (due meanwhile) is published without waiting for it."""
+        rig.store = store = HeldMarks()
+        await rig.schedule("x", 0)
+        rig.start()
+        await until(lambda: rig.published_calls() == ["x"] and store.marking == 1)
+        await rig.schedule("y", 0)
+        rig.runs[0][0].notify_scheduled(at(0))  # as the service does for a stored command
+        await until(lambda: rig.published_calls() == ["x", "y"])
+        states = {str(e.service_call_id): e.state for e in store.entries()}
+        assert states == {"x": TimerState.SCHEDULED, "y": TimerState.SCHEDULED}
+        store.release.set()
+        await until(lambda: {e.state for e in store.entries()} == {TimerState.REACHED})
+        assert rig.published_calls() == ["x", "y"]  # each once
+
+    async def test_stop_waits_for_the_last_mark(self, rig: Rig) -> None:
+        """run() returns only once the mark in the background is done."""
+        rig.store = store = HeldMarks()
+        await rig.schedule("x", 0)
+        worker = rig.start()
+        await until(lambda: store.marking == 1)
+        worker.stop()
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert not rig.runs[0][1].done()
+        store.release.set()
+        await asyncio.wait_for(rig.runs[0][1], 5)
+        assert [e.state for e in store.entries()] == [TimerState.REACHED]

@@ -11,6 +11,7 @@ import asyncio
 import logging
 from datetime import datetime, timedelta
 
+from timer_core._entry import TimerKey
 from timer_core.errors import StoreError
 from timer_core.instrumentation import NO_INSTRUMENTATION, Instrumentation
 from timer_core.ports import (
@@ -82,6 +83,9 @@ class TimerWorker:
         """Monotonic time the last pass completed without a store error (for health checks)."""
         self.passes = 0
         """How many passes completed."""
+        # The last drain's mark, still running, and the timers it marks (published).
+        self._marking: asyncio.Future[None] | None = None
+        self._marking_keys: frozenset[TimerKey] = frozenset()
 
     def notify_scheduled(self, due_at: datetime) -> None:
         """Tell the worker a timer is due at ``due_at``; it wakes now if that is earlier."""
@@ -106,6 +110,7 @@ class TimerWorker:
         try:
             await self._loop()
         finally:
+            await self._finish_marking()
             self._running = False
 
     async def _loop(self) -> None:
@@ -131,6 +136,14 @@ class TimerWorker:
                 await self._sleep(delay, wakeable=False)
                 continue
             store_failures = 0
+            if self._marking is not None and not report.failed:
+                if report.fired:
+                    # More may have come due while these were published: look again at
+                    # once, while their mark runs, instead of waiting for it.
+                    continue
+                if await self._marked_or_woken():
+                    continue  # a new timer was announced: look for it beside the mark
+            await self._finish_marking()
             if report.failed:
                 # The drain stepped over them; retry them after a pause, not in a spin.
                 publish_failures += 1
@@ -140,16 +153,49 @@ class TimerWorker:
             await self._idle()
 
     async def _drain(self) -> DrainReport:
-        return await drain_due_timers(
-            self._store,
-            self._publisher,
-            self._clock,
-            batch_size=self._batch_size,
-            ids=self._ids,
-            instrumentation=self._instrumentation,
-            stopping=self._stop.is_set,
-            on_batch=self._batch_done,
-        )
+        carried, carried_keys = self._marking, self._marking_keys
+        self._marking, self._marking_keys = None, frozenset()
+        try:
+            report = await drain_due_timers(
+                self._store,
+                self._publisher,
+                self._clock,
+                batch_size=self._batch_size,
+                ids=self._ids,
+                instrumentation=self._instrumentation,
+                stopping=self._stop.is_set,
+                on_batch=self._batch_done,
+                finish_marks=False,
+                carried_mark=carried,
+                carried_keys=carried_keys,
+            )
+        except BaseException:
+            if carried is not None:
+                await _quietly(carried)
+            raise
+        self._marking, self._marking_keys = report.unfinished_mark, report.unfinished_keys
+        return report
+
+    async def _marked_or_woken(self) -> bool:
+        """Wait for the last drain's mark, or a wake-up; whether it was a wake-up first.
+
+        Until the mark is done the store's next due time may be one of the timers being
+        marked, so it is no guide for sleeping; a new timer is announced by a wake-up.
+        """
+        assert self._marking is not None
+        waking: asyncio.Future[object] = asyncio.ensure_future(self._wake.wait())
+        marking: asyncio.Future[object] = self._marking  # type: ignore[assignment]
+        try:
+            await asyncio.wait({marking, waking}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waking.cancel()
+        return not self._marking.done()
+
+    async def _finish_marking(self) -> None:
+        """Wait for the last drain's mark (its failure only means a later re-publish)."""
+        marking, self._marking, self._marking_keys = self._marking, None, frozenset()
+        if marking is not None:
+            await _quietly(marking)
 
     def _batch_done(self, report: FiringReport) -> None:
         self.last_pass_at = self._clock.monotonic()
@@ -219,3 +265,10 @@ class TimerWorker:
         finally:
             for task in waits:
                 task.cancel()
+
+
+async def _quietly(marking: asyncio.Future[None]) -> None:
+    try:
+        await marking
+    except Exception as exc:
+        log.warning("marking fired timers failed (%s); they will be published again", exc)

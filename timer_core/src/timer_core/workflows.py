@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from datetime import datetime
 
 import attrs
@@ -196,6 +196,11 @@ class DrainReport:
     """Timers whose publish failed; they stay ``Scheduled`` for a later drain."""
     expired: int = 0
     """Claimed timers not published because their claim lease ran out first."""
+    unfinished_mark: asyncio.Future[None] | None = None
+    """With ``finish_marks=False``: the mark still running when the drain returned (the
+    timers in :attr:`unfinished_keys` are published and not yet ``Reached``), else None."""
+    unfinished_keys: frozenset[TimerKey] = frozenset()
+    """The timers :attr:`unfinished_mark` is marking."""
 
 
 def _never() -> bool:
@@ -212,6 +217,9 @@ async def drain_due_timers(
     instrumentation: Instrumentation = NO_INSTRUMENTATION,
     stopping: Callable[[], bool] = _never,
     on_batch: Callable[[FiringReport], None] | None = None,
+    finish_marks: bool = True,
+    carried_mark: asyncio.Future[None] | None = None,
+    carried_keys: Collection[TimerKey] = frozenset(),
 ) -> DrainReport:
     """Fire batch after batch, in due order, until a batch comes back short (or ``stopping``).
 
@@ -223,20 +231,28 @@ async def drain_due_timers(
     order, one at a time). The drain returns only once every mark it started is done.
     A leasing store is drained one batch at a time: a batch claimed ahead would spend its
     lease waiting. ``on_batch`` gets each batch's report once it is marked.
+
+    With ``finish_marks=False`` the drain returns while its last mark may still run, handed
+    over in the report; the caller passes it to the next drain as ``carried_mark`` with its
+    ``carried_keys``, which that drain leaves out of what it finds (they are published) and
+    lets finish before its own first mark. A firer under steady load thus looks for the next
+    due timers while the last ones are being marked.
     """
     pipelined = store.claim_lease_s is None
     fired = batches = expired = 0
     failed: list[tuple[TimerEntry, PublishError]] = []
-    found = await _find(store, clock, batch_size, None, instrumentation)
+    skip = carried_keys if carried_mark is not None and pipelined else frozenset()
+    found = await _find(store, clock, batch_size, None, instrumentation, skip)
     if not found.due and on_batch is not None:
         on_batch(found.report([], []))
     ahead: asyncio.Task[_Found] | None = None
-    marking: asyncio.Task[None] | None = None
+    marking: asyncio.Future[None] | None = carried_mark
+    marking_keys: Collection[TimerKey] = skip
     try:
         while found.due:
             if pipelined and found.cursor is not None and not stopping():
                 ahead = asyncio.ensure_future(
-                    _find(store, clock, batch_size, found.cursor, instrumentation)
+                    _find(store, clock, batch_size, found.cursor, instrumentation, skip)
                 )
             reached, lost, late = await _publish(
                 store, publisher, clock, found, ids, instrumentation
@@ -253,6 +269,7 @@ async def drain_due_timers(
                     store, clock, found, reached, lost, late, instrumentation, on_batch
                 )
             )
+            marking_keys = frozenset(entry.key for entry in reached)
             if not pipelined:
                 previous, marking = marking, None
                 await previous
@@ -260,21 +277,32 @@ async def drain_due_timers(
                 break
             await asyncio.sleep(0)  # a long drain still lets the command consumer run
             if ahead is None:
-                found = await _find(store, clock, batch_size, found.cursor, instrumentation)
+                found = await _find(store, clock, batch_size, found.cursor, instrumentation, skip)
             else:
                 found, ahead = await ahead, None
+        unfinished: asyncio.Future[None] | None = None
         if marking is not None:
             previous, marking = marking, None
-            await previous
+            if finish_marks or previous.done():
+                await previous
+            else:
+                unfinished = previous
     finally:
         await _settle_drain(store, ahead, marking)
-    return DrainReport(batches=batches, fired=fired, failed=failed, expired=expired)
+    return DrainReport(
+        batches=batches,
+        fired=fired,
+        failed=failed,
+        expired=expired,
+        unfinished_mark=unfinished,
+        unfinished_keys=frozenset(marking_keys) if unfinished is not None else frozenset(),
+    )
 
 
 async def _settle_drain(
     store: TimerStore,
     ahead: asyncio.Task[_Found] | None,
-    marking: asyncio.Task[None] | None,
+    marking: asyncio.Future[None] | None,
 ) -> None:
     """A drain ending early (stop, error) still finishes its last mark; a batch read ahead
     and never published is handed back."""
@@ -322,14 +350,21 @@ async def _find(
     batch_size: int,
     after: DueCursor | None,
     instrumentation: Instrumentation,
+    skip: Collection[TimerKey] = frozenset(),
 ) -> _Found:
     started = clock.monotonic()
     now = floor_ms(clock.now())
-    due = await store.find_due(now, batch_size, after=after)
+    while True:
+        due = await store.find_due(now, batch_size, after=after)
+        cursor = DueCursor.of(due[-1]) if len(due) >= batch_size else None
+        if due and skip:  # published by the drain before, their mark still running
+            due = [entry for entry in due if entry.key not in skip]
+        if due or cursor is None:
+            break
+        after = cursor
     if not due:
         instrumentation.poll_completed(clock.monotonic() - started, 0)
         return _Found(due=[], now=now, started=started, cursor=None)
-    cursor = DueCursor.of(due[-1]) if len(due) >= batch_size else None
     return _Found(due=due, now=now, started=started, cursor=cursor)
 
 

@@ -5,22 +5,30 @@ from __future__ import annotations
 import uuid
 from datetime import UTC, datetime, timedelta, timezone
 
+import attrs
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from timer_core import (
     CorrelationId,
+    DueTimeReached,
     EnvelopeId,
     IllegalTransition,
     InvalidIdentifier,
     InvalidTimestamp,
+    MessageEnvelope,
     ServiceCallId,
     TenantId,
     TimerEntry,
     TimerState,
+    Uuid7EnvelopeIds,
     format_timestamp,
     parse_timestamp,
     to_epoch_ms,
 )
+from timer_core.testing import strategies as ts
+from timer_core.workflows import build_due_event
 
 T0 = datetime(2025, 11, 14, 10, 0, tzinfo=UTC)
 
@@ -157,3 +165,71 @@ class TestTimerEntry:
         """reached_at is set exactly when the state is Reached."""
         with pytest.raises(IllegalTransition):
             TimerEntry("t", "s", due_at=T0, registered_at=T0, state=TimerState.REACHED)
+
+
+class TestFiringIds:
+    @pytest.mark.parametrize(
+        ("tenant", "call", "due_ms", "expected"),
+        [
+            ("tenant-a", "call-1", 1767225600000, "019b76da-a800-728d-8683-03769b5ec313"),
+            ("t", "s", 0, "00000000-0000-7ee6-aeba-3bae52828f52"),
+            ("t", "s", -5, "00000000-0000-7909-9608-9d6f39b02df7"),
+            ("tenant_X", "c-" + "z" * 100, (1 << 48) + 7, "ffffffff-ffff-7b44-94ac-8ccde42ac7e8"),
+            ("a", "b", 1795316401123, "01a20132-43e3-790c-968e-cdd55d9df9b9"),
+        ],
+    )
+    def test_firing_ids_never_change(
+        self, tenant: str, call: str, due_ms: int, expected: str
+    ) -> None:
+        """A firing's id is pinned across versions: a re-publish after an upgrade must carry
+        the same id, or JetStream's duplicate window would let the event through twice."""
+        assert EnvelopeId.for_firing(tenant, call, due_ms) == expected
+
+
+class TestHotPathConstruction:
+    """The hot paths that skip the converters build exactly what the constructors build."""
+
+    @given(
+        ts.timer_entries(state=TimerState.SCHEDULED),
+        st.integers(0, 10**9).map(lambda ms: timedelta(milliseconds=ms)),
+    )
+    def test_reach_equals_the_constructor(self, entry: TimerEntry, lateness: timedelta) -> None:
+        """Every field of a reached entry, by value and type, is the constructor's."""
+        reached_at = min(entry.due_at + lateness, ts.MAX_INSTANT)
+        fast = entry.reach(reached_at)
+        slow = TimerEntry(
+            tenant_id=entry.tenant_id,
+            service_call_id=entry.service_call_id,
+            due_at=entry.due_at,
+            registered_at=entry.registered_at,
+            correlation_id=entry.correlation_id,
+            state=TimerState.REACHED,
+            reached_at=reached_at,
+        )
+        assert fast == slow
+        for field in attrs.fields(TimerEntry):
+            assert type(getattr(fast, field.name)) is type(getattr(slow, field.name))
+
+    @given(ts.timer_entries(state=TimerState.SCHEDULED), ts.utc_datetimes())
+    def test_due_events_equal_the_constructors(self, entry: TimerEntry, reached: datetime) -> None:
+        """A DueTimeReached envelope built on the hot path is the constructors' one."""
+        fast = build_due_event(entry, reached)
+        slow = MessageEnvelope(
+            id=Uuid7EnvelopeIds().firing_id(entry),
+            payload=DueTimeReached(
+                tenant_id=entry.tenant_id,
+                service_call_id=entry.service_call_id,
+                due_at=entry.due_at,
+                reached_at=reached,
+            ),
+            timestamp_ms=to_epoch_ms(reached),
+            aggregate_id=entry.service_call_id,
+            correlation_id=entry.correlation_id,
+        )
+        assert fast == slow
+        for field in attrs.fields(MessageEnvelope):
+            assert type(getattr(fast, field.name)) is type(getattr(slow, field.name))
+        for field in attrs.fields(DueTimeReached):
+            assert type(getattr(fast.payload, field.name)) is type(
+                getattr(slow.payload, field.name)
+            )

@@ -106,10 +106,13 @@ class EnvelopeId(str):
             f"{tenant_id}\x00{service_call_id}\x00{due_at_ms}".encode()
         ).digest()
         ms = min(max(due_at_ms, 0), (1 << 48) - 1)
-        rand_a = int.from_bytes(digest[0:2], "big") & 0x0FFF
-        rand_b = int.from_bytes(digest[2:10], "big") & ((1 << 62) - 1)
-        value = (ms << 80) | (0x7 << 76) | (rand_a << 64) | (0b10 << 62) | rand_b
-        h = f"{value:032x}"
+        # 48 bits of time, version 7 and the digest's low 12 bits of its first two bytes,
+        # variant 0b10 and the low 62 bits of its next eight: written as bytes, not an int.
+        h = (
+            ms.to_bytes(6, "big")
+            + bytes((0x70 | (digest[0] & 0x0F), digest[1], 0x80 | (digest[2] & 0x3F)))
+            + digest[3:10]
+        ).hex()
         return str.__new__(cls, f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}")
 
 

@@ -5,11 +5,12 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Collection, Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 
 import attrs
 
 from timer_core._entry import TimerEntry, TimerKey
+from timer_core._ids import EnvelopeId
 from timer_core._messages import (
     CancelTimer,
     Command,
@@ -116,18 +117,44 @@ def build_due_event(
     entry: TimerEntry, reached_at: datetime, ids: EnvelopeIdGenerator = _DEFAULT_IDS
 ) -> MessageEnvelope[DueTimeReached]:
     """The ``DueTimeReached`` envelope for firing ``entry`` at ``reached_at`` (contract 5, 6)."""
-    return MessageEnvelope(
-        id=ids.firing_id(entry),
-        payload=DueTimeReached(
-            tenant_id=entry.tenant_id,
-            service_call_id=entry.service_call_id,
-            due_at=entry.due_at,
-            reached_at=reached_at,
-        ),
-        timestamp_ms=to_epoch_ms(reached_at),
-        aggregate_id=entry.service_call_id,
-        correlation_id=entry.correlation_id,
-    )
+    envelope_id = ids.firing_id(entry)
+    if (
+        type(entry) is not TimerEntry
+        or type(envelope_id) is not EnvelopeId
+        or reached_at.__class__ is not datetime
+        or reached_at.tzinfo is not UTC
+        or reached_at.microsecond % 1000
+    ):
+        return MessageEnvelope(
+            id=envelope_id,
+            payload=DueTimeReached(
+                tenant_id=entry.tenant_id,
+                service_call_id=entry.service_call_id,
+                due_at=entry.due_at,
+                reached_at=reached_at,
+            ),
+            timestamp_ms=to_epoch_ms(reached_at),
+            aggregate_id=entry.service_call_id,
+            correlation_id=entry.correlation_id,
+        )
+    # The hot path, once per timer fired: every value is already of its field's type and
+    # form (a TimerEntry's fields, a UTC millisecond instant), so the converters are not run
+    # again. A new field must be set here too (a test compares with the constructors).
+    put = object.__setattr__
+    payload = object.__new__(DueTimeReached)
+    put(payload, "tenant_id", entry.tenant_id)
+    put(payload, "service_call_id", entry.service_call_id)
+    put(payload, "due_at", entry.due_at)
+    put(payload, "reached_at", reached_at)
+    put(payload, "tag", "DueTimeReached")
+    envelope: MessageEnvelope[DueTimeReached] = object.__new__(MessageEnvelope)
+    put(envelope, "id", envelope_id)
+    put(envelope, "payload", payload)
+    put(envelope, "timestamp_ms", to_epoch_ms(reached_at))
+    put(envelope, "aggregate_id", entry.service_call_id)
+    put(envelope, "correlation_id", entry.correlation_id)
+    put(envelope, "causation_id", None)
+    return envelope
 
 
 @attrs.frozen

@@ -11,6 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from timer_core import (
+    Command,
     CorrelationId,
     DueTimeReached,
     EnvelopeId,
@@ -18,9 +19,11 @@ from timer_core import (
     InvalidIdentifier,
     InvalidTimestamp,
     MessageEnvelope,
+    ScheduleTimer,
     ServiceCallId,
     TenantId,
     TimerEntry,
+    TimerKey,
     TimerState,
     Uuid7EnvelopeIds,
     format_timestamp,
@@ -28,7 +31,7 @@ from timer_core import (
     to_epoch_ms,
 )
 from timer_core.testing import strategies as ts
-from timer_core.workflows import build_due_event
+from timer_core.workflows import _operation, build_due_event
 
 T0 = datetime(2025, 11, 14, 10, 0, tzinfo=UTC)
 
@@ -233,3 +236,24 @@ class TestHotPathConstruction:
             assert type(getattr(fast.payload, field.name)) is type(
                 getattr(slow.payload, field.name)
             )
+
+    @given(ts.command_envelopes(), ts.utc_datetimes())
+    def test_stored_entries_equal_the_constructors(
+        self, envelope: MessageEnvelope[Command], now: datetime
+    ) -> None:
+        """The entry a ScheduleTimer is stored as is the constructor's, field by field."""
+        operation = _operation(envelope, now)
+        command = envelope.payload
+        if not isinstance(command, ScheduleTimer):
+            assert operation == TimerKey(command.tenant_id, command.service_call_id)
+            return
+        slow = TimerEntry(
+            tenant_id=command.tenant_id,
+            service_call_id=command.service_call_id,
+            due_at=command.due_at,
+            registered_at=now,
+            correlation_id=envelope.correlation_id,
+        )
+        assert operation == slow
+        for field in attrs.fields(TimerEntry):
+            assert type(getattr(operation, field.name)) is type(getattr(slow, field.name))

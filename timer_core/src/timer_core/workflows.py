@@ -9,8 +9,8 @@ from datetime import UTC, datetime
 
 import attrs
 
-from timer_core._entry import TimerEntry, TimerKey
-from timer_core._ids import EnvelopeId
+from timer_core._entry import TimerEntry, TimerKey, TimerState
+from timer_core._ids import CorrelationId, EnvelopeId
 from timer_core._messages import (
     CancelTimer,
     Command,
@@ -50,13 +50,34 @@ _DEFAULT_IDS = Uuid7EnvelopeIds()
 def _operation(envelope: MessageEnvelope[Command], now: datetime) -> TimerOperation:
     command = envelope.payload
     if isinstance(command, ScheduleTimer):
-        return TimerEntry(
-            tenant_id=command.tenant_id,
-            service_call_id=command.service_call_id,
-            due_at=command.due_at,
-            registered_at=now,
-            correlation_id=envelope.correlation_id,
-        )
+        correlation_id = envelope.correlation_id
+        if (
+            type(command) is not ScheduleTimer
+            or (correlation_id is not None and type(correlation_id) is not CorrelationId)
+            or now.__class__ is not datetime
+            or now.tzinfo is not UTC
+            or now.microsecond % 1000
+        ):
+            return TimerEntry(
+                tenant_id=command.tenant_id,
+                service_call_id=command.service_call_id,
+                due_at=command.due_at,
+                registered_at=now,
+                correlation_id=correlation_id,
+            )
+        # The hot path, once per command stored: a ScheduleTimer's fields are already of
+        # the entry's types and forms (its converters ran), and ``now`` is a UTC
+        # millisecond instant. A new field must be set here too (a test compares).
+        entry = object.__new__(TimerEntry)
+        put = object.__setattr__
+        put(entry, "tenant_id", command.tenant_id)
+        put(entry, "service_call_id", command.service_call_id)
+        put(entry, "due_at", command.due_at)
+        put(entry, "registered_at", now)
+        put(entry, "correlation_id", correlation_id)
+        put(entry, "state", TimerState.SCHEDULED)
+        put(entry, "reached_at", None)
+        return entry
     return TimerKey(command.tenant_id, command.service_call_id)
 
 

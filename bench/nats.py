@@ -29,6 +29,8 @@ from datetime import UTC, datetime, timedelta
 from importlib.metadata import version
 from pathlib import Path
 
+from _readme import write_section  # this script's directory, before it leaves the path
+
 # This script is named like the ``nats`` package it benchmarks: keep its own directory off
 # the import path, or ``import nats`` inside the adapter would import this file.
 _HERE = Path(__file__).resolve().parent
@@ -201,15 +203,7 @@ def table(rows: list[Row], window: int) -> str:
 
 def write_readme(body: str) -> None:
     """Replace (or append) this benchmark's section of bench/README.md, nothing else."""
-    text = README.read_text() if README.exists() else "# Benchmarks\n"
-    section = f"{SECTION}\n\n{body.rstrip()}\n"
-    if SECTION in text:
-        before, rest = text.split(SECTION, 1)
-        after = rest[rest.find("\n## ") + 1 :] if "\n## " in rest else ""
-        text = before + section + ("\n" + after if after else "")
-    else:
-        text = text.rstrip() + "\n\n" + section
-    README.write_text(text)
+    write_section(SECTION, body, README)
 
 
 def main() -> None:

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import NamedTuple, TypeVar
 
 import sqlalchemy
+from _readme import write_section
 
 from timer_adapters_sqlite import SqliteTimerStore, migrate
 from timer_adapters_sqlite._store import _FIND_DUE, _MARK_REACHED, _NEXT_DUE_AT, _UPSERT
@@ -327,15 +328,8 @@ def table(results: list[Row]) -> str:
 
 
 def write_readme(body: str) -> None:
-    text = README.read_text() if README.exists() else "# Benchmarks\n"
-    section = f"{SECTION}\n\n{body.rstrip()}\n"
-    if SECTION in text:
-        before, rest = text.split(SECTION, 1)
-        after = rest[rest.find("\n## ") + 1 :] if "\n## " in rest else ""
-        text = before + section + ("\n" + after if after else "")
-    else:
-        text = text.rstrip() + "\n\n" + section
-    README.write_text(text)
+    """Replace (or append) this benchmark's section of bench/README.md, nothing else."""
+    write_section(SECTION, body, README)
 
 
 def per_s(value: float) -> str:

@@ -1119,59 +1119,69 @@ async def scenario_catchup(run: Run) -> Path:
 # -- scale -----------------------------------------------------------------------------------
 
 
-async def poll_cost(db: Path, batch: int, samples: int) -> dict[str, float]:
-    """The worker's per-pass store calls on ``db``, through the real ``SqliteTimerStore``.
+async def poll_costs(dbs: dict[str, Path], batch: int, samples: int) -> dict[str, dict[str, float]]:
+    """The worker's per-pass store calls on each database, through the real ``SqliteTimerStore``.
 
     ``empty_poll_us``: ``find_due`` with nothing due plus ``next_due_at`` (an idle pass);
-    ``find_due_us``: ``find_due`` returning a full batch of due timers. Medians.
+    ``find_due_us``: ``find_due`` returning a full batch of due timers. Medians, the stores'
+    samples taken in turn so both see the same moments of the machine.
     """
-    store = SqliteTimerStore(db)
-    await store.start()
+    stores = {label: SqliteTimerStore(db) for label, db in dbs.items()}
+    for store in stores.values():
+        await store.start()
     try:
         # A batch of timers due a minute ago, to time a full find_due (never marked).
         due = now_ms() - 60_000
-        await store.apply(
-            [
-                TimerEntry(
-                    tenant_id=f"tenant-{i % TENANTS:02d}",
-                    service_call_id=f"poll-{i:06d}",
-                    due_at=from_epoch_ms(due + i),
-                    registered_at=from_epoch_ms(due - 1000),
-                )
-                for i in range(batch)
-            ]
-        )
+        for store in stores.values():
+            await store.apply(
+                [
+                    TimerEntry(
+                        tenant_id=f"tenant-{i % TENANTS:02d}",
+                        service_call_id=f"poll-{i:06d}",
+                        due_at=from_epoch_ms(due + i),
+                        registered_at=from_epoch_ms(due - 1000),
+                    )
+                    for i in range(batch)
+                ]
+            )
         before_due, busy = from_epoch_ms(due - 1), datetime.now(UTC)
-        for _ in range(20):
-            await store.find_due(busy, batch)
-        empty: list[float] = []
-        full: list[float] = []
+        for store in stores.values():
+            for _ in range(20):
+                await store.find_due(busy, batch)
+        empty: dict[str, list[float]] = {label: [] for label in stores}
+        full: dict[str, list[float]] = {label: [] for label in stores}
         for _ in range(samples):
-            started = time.perf_counter()
-            await store.find_due(before_due, batch)
-            await store.next_due_at()
-            empty.append((time.perf_counter() - started) * 1e6)
-            started = time.perf_counter()
-            found = await store.find_due(busy, batch)
-            full.append((time.perf_counter() - started) * 1e6)
-            if len(found) != batch:
-                raise CheckFailed(f"find_due found {len(found)} of {batch} due timers")
+            for label, store in stores.items():
+                started = time.perf_counter()
+                await store.find_due(before_due, batch)
+                await store.next_due_at()
+                empty[label].append((time.perf_counter() - started) * 1e6)
+                started = time.perf_counter()
+                found = await store.find_due(busy, batch)
+                full[label].append((time.perf_counter() - started) * 1e6)
+                if len(found) != batch:
+                    raise CheckFailed(f"find_due found {len(found)} of {batch} due timers")
         return {
-            "empty_poll_us": round(statistics.median(empty), 1),
-            "find_due_us": round(statistics.median(full), 1),
+            label: {
+                "empty_poll_us": round(statistics.median(empty[label]), 1),
+                "find_due_us": round(statistics.median(full[label]), 1),
+            }
+            for label in stores
         }
     finally:
-        await store.aclose()
+        for store in stores.values():
+            await store.aclose()
 
 
 async def scenario_scale(run: Run, big_db: Path | None) -> None:
+    """Small and big store in turn: the schedule path ``run.rounds`` times on each (medians),
+    then their poll costs sampled alternately."""
     sizes = run.sizes
-    out: dict[str, Any] = {}
-    small = run.scratch("scale-small") / "timer.db"
-    create_db(small)
+    small_template = run.scratch("scale-small-template") / "timer.db"
+    create_db(small_template)
     base = now_ms() + 86_400_000
     insert_rows(
-        small,
+        small_template,
         timer_rows(
             sizes.scale_small,
             prefix="small",
@@ -1183,15 +1193,34 @@ async def scenario_scale(run: Run, big_db: Path | None) -> None:
     if big_db is None:
         big_db = run.scratch("scale-big") / "timer.db"
         copy_db(big_template(run), big_db)
-    for label, db in (("small", small), ("big", big_db)):
-        stored = sum(state_counts(db).values())
-        progress(f"scale: {sizes.scale_commands:,} commands into {stored:,} stored timers")
-        async with Broker(run.scratch(f"scale-{label}")) as broker:
-            result = await measure_schedule_path(
-                run, db, broker, sizes.scale_commands, label=f"scale-{label}"
+    stored = {"small": sizes.scale_small, "big": sum(state_counts(big_db).values())}
+    rounds: dict[str, list[dict[str, Any]]] = {"small": [], "big": []}
+    small = big_db
+    for round_ in range(1, run.rounds + 1):
+        # A fresh small store each round (10,000 stays 10,000); the big one takes 20,000
+        # more per round, nothing to a million.
+        small = run.scratch(f"scale-small-r{round_}") / "timer.db"
+        copy_db(small_template, small)
+        for label, db in (("small", small), ("big", big_db)):
+            progress(
+                f"scale: {sizes.scale_commands:,} commands into {stored[label]:,} stored timers"
             )
-        result.update(await poll_cost(db, run.batch_size, sizes.poll_samples))
-        result["stored"] = stored
+            name = f"scale-{label}-r{round_}"
+            async with Broker(run.scratch(name)) as broker:
+                rounds[label].append(
+                    await measure_schedule_path(run, db, broker, sizes.scale_commands, label=name)
+                )
+        if round_ < run.rounds:
+            shutil.rmtree(small.parent, True)
+    progress(f"scale: poll cost, {sizes.poll_samples} samples of each store in turn")
+    costs = await poll_costs({"small": small, "big": big_db}, run.batch_size, sizes.poll_samples)
+    out: dict[str, Any] = {}
+    for label in ("small", "big"):
+        result = median_round(rounds[label], key=lambda r: r["per_s"])
+        if len(rounds[label]) > 1:
+            result["rounds_per_s"] = [r["per_s"] for r in rounds[label]]
+        result.update(costs[label])
+        result["stored"] = stored[label]
         out[label] = result
     run.results["scale"] = out
 
@@ -1312,9 +1341,12 @@ def table(r: dict[str, Any], batch_size: int) -> str:
                 f"scale: {s['stored']:,} stored: empty poll / find_due({batch_size})",
                 f"{s['empty_poll_us']} / {s['find_due_us']} us",
             )
+            rounds = s.get("rounds_per_s")
             row(
-                f"scale: {s['stored']:,} stored: schedule {s['commands']:,} commands",
-                f"{s['per_s']:,.0f}/s",
+                f"scale: {s['stored']:,} stored: schedule {s['commands']:,} commands"
+                + (f" (median of {len(rounds)} rounds)" if rounds else ""),
+                f"{s['per_s']:,.0f}/s"
+                + (f" ({' / '.join(f'{x:,.0f}' for x in rounds)})" if rounds else ""),
             )
     return "\n".join(lines)
 

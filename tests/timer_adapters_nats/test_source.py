@@ -94,6 +94,10 @@ async def settled(broker: NatsBroker) -> bool:
     return info.num_pending == 0 and info.num_ack_pending == 0
 
 
+async def _dead_lettered_and_settled(broker: NatsBroker) -> bool:
+    return bool(await dead_letters(broker)) and await settled(broker)
+
+
 async def dead_letters(broker: NatsBroker) -> list[StoredMessage]:
     """What TIMER_DLQ holds."""
     return await read_stream(broker.jetstream, broker.settings.dlq_stream)
@@ -251,7 +255,11 @@ class TestDeadLetters:
         await broker.jetstream.publish("timer.commands.tenant-a", encode_envelope(envelope))
         recorder = Recorder()
         async with consuming(broker.command_source(), recorder):
-            await wait_until(lambda: settled(broker), what="the command settled")
+            # Settled alone is not enough: a dead-letter publish that timed out under load
+            # naks the command, which then counts as neither pending nor unacked a moment.
+            await wait_until(
+                lambda: _dead_lettered_and_settled(broker), what="the command dead-lettered"
+            )
         assert recorder.calls == 0
         (held,) = await dead_letters(broker)
         assert held.subject == "timer.dlq.tenant-a"

@@ -20,6 +20,7 @@ from timer_core import (
     PublishError,
     ScheduleTimer,
     ServiceCallId,
+    StoreUnavailable,
     SystemClock,
     TenantId,
     TimerEntry,
@@ -470,3 +471,23 @@ class TestMarksInTheBackground:
         store.release.set()
         await asyncio.wait_for(rig.runs[0][1], 5)
         assert [e.state for e in store.entries()] == [TimerState.REACHED]
+
+    async def test_failing_marks_back_off_like_failing_passes(self, rig: Rig) -> None:
+        """A mark finished in the background that fails counts as a failed pass: the worker
+        backs off, doubling, instead of publishing and failing again in a spin."""
+
+        class FailingMarks(MemoryTimerStore):
+            async def mark_reached(self, entries: Sequence[TimerEntry]) -> int:
+                raise StoreUnavailable("disk full (test)")
+
+        rig.store = FailingMarks()
+        await rig.schedule("x", 0)
+        rig.start()
+        waits = []
+        for _ in range(4):
+            await until(lambda: rig.clock.sleepers == 1)
+            (wait,) = rig.clock.pending_sleeps()
+            waits.append(wait)
+            rig.clock.advance(wait)
+        assert waits == [0.05, 0.1, 0.2, 0.4]
+        assert all(isinstance(e, StoreUnavailable) for e in rig.instrumentation.errors)

@@ -121,6 +121,15 @@ class TimerWorker:
             self._wake_at = None
             try:
                 report = await self._drain()
+                if self._marking is not None and not report.failed:
+                    if report.fired:
+                        # More may have come due while these were published: look again
+                        # at once, while their mark runs, instead of waiting for it.
+                        continue
+                    if await self._marked_or_woken():
+                        continue  # a new timer was announced: look for it beside the mark
+                # A failed mark is a failed pass: it backs off like one.
+                await self._finish_marking(quietly=False)
             except Exception as exc:  # one bad pass must not kill the loop
                 store_failures += 1
                 delay = self._backoff(store_failures)
@@ -136,14 +145,6 @@ class TimerWorker:
                 await self._sleep(delay, wakeable=False)
                 continue
             store_failures = 0
-            if self._marking is not None and not report.failed:
-                if report.fired:
-                    # More may have come due while these were published: look again at
-                    # once, while their mark runs, instead of waiting for it.
-                    continue
-                if await self._marked_or_woken():
-                    continue  # a new timer was announced: look for it beside the mark
-            await self._finish_marking()
             if report.failed:
                 # The drain stepped over them; retry them after a pause, not in a spin.
                 publish_failures += 1
@@ -191,11 +192,15 @@ class TimerWorker:
             waking.cancel()
         return not self._marking.done()
 
-    async def _finish_marking(self) -> None:
-        """Wait for the last drain's mark (its failure only means a later re-publish)."""
+    async def _finish_marking(self, *, quietly: bool = True) -> None:
+        """Wait for the last drain's mark; its failure is raised unless ``quietly`` (then
+        only logged: the timers stay ``Scheduled`` and are published again later)."""
         marking, self._marking, self._marking_keys = self._marking, None, frozenset()
         if marking is not None:
-            await _quietly(marking)
+            if quietly:
+                await _quietly(marking)
+            else:
+                await marking
 
     def _batch_done(self, report: FiringReport) -> None:
         self.last_pass_at = self._clock.monotonic()

@@ -39,6 +39,12 @@ def require_utc(value: datetime, what: str = "datetime") -> datetime:
     return value
 
 
+def is_utc_ms(value: datetime) -> bool:
+    """Whether ``value`` is already an instant as Timer keeps them: a plain datetime in
+    UTC at millisecond precision (what the converters would return unchanged)."""
+    return value.__class__ is datetime and value.tzinfo is UTC and not value.microsecond % 1000
+
+
 def floor_ms(value: datetime) -> datetime:
     """Drop sub-millisecond precision (used for 'now': never later than the real instant)."""
     rest = value.microsecond % 1000

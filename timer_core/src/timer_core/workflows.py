@@ -5,11 +5,11 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Collection, Sequence
-from datetime import UTC, datetime
+from datetime import datetime
 
 import attrs
 
-from timer_core._entry import TimerEntry, TimerKey, TimerState
+from timer_core._entry import TimerEntry, TimerKey, TimerState, _unchecked_entry
 from timer_core._ids import CorrelationId, EnvelopeId
 from timer_core._messages import (
     CancelTimer,
@@ -18,7 +18,7 @@ from timer_core._messages import (
     MessageEnvelope,
     ScheduleTimer,
 )
-from timer_core._time import floor_ms, to_epoch_ms
+from timer_core._time import floor_ms, is_utc_ms, to_epoch_ms
 from timer_core.errors import PublishError, StoreError
 from timer_core.instrumentation import NO_INSTRUMENTATION, Instrumentation
 from timer_core.ports import (
@@ -52,32 +52,28 @@ def _operation(envelope: MessageEnvelope[Command], now: datetime) -> TimerOperat
     if isinstance(command, ScheduleTimer):
         correlation_id = envelope.correlation_id
         if (
-            type(command) is not ScheduleTimer
-            or (correlation_id is not None and type(correlation_id) is not CorrelationId)
-            or now.__class__ is not datetime
-            or now.tzinfo is not UTC
-            or now.microsecond % 1000
+            type(command) is ScheduleTimer
+            and (correlation_id is None or type(correlation_id) is CorrelationId)
+            and is_utc_ms(now)
         ):
-            return TimerEntry(
-                tenant_id=command.tenant_id,
-                service_call_id=command.service_call_id,
-                due_at=command.due_at,
-                registered_at=now,
-                correlation_id=correlation_id,
+            # The hot path, once per command stored: a ScheduleTimer's fields are already
+            # of the entry's types and forms (its converters ran).
+            return _unchecked_entry(
+                command.tenant_id,
+                command.service_call_id,
+                command.due_at,
+                now,
+                correlation_id,
+                TimerState.SCHEDULED,
+                None,
             )
-        # The hot path, once per command stored: a ScheduleTimer's fields are already of
-        # the entry's types and forms (its converters ran), and ``now`` is a UTC
-        # millisecond instant. A new field must be set here too (a test compares).
-        entry = object.__new__(TimerEntry)
-        put = object.__setattr__
-        put(entry, "tenant_id", command.tenant_id)
-        put(entry, "service_call_id", command.service_call_id)
-        put(entry, "due_at", command.due_at)
-        put(entry, "registered_at", now)
-        put(entry, "correlation_id", correlation_id)
-        put(entry, "state", TimerState.SCHEDULED)
-        put(entry, "reached_at", None)
-        return entry
+        return TimerEntry(
+            tenant_id=command.tenant_id,
+            service_call_id=command.service_call_id,
+            due_at=command.due_at,
+            registered_at=now,
+            correlation_id=correlation_id,
+        )
     return TimerKey(command.tenant_id, command.service_call_id)
 
 
@@ -142,9 +138,7 @@ def build_due_event(
     if (
         type(entry) is not TimerEntry
         or type(envelope_id) is not EnvelopeId
-        or reached_at.__class__ is not datetime
-        or reached_at.tzinfo is not UTC
-        or reached_at.microsecond % 1000
+        or not is_utc_ms(reached_at)
     ):
         return MessageEnvelope(
             id=envelope_id,

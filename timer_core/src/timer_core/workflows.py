@@ -289,7 +289,8 @@ async def drain_due_timers(
         on_batch(found.report([], []))
     ahead: asyncio.Task[_Found] | None = None
     marking: asyncio.Future[None] | None = carried_mark
-    marking_keys: Collection[TimerKey] = skip
+    # What ``marking`` marks once this drain started a mark of its own (else the carried).
+    marked: list[TimerEntry] | None = None
     try:
         while found.due:
             if pipelined and found.cursor is not None and not stopping():
@@ -311,7 +312,7 @@ async def drain_due_timers(
                     store, clock, found, reached, lost, late, instrumentation, on_batch
                 )
             )
-            marking_keys = frozenset(entry.key for entry in reached)
+            marked = reached
             if not pipelined:
                 previous, marking = marking, None
                 await previous
@@ -337,7 +338,13 @@ async def drain_due_timers(
         failed=failed,
         expired=expired,
         unfinished_mark=unfinished,
-        unfinished_keys=frozenset(marking_keys) if unfinished is not None else frozenset(),
+        unfinished_keys=(
+            frozenset()
+            if unfinished is None
+            else frozenset(skip)
+            if marked is None
+            else frozenset(entry.key for entry in marked)
+        ),
     )
 
 

@@ -356,6 +356,13 @@ _WRITER_AUTOCHECKPOINT_PAGES = 8192
 _WAL_SIZE_LIMIT_BYTES = 64 * 1024 * 1024
 
 
+def _driver_of(connection: sa.Connection) -> sqlite3.Connection:
+    """The sqlite3 connection under a SQLAlchemy one, for the statements run directly."""
+    driver = connection.connection.driver_connection
+    assert isinstance(driver, sqlite3.Connection)
+    return driver
+
+
 class _Checkpointer:
     """The thread that copies committed WAL pages back into the database file.
 
@@ -401,11 +408,9 @@ class _Checkpointer:
                 try:
                     if connection is None:
                         connection = self._engine.connect()
-                    driver = connection.connection.driver_connection
-                    assert isinstance(driver, sqlite3.Connection)
-                    busy, frames, copied = driver.execute(
-                        "PRAGMA wal_checkpoint(PASSIVE)"
-                    ).fetchone()
+                    busy, frames, copied = (
+                        _driver_of(connection).execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+                    )
                     if not busy and frames == copied:
                         self.checkpoints += 1  # the WAL is all in the file now
                 except Exception as exc:
@@ -529,9 +534,7 @@ class _Writer:
         try:
             connection = self._engine.connect()
             self._connection = connection
-            driver = connection.connection.driver_connection
-            assert isinstance(driver, sqlite3.Connection)
-            self._driver = driver
+            driver = self._driver = _driver_of(connection)
             driver.execute(f"PRAGMA wal_autocheckpoint = {_WRITER_AUTOCHECKPOINT_PAGES}")
             driver.execute(f"PRAGMA journal_size_limit = {_WAL_SIZE_LIMIT_BYTES}")
             migrate_connection(connection, mode=job.mode, where=self._where)
@@ -822,12 +825,6 @@ class SqliteTimerStore(TimerStore):
         reader.submit(fn, future)
         return await future
 
-    @staticmethod
-    def _driver(connection: sa.Connection) -> sqlite3.Connection:
-        driver = connection.connection.driver_connection
-        assert isinstance(driver, sqlite3.Connection)
-        return driver
-
     # -- writes ----------------------------------------------------------------------------
 
     async def apply(self, operations: Sequence[TimerOperation]) -> list[CommandOutcome]:
@@ -865,7 +862,7 @@ class SqliteTimerStore(TimerStore):
         # statement for the batch unless a key repeats in it (UPDATE ... FROM would update
         # such a row once, with either reached_at; one by one, the first mark stays).
         def mark(connection: sa.Connection) -> int:
-            driver = self._driver(connection)
+            driver = _driver_of(connection)
             if _JSON_STATEMENTS and len({row[1:3] for row in params}) == len(params):
                 return driver.execute(_MARK_REACHED_JSON, (json.dumps(params),)).rowcount
             return driver.executemany(_MARK_REACHED, params).rowcount
@@ -918,7 +915,7 @@ class SqliteTimerStore(TimerStore):
         # The poller's hot path: straight through the DBAPI connection, measured at a
         # fraction of the per-call cost of a SQLAlchemy execute (see bench/README.md).
         def find(connection: sa.Connection) -> list[TimerEntry]:
-            rows = self._driver(connection).execute(sql, args).fetchall()
+            rows = _driver_of(connection).execute(sql, args).fetchall()
             return [_entry(row) for row in rows]
 
         return await self._read(find)
@@ -931,7 +928,7 @@ class SqliteTimerStore(TimerStore):
             return []
 
         def find(connection: sa.Connection) -> list[TimerEntry]:
-            rows = self._driver(connection).execute(_FIND_DUE_FOR_TENANT, args).fetchall()
+            rows = _driver_of(connection).execute(_FIND_DUE_FOR_TENANT, args).fetchall()
             return [_entry(row) for row in rows]
 
         return await self._read(find)
@@ -969,7 +966,7 @@ class SqliteTimerStore(TimerStore):
 
     async def next_due_at(self) -> datetime | None:
         def find(connection: sa.Connection) -> datetime | None:
-            (due_at,) = self._driver(connection).execute(_NEXT_DUE_AT).fetchone()
+            (due_at,) = _driver_of(connection).execute(_NEXT_DUE_AT).fetchone()
             return None if due_at is None else _read_timestamp(due_at)
 
         return await self._read(find)

@@ -247,7 +247,7 @@ def rows_in_file_alone(db_path: Path) -> int:
     alone = sqlite3.connect(copy)
     try:
         (rows,) = alone.execute("SELECT count(*) FROM timer_schedules").fetchone()
-    except sqlite3.OperationalError:  # not even the table has been copied back yet
+    except sqlite3.DatabaseError:  # no table copied back yet, or copied mid-checkpoint
         return 0
     finally:
         alone.close()

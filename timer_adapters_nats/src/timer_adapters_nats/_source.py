@@ -308,8 +308,6 @@ class NatsCommandSource(CommandSource):
             handling = asyncio.ensure_future(handler(batch.envelopes))
             if stored:
                 await asyncio.sleep(0)  # the handler builds and queues its write first
-                stored, acking = (), stored
-                await self._ack(acking)
         finally:
             await self._ack(stored)
         ahead: _Batch | None = None

@@ -767,7 +767,7 @@ async def scenario_schedule(run: Run) -> None:
     rounds = []
     for round_ in range(1, run.rounds + 1):
         progress(f"schedule path: {count:,} ScheduleTimer backlogged on TIMER_COMMANDS")
-        name = "schedule" + (f"-r{round_}" if round_ > 1 else "")
+        name = round_name("schedule", round_)
         db = run.scratch(name) / "timer.db"
         create_db(db)
         async with Broker(run.scratch(name)) as broker:
@@ -786,7 +786,7 @@ async def scenario_schedule(run: Run) -> None:
 async def fire_raw(run: Run, batch: int, round_: int = 1) -> dict[str, Any]:
     """The yardstick: the hand-written pipeline on the same timers, in this process."""
     count = run.sizes.fire
-    label = f"raw-pipeline-{batch}" + (f"-r{round_}" if round_ > 1 else "")
+    label = round_name(f"raw-pipeline-{batch}", round_)
     progress(f"yardstick: raw select -> publish_async -> mark ({count:,}, batch {batch})")
     db = overdue_db(run, label, count)
     async with Broker(run.scratch(label)) as broker:
@@ -809,7 +809,7 @@ async def fire_service(run: Run, batch: int, round_: int = 1) -> dict[str, Any]:
     counted from then on too, without its start-up.
     """
     count = run.sizes.fire
-    label = f"fire-{batch}" + (f"-r{round_}" if round_ > 1 else "")
+    label = round_name(f"fire-{batch}", round_)
     progress(f"fire path: {count:,} stored timers already due, batch {batch}")
     db = run.scratch(label) / "timer.db"
     create_db(db)
@@ -880,10 +880,15 @@ def median_round(rounds: list[Any], key: Callable[[Any], float]) -> Any:
     return ordered[(len(ordered) - 1) // 2]
 
 
+def round_name(name: str, round_: int) -> str:
+    """The scratch directory (and label) of ``name`` in a round: the first keeps the name."""
+    return name if round_ == 1 else f"{name}-r{round_}"
+
+
 def drop_scratch(run: Run, *names: str, round_: int) -> None:
     """Delete a finished round's databases and broker files (a full run makes gigabytes)."""
     for name in names:
-        shutil.rmtree(run.workdir / (name + (f"-r{round_}" if round_ > 1 else "")), True)
+        shutil.rmtree(run.workdir / round_name(name, round_), True)
 
 
 # -- storm -----------------------------------------------------------------------------------
@@ -1195,23 +1200,23 @@ async def scenario_scale(run: Run, big_db: Path | None) -> None:
         copy_db(big_template(run), big_db)
     stored = {"small": sizes.scale_small, "big": sum(state_counts(big_db).values())}
     rounds: dict[str, list[dict[str, Any]]] = {"small": [], "big": []}
-    small = big_db
     for round_ in range(1, run.rounds + 1):
         # A fresh small store each round (10,000 stays 10,000); the big one takes 20,000
-        # more per round, nothing to a million.
-        small = run.scratch(f"scale-small-r{round_}") / "timer.db"
+        # more per round, nothing to a million. The last round's small store stays for
+        # the poll costs.
+        if round_ > 1:
+            drop_scratch(run, "scale-small", round_=round_ - 1)
+        small = run.scratch(round_name("scale-small", round_)) / "timer.db"
         copy_db(small_template, small)
         for label, db in (("small", small), ("big", big_db)):
             progress(
                 f"scale: {sizes.scale_commands:,} commands into {stored[label]:,} stored timers"
             )
-            name = f"scale-{label}-r{round_}"
+            name = round_name(f"scale-{label}", round_)
             async with Broker(run.scratch(name)) as broker:
                 rounds[label].append(
                     await measure_schedule_path(run, db, broker, sizes.scale_commands, label=name)
                 )
-        if round_ < run.rounds:
-            shutil.rmtree(small.parent, True)
     progress(f"scale: poll cost, {sizes.poll_samples} samples of each store in turn")
     costs = await poll_costs({"small": small, "big": big_db}, run.batch_size, sizes.poll_samples)
     out: dict[str, Any] = {}
@@ -1278,6 +1283,15 @@ def goals(r: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
+def with_rounds(name: str, result: dict[str, Any]) -> tuple[str, str]:
+    """A rate's table row, with its rounds when there were several."""
+    rounds = result.get("rounds_per_s")
+    if not rounds:
+        return name, f"{result['per_s']:,.0f}/s"
+    each = " / ".join(f"{x:,.0f}" for x in rounds)
+    return f"{name} (median of {len(rounds)} rounds)", f"{result['per_s']:,.0f}/s ({each})"
+
+
 def table(r: dict[str, Any], batch_size: int) -> str:
     lines = ["| measure | value |", "| --- | ---: |"]
 
@@ -1294,13 +1308,7 @@ def table(r: dict[str, Any], batch_size: int) -> str:
         )
     if "schedule" in r:
         s = r["schedule"]
-        rounds = s.get("rounds_per_s")
-        row(
-            f"schedule path: {s['commands']:,} ScheduleTimer -> stored + acked"
-            + (f" (median of {len(rounds)} rounds)" if rounds else ""),
-            f"{s['per_s']:,.0f}/s"
-            + (f" ({' / '.join(f'{x:,.0f}' for x in rounds)})" if rounds else ""),
-        )
+        row(*with_rounds(f"schedule path: {s['commands']:,} ScheduleTimer -> stored + acked", s))
     if "fire" in r:
         for batch, f in sorted(r["fire"].items(), key=lambda kv: int(kv[0])):
             label = "default" if int(batch) == DEFAULT_BATCH else "harness"
@@ -1341,12 +1349,10 @@ def table(r: dict[str, Any], batch_size: int) -> str:
                 f"scale: {s['stored']:,} stored: empty poll / find_due({batch_size})",
                 f"{s['empty_poll_us']} / {s['find_due_us']} us",
             )
-            rounds = s.get("rounds_per_s")
             row(
-                f"scale: {s['stored']:,} stored: schedule {s['commands']:,} commands"
-                + (f" (median of {len(rounds)} rounds)" if rounds else ""),
-                f"{s['per_s']:,.0f}/s"
-                + (f" ({' / '.join(f'{x:,.0f}' for x in rounds)})" if rounds else ""),
+                *with_rounds(
+                    f"scale: {s['stored']:,} stored: schedule {s['commands']:,} commands", s
+                )
             )
     return "\n".join(lines)
 

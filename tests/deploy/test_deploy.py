@@ -1,0 +1,294 @@
+"""The deployment files in deploy/ are checked by their own tools where this machine has them
+(``docker-compose config``, ``systemd-analyze verify``) and structurally against the service's
+real settings, port and health path; the image's entry command is run for real."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.deploy.files import (
+    COMPOSE_FILES,
+    DEPLOY,
+    MANIFESTS,
+    ROOT,
+    UNIT,
+    dockerfile_instructions,
+    env_file,
+    final_stage,
+    image_command,
+    image_environment,
+    image_healthcheck,
+    load_yaml_documents,
+    timer_services,
+    unit_sections,
+)
+from tests.timer_service.process import free_port, http_get
+from timer_adapters_nats.embedded import NatsServerProcess
+from timer_service.app import HEALTHY_POLL_AGE_S
+from timer_service.settings import ENVIRONMENT, Settings
+
+IMAGE_ENV = image_environment()
+HTTP_PORT = int(IMAGE_ENV["TIMER_HTTP_PORT"])
+
+
+def _tool(name: str) -> str:
+    path = shutil.which(name)
+    assert path, f"{name} is not installed (apt-get install -y {name}); .ci/run installs it"
+    return path
+
+
+def _settings(environment: dict[str, str]) -> Settings:
+    """The settings the service would start with in that environment (raises if invalid)."""
+    unknown = sorted(k for k in environment if k.startswith("TIMER_") and k not in ENVIRONMENT)
+    assert unknown == [], f"not settings the service reads: {unknown}"
+    return Settings.from_environment({k: v for k, v in environment.items() if k != "PATH"})
+
+
+def _name(path: Path) -> str:
+    return str(path.relative_to(ROOT))
+
+
+class TestImage:
+    def test_image_runs_the_service_with_valid_settings(self) -> None:
+        """The image's entry command is ``timer-service run`` and its ENV is valid settings."""
+        assert image_command() == ["timer-service", "run"]
+        settings = _settings(IMAGE_ENV)
+        assert settings.http_host == "0.0.0.0"
+        assert str(settings.db_path).startswith("/var/lib/timer/")
+
+    def test_image_exposes_the_health_port_and_keeps_the_database_in_its_volume(self) -> None:
+        """EXPOSE is the HTTP port, VOLUME holds the database, the healthcheck probes /healthz."""
+        stage = dict(final_stage())
+        assert stage["EXPOSE"] == str(HTTP_PORT)
+        assert stage["VOLUME"] == str(Path(IMAGE_ENV["TIMER_DB_PATH"]).parent)
+        assert f"127.0.0.1:{HTTP_PORT}/healthz" in " ".join(image_healthcheck())
+        assert stage["USER"] != "root"
+
+    def test_image_installs_from_the_locked_checkout(self) -> None:
+        """The build installs the workspace's timer-service with the versions of uv.lock."""
+        runs = " ".join(rest for keyword, rest in dockerfile_instructions() if keyword == "RUN")
+        assert "uv sync --locked" in runs
+        assert "--package timer-service" in runs
+
+
+class TestCompose:
+    @pytest.mark.parametrize("path", COMPOSE_FILES, ids=_name)
+    def test_docker_compose_accepts_the_file(self, path: Path) -> None:
+        """``docker-compose config`` validates and resolves the file (no engine needed)."""
+        result = subprocess.run(
+            [_tool("docker-compose"), "-f", str(path), "config", "--quiet"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert result.returncode == 0, result.stderr
+        assert result.stderr == ""
+
+    @pytest.mark.parametrize("path", COMPOSE_FILES, ids=_name)
+    def test_timer_services_start_with_valid_settings(self, path: Path) -> None:
+        """Each Timer service, image ENV plus its own environment, is a valid configuration
+        reaching the compose file's NATS, publishing the health port, waiting for NATS healthy."""
+        (compose,) = load_yaml_documents(path)
+        services = timer_services(compose)
+        assert services
+        for name, service in services.items():
+            environment = {**IMAGE_ENV, **{k: str(v) for k, v in service["environment"].items()}}
+            settings = _settings(environment)
+            assert settings.broker_url == "nats://nats:4222", name
+            assert service["build"] == {"context": "..", "dockerfile": "deploy/Dockerfile"}
+            assert any(str(p).endswith(f":{settings.http_port}") for p in service["ports"]), name
+            assert service["depends_on"]["nats"]["condition"] == "service_healthy"
+            assert "healthcheck" in compose["services"]["nats"]
+
+    def test_sqlite_compose_keeps_the_database_on_a_volume(self) -> None:
+        """The single-instance file runs one Timer whose database directory is a named volume."""
+        (compose,) = load_yaml_documents(DEPLOY / "compose.yaml")
+        (service,) = timer_services(compose).values()
+        settings = _settings({**IMAGE_ENV, **service["environment"]})
+        assert settings.database_url is None
+        mounts = dict(volume.split(":", 1) for volume in service["volumes"])
+        assert mounts.get("timer-data") == str(settings.db_path.parent)
+        assert "timer-data" in compose["volumes"]
+
+    def test_postgres_compose_runs_three_instances_on_one_database(self) -> None:
+        """Three Timer instances, each with its own instance id, all on the PostgreSQL service."""
+        (compose,) = load_yaml_documents(DEPLOY / "compose.postgres.yaml")
+        services = timer_services(compose)
+        settings = [
+            _settings({**IMAGE_ENV, **{k: str(v) for k, v in s["environment"].items()}})
+            for s in services.values()
+        ]
+        assert len(settings) == 3
+        assert len({s.owner_id for s in settings}) == 3
+        assert all(s.database_url and "@postgres:5432/" in s.database_url for s in settings)
+        assert all(
+            s["depends_on"]["postgres"]["condition"] == "service_healthy" for s in services.values()
+        )
+        assert "healthcheck" in compose["services"]["postgres"]
+
+
+def _containers(document: dict[str, Any]) -> list[dict[str, Any]]:
+    spec = document.get("spec", {}).get("template", {}).get("spec", {})
+    return list(spec.get("containers", []))
+
+
+class TestKubernetes:
+    @pytest.mark.parametrize("path", MANIFESTS, ids=_name)
+    def test_probes_hit_the_health_endpoint_on_the_service_port(self, path: Path) -> None:
+        """Every Timer container has readiness and liveness probes on GET /healthz at the port
+        the service listens on (its configured TIMER_HTTP_PORT)."""
+        documents = load_yaml_documents(path)
+        config = {d["metadata"]["name"]: d["data"] for d in documents if d["kind"] == "ConfigMap"}
+        workloads = [d for d in documents if d["kind"] in ("Deployment", "StatefulSet")]
+        assert workloads
+        for workload in workloads:
+            for container in _containers(workload):
+                environment = dict(IMAGE_ENV)
+                for source in container.get("envFrom", []):
+                    environment.update(config[source["configMapRef"]["name"]])
+                for variable in container.get("env", []):
+                    # Values from secrets or the pod's name: a plausible stand-in of each kind.
+                    value = variable.get("value")
+                    if value is None and "secretKeyRef" in variable.get("valueFrom", {}):
+                        value = "postgresql://timer:secret@db:5432/timer"
+                    environment[variable["name"]] = value or "timer-postgres-7d9f-abcde"
+                settings = _settings(environment)
+                ports = {port["name"]: port["containerPort"] for port in container["ports"]}
+                for probe in ("readinessProbe", "livenessProbe"):
+                    get = container[probe]["httpGet"]
+                    assert get["path"] == "/healthz"
+                    assert ports.get(get["port"], get["port"]) == settings.http_port
+
+    @pytest.mark.parametrize("path", MANIFESTS, ids=_name)
+    def test_liveness_allows_minutes_readiness_reacts_within_the_health_window(
+        self, path: Path
+    ) -> None:
+        """Liveness tolerates failing health for minutes (the service recovers by itself);
+        readiness drops the pod within seconds of /healthz turning 503."""
+        for workload in load_yaml_documents(path):
+            for container in _containers(workload):
+                live, ready = container["livenessProbe"], container["readinessProbe"]
+                assert live["periodSeconds"] * live["failureThreshold"] >= 4 * HEALTHY_POLL_AGE_S
+                assert ready["periodSeconds"] * ready["failureThreshold"] <= HEALTHY_POLL_AGE_S
+
+    def test_sqlite_workload_is_one_replica_with_its_own_volume(self) -> None:
+        """SQLite is one writer per file: one replica, the database on its claimed volume."""
+        (workload,) = [
+            d
+            for d in load_yaml_documents(DEPLOY / "kubernetes" / "sqlite.yaml")
+            if d["kind"] == "StatefulSet"
+        ]
+        assert workload["spec"]["replicas"] == 1
+        (container,) = _containers(workload)
+        (mount,) = container["volumeMounts"]
+        claims = [t["metadata"]["name"] for t in workload["spec"]["volumeClaimTemplates"]]
+        assert mount["name"] in claims
+        assert mount["mountPath"] == str(Path(IMAGE_ENV["TIMER_DB_PATH"]).parent)
+
+
+class TestSystemdUnit:
+    def test_systemd_analyze_verifies_the_unit(self, tmp_path: Path) -> None:
+        """``systemd-analyze verify`` accepts the unit (its binary pointed at this checkout's)."""
+        binary = Path(sys.executable).parent / "timer-service"
+        unit = tmp_path / "timer.service"
+        unit.write_text(UNIT.read_text().replace("/opt/timer/bin/timer-service", str(binary)))
+        result = subprocess.run(
+            [_tool("systemd-analyze"), "verify", str(unit)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert result.returncode == 0, result.stderr
+        assert result.stderr.strip() == "", result.stderr
+
+    def test_unit_runs_the_service_with_valid_settings_and_stops_it_gracefully(self) -> None:
+        """ExecStart is ``timer-service run``; its environment file and variables are valid
+        settings; it stops with SIGTERM and does not restart on a configuration error."""
+        service = unit_sections()["Service"]
+        assert service["ExecStart"] == ["/opt/timer/bin/timer-service run"]
+        assert service["KillSignal"] == ["SIGTERM"]
+        assert service["RestartPreventExitStatus"] == ["2"]
+        environment = env_file()
+        for assignment in service.get("Environment", []):
+            key, _, value = assignment.partition("=")
+            environment[key] = value
+        settings = _settings(environment)
+        assert str(settings.db_path.parent) == "/var/lib/" + service["StateDirectory"][0]
+
+
+class TestEntryCommand:
+    def test_the_image_command_runs_healthy_and_stops_cleanly(
+        self, tmp_path: Path, nats_server: NatsServerProcess
+    ) -> None:
+        """The image's ENTRYPOINT + CMD, with the image's environment (its paths and port moved
+        into this test's directory and loopback, NATS as compose gives it), reaches a healthy
+        /healthz, passes the image's own HEALTHCHECK command, and exits 0 on SIGTERM."""
+        port = free_port()
+        environment = {k: v for k, v in os.environ.items() if not k.startswith("TIMER_")}
+        environment.update({k: v for k, v in IMAGE_ENV.items() if k != "PATH"})
+        environment.update(
+            TIMER_DB_PATH=str(tmp_path / "timer.db"),
+            TIMER_HTTP_HOST="127.0.0.1",
+            TIMER_HTTP_PORT=str(port),
+            TIMER_BROKER_URL=nats_server.url,
+        )
+        program, *arguments = image_command()
+        executable = Path(sys.executable).parent / program
+        log = tmp_path / "service.log"
+        with log.open("wb") as output:
+            process = subprocess.Popen(
+                [str(executable), *arguments],
+                env=environment,
+                cwd=tmp_path,
+                stdout=output,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        try:
+            _wait_healthy(process, port, log)
+            check = [
+                sys.executable if part == "python" else part.replace(str(HTTP_PORT), str(port))
+                for part in image_healthcheck()
+            ]
+            assert subprocess.run(check, timeout=30).returncode == 0
+            process.send_signal(signal.SIGTERM)
+            assert process.wait(timeout=60) == 0, log.read_text()
+        finally:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+
+
+def _wait_healthy(process: subprocess.Popen[bytes], port: int, log: Path) -> None:
+    """Until /healthz answers 200 (the budget covers a cold start on a busy machine)."""
+    import time
+
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise AssertionError(f"exited {process.returncode}:\n{log.read_text()}")
+        try:
+            if http_get(port, "/healthz")[0] == 200:
+                return
+        except OSError:
+            pass
+        time.sleep(0.1)
+    raise AssertionError(f"not healthy within 60 s:\n{log.read_text()}")
+
+
+class TestDeploymentPage:
+    def test_every_deployment_file_is_included_in_the_page(self) -> None:
+        """docs/deployment.md includes each file of deploy/ from the repository (no copies)."""
+        page = (ROOT / "docs" / "deployment.md").read_text()
+        files = sorted(p for p in DEPLOY.rglob("*") if p.is_file())
+        assert files
+        missing = [_name(p) for p in files if f'--8<-- "{_name(p)}"' not in page]
+        assert missing == []

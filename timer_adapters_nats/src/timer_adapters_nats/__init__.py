@@ -2,12 +2,18 @@
 
 :class:`NatsBroker` owns the connection, provisions the streams and the consumer, and hands
 out the :class:`NatsEventPublisher` and :class:`NatsCommandSource`; hosts send commands with
-:class:`TimerClient`; :mod:`timer_adapters_nats.embedded` runs a real ``nats-server``.
+:class:`TimerClient` and read the ``DueTimeReached`` events with :meth:`NatsBroker.due_events`;
+:mod:`timer_adapters_nats.embedded` runs a real ``nats-server``.
 """
 
 from timer_adapters_nats._broker import NatsBroker
 from timer_adapters_nats._client import CommandEnvelope, TimerClient
 from timer_adapters_nats._connection import BrokerUnavailable, connect
+from timer_adapters_nats._events import (
+    DueEventConsumer,
+    DueEventConsumerSettings,
+    DueEventDelivery,
+)
 from timer_adapters_nats._publisher import AckedPublisher, NatsEventPublisher, Outgoing
 from timer_adapters_nats._settings import NatsSettings, Subjects
 from timer_adapters_nats._source import ERROR_HEADER, ORIGINAL_SUBJECT_HEADER, NatsCommandSource
@@ -19,6 +25,9 @@ __all__ = [
     "AckedPublisher",
     "BrokerUnavailable",
     "CommandEnvelope",
+    "DueEventConsumer",
+    "DueEventConsumerSettings",
+    "DueEventDelivery",
     "NatsBroker",
     "NatsCommandSource",
     "NatsEventPublisher",

@@ -18,6 +18,7 @@ from nats.js.api import (
 from nats.js.client import JetStreamContext
 
 from timer_adapters_nats._connection import BrokerUnavailable, connect
+from timer_adapters_nats._events import DueEventConsumer, DueEventConsumerSettings
 from timer_adapters_nats._publisher import NatsEventPublisher
 from timer_adapters_nats._settings import NatsSettings
 from timer_adapters_nats._source import NatsCommandSource
@@ -78,6 +79,22 @@ class NatsBroker(AsyncResource):
     def command_source(self) -> NatsCommandSource:
         """A new command source reading the durable consumer on this connection."""
         return NatsCommandSource(self, instrumentation=self.instrumentation)
+
+    def due_events(
+        self,
+        name: str,
+        *,
+        tenant_id: str | None = None,
+        settings: DueEventConsumerSettings | None = None,
+    ) -> DueEventConsumer:
+        """The ``DueTimeReached`` events of the durable consumer ``name``, as an async iterator.
+
+        ``tenant_id`` limits it to one tenant's events (the consumer's subject filter). Use
+        it as ``async with broker.due_events("billing") as events: async for delivery in
+        events: async with delivery: ...`` (see :class:`DueEventConsumer`); the broker must be
+        started first.
+        """
+        return DueEventConsumer(self, name, tenant_id=tenant_id, settings=settings)
 
     async def start(self) -> None:
         """Connect and provision; idempotent. Raises :class:`BrokerUnavailable` on failure."""

@@ -16,14 +16,29 @@ _PREFIX = re.compile(r"[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*")
 _STREAM = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
-def _positive(instance: Any, attribute: attrs.Attribute[Any], value: float) -> None:
+def positive(instance: Any, attribute: attrs.Attribute[Any], value: float) -> None:
+    """attrs validator: the value is above zero."""
     if not value > 0:
         raise ValueError(f"{attribute.name} must be positive, got {value!r}")
 
 
-def _at_least_one(instance: Any, attribute: attrs.Attribute[Any], value: int) -> None:
+def at_least_one(instance: Any, attribute: attrs.Attribute[Any], value: int) -> None:
+    """attrs validator: the value is 1 or more."""
     if value < 1:
         raise ValueError(f"{attribute.name} must be at least 1, got {value!r}")
+
+
+def check_name(what: str, value: str) -> str:
+    """``value`` if it is a valid stream or consumer name (1-64 of [A-Za-z0-9_-])."""
+    if _STREAM.fullmatch(value) is None:
+        raise ValueError(f"{what} must be 1-64 characters of [A-Za-z0-9_-], got {value!r}")
+    return value
+
+
+def doubling_delay(first: float, cap: float, delivery: int) -> float:
+    """A redelivery delay: ``first`` after the first delivery, doubling, at most ``cap``."""
+    doublings = min(max(delivery, 1) - 1, 30)
+    return float(min(cap, first * 2**doublings))
 
 
 def _prefix(instance: Any, attribute: attrs.Attribute[Any], value: str) -> None:
@@ -34,10 +49,7 @@ def _prefix(instance: Any, attribute: attrs.Attribute[Any], value: str) -> None:
 
 
 def _name(instance: Any, attribute: attrs.Attribute[Any], value: str) -> None:
-    if _STREAM.fullmatch(value) is None:
-        raise ValueError(
-            f"{attribute.name} must be 1-64 characters of [A-Za-z0-9_-], got {value!r}"
-        )
+    check_name(attribute.name, value)
 
 
 def _max_deliver(instance: Any, attribute: attrs.Attribute[Any], value: int) -> None:
@@ -61,40 +73,40 @@ class NatsSettings:
     """The durable pull consumer on the commands stream."""
     provision: bool = True
     """Create missing streams and the consumer at start (and update the consumer's config)."""
-    stream_replicas: int = attrs.field(default=1, validator=_at_least_one)
+    stream_replicas: int = attrs.field(default=1, validator=at_least_one)
     """Replicas of each stream created by provisioning (3 on a 3-node cluster)."""
-    duplicate_window_s: float = attrs.field(default=120.0, validator=_positive)
+    duplicate_window_s: float = attrs.field(default=120.0, validator=positive)
     """JetStream duplicate window of the streams; the contract wants at least 2 minutes."""
-    stream_max_age_s: float = attrs.field(default=7 * 24 * 3600.0, validator=_positive)
+    stream_max_age_s: float = attrs.field(default=7 * 24 * 3600.0, validator=positive)
     """How long provisioned streams keep messages."""
     commands_stream: str = attrs.field(default="TIMER_COMMANDS", validator=_name)
     events_stream: str = attrs.field(default="TIMER_EVENTS", validator=_name)
     dlq_stream: str = attrs.field(default="TIMER_DLQ", validator=_name)
 
-    publish_window: int = attrs.field(default=256, validator=_at_least_one)
+    publish_window: int = attrs.field(default=256, validator=at_least_one)
     """Most acked publishes in flight at once in a batch."""
-    ack_timeout_s: float = attrs.field(default=5.0, validator=_positive)
+    ack_timeout_s: float = attrs.field(default=5.0, validator=positive)
     """How long a publish waits for its JetStream ack before it counts as failed."""
 
-    fetch_batch: int = attrs.field(default=100, validator=_at_least_one)
+    fetch_batch: int = attrs.field(default=100, validator=at_least_one)
     """Most commands fetched (and handed to the handler) at once."""
-    fetch_timeout_s: float = attrs.field(default=1.0, validator=_positive)
+    fetch_timeout_s: float = attrs.field(default=1.0, validator=positive)
     """Long-poll time of one fetch; also the longest ``stop()`` waits for an idle fetch."""
-    ack_wait_s: float = attrs.field(default=30.0, validator=_positive)
+    ack_wait_s: float = attrs.field(default=30.0, validator=positive)
     """Time the server gives a fetched command before redelivering it (kept alive while the
     handler runs): what a crashed consumer costs its in-flight commands."""
     max_deliver: int = attrs.field(default=100, validator=_max_deliver)
     """Deliveries of one command before it is given up (dead-lettered); -1 is unlimited."""
-    nak_delay_s: float = attrs.field(default=1.0, validator=_positive)
+    nak_delay_s: float = attrs.field(default=1.0, validator=positive)
     """Redelivery delay after the handler failed; it doubles with each delivery (the backoff)."""
-    max_nak_delay_s: float = attrs.field(default=30.0, validator=_positive)
+    max_nak_delay_s: float = attrs.field(default=30.0, validator=positive)
     """Cap of the doubling redelivery delay."""
 
-    connect_timeout_s: float = attrs.field(default=5.0, validator=_positive)
+    connect_timeout_s: float = attrs.field(default=5.0, validator=positive)
     """How long ``start()`` tries to reach the server before it gives up."""
-    reconnect_wait_s: float = attrs.field(default=0.5, validator=_positive)
+    reconnect_wait_s: float = attrs.field(default=0.5, validator=positive)
     """Pause between reconnect attempts once connected (reconnects never stop)."""
-    ping_interval_s: float = attrs.field(default=10.0, validator=_positive)
+    ping_interval_s: float = attrs.field(default=10.0, validator=positive)
     """Client pings; a server silent for three of them counts as gone."""
     client_name: str = "timer-service"
     """Connection name shown in the server's monitoring."""
@@ -106,8 +118,7 @@ class NatsSettings:
 
     def nak_delay(self, delivery: int) -> float:
         """Redelivery delay after the ``delivery``-th delivery failed in the handler."""
-        doublings = min(max(delivery, 1) - 1, 30)
-        return float(min(self.max_nak_delay_s, self.nak_delay_s * 2**doublings))
+        return doubling_delay(self.nak_delay_s, self.max_nak_delay_s, delivery)
 
 
 @attrs.frozen

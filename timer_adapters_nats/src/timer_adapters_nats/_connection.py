@@ -3,16 +3,22 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import ssl
+from pathlib import Path
+from typing import Any
 
 import nats
 from nats.aio.client import Client
 
-from timer_core import TimerError
+from timer_core import TimerError, redact_url
 
 __all__ = ["BrokerUnavailable", "connect"]
 
 log = logging.getLogger(__name__)
+
+_AUTHORIZATION = "Authorization Violation"
 
 
 class BrokerUnavailable(TimerError, ConnectionError):
@@ -26,59 +32,165 @@ async def connect(
     reconnect_wait_s: float = 0.5,
     ping_interval_s: float = 10.0,
     name: str | None = None,
+    tls_ca_file: Path | str | None = None,
+    tls_cert_file: Path | str | None = None,
+    tls_key_file: Path | str | None = None,
+    creds_file: Path | str | None = None,
+    nkey_seed_file: Path | str | None = None,
+    token: str | None = None,
 ) -> Client:
     """A connected client that reconnects forever; :class:`BrokerUnavailable` within the timeout.
 
     nats-py with unlimited reconnects would also retry the first connect forever, so the whole
-    first attempt is bounded here and the half-made client closed on failure.
+    first attempt is bounded here and the half-made client closed on failure. A refusal that
+    retrying cannot cure (credentials refused, a certificate that does not verify, a server
+    without TLS when TLS was asked for) fails at once. The security arguments are those of
+    :class:`~timer_adapters_nats.NatsSettings`; every URL in a message or log line is
+    redacted (:func:`timer_core.redact_url`).
     """
+    shown = redact_url(url)
+    servers = [part.strip() for part in url.split(",") if part.strip()]
+    tls_wanted = (
+        tls_ca_file is not None
+        or tls_cert_file is not None
+        or any(server.lower().startswith("tls://") for server in servers)
+    )
+    options = _security_options(
+        shown, tls_wanted, tls_ca_file, tls_cert_file, tls_key_file, creds_file, nkey_seed_file
+    )
+    if token is not None:
+        options["token"] = token
     last_error: list[BaseException] = []
+    refused: asyncio.Future[BaseException] = asyncio.get_running_loop().create_future()
     connected = False
 
     async def on_error(error: Exception) -> None:
         if not connected:
             # The first connect's failures end in BrokerUnavailable, which names the last one.
             last_error.append(error)
-            log.debug("NATS %s: %s", url, error or type(error).__name__)
+            log.debug("NATS %s: %s", shown, _reason(error))
+            if _incurable(error) and not refused.done():
+                refused.set_result(error)
         else:
-            log.warning("NATS %s: %s", url, error or type(error).__name__)
+            log.warning("NATS %s: %s", shown, _reason(error))
 
     async def on_disconnected() -> None:
         if not nc.is_closed:  # also called when we close it ourselves
-            log.warning("disconnected from NATS %s; reconnecting", url)
+            log.warning("disconnected from NATS %s; reconnecting", shown)
 
     async def on_reconnected() -> None:
-        log.info("reconnected to NATS %s", nc.connected_url.geturl() if nc.connected_url else url)
+        where = nc.connected_url.geturl() if nc.connected_url else url
+        log.info("reconnected to NATS %s", redact_url(where))
 
     nc = Client()
-    try:
-        await asyncio.wait_for(
-            nc.connect(
-                servers=[part.strip() for part in url.split(",") if part.strip()],
-                name=name,
-                connect_timeout=connect_timeout_s,  # type: ignore[arg-type]
-                reconnect_time_wait=reconnect_wait_s,  # type: ignore[arg-type]
-                max_reconnect_attempts=-1,
-                ping_interval=ping_interval_s,  # type: ignore[arg-type]
-                max_outstanding_pings=3,
-                allow_reconnect=True,
-                error_cb=on_error,
-                disconnected_cb=on_disconnected,
-                reconnected_cb=on_reconnected,
-            ),
-            timeout=connect_timeout_s,
+    attempt: asyncio.Future[None] = asyncio.ensure_future(
+        nc.connect(
+            servers=servers,
+            name=name,
+            connect_timeout=connect_timeout_s,  # type: ignore[arg-type]
+            reconnect_time_wait=reconnect_wait_s,  # type: ignore[arg-type]
+            max_reconnect_attempts=-1,
+            ping_interval=ping_interval_s,  # type: ignore[arg-type]
+            max_outstanding_pings=3,
+            allow_reconnect=True,
+            error_cb=on_error,
+            disconnected_cb=on_disconnected,
+            reconnected_cb=on_reconnected,
+            **options,
         )
+    )
+    try:
+        waits: set[asyncio.Future[Any]] = {attempt, refused}
+        await asyncio.wait(waits, timeout=connect_timeout_s, return_when=asyncio.FIRST_COMPLETED)
+        if not attempt.done():
+            attempt.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await attempt
+            raise TimeoutError
+        attempt.result()
         connected = True
-    except (TimeoutError, OSError, nats.errors.Error) as exc:
+        if tls_wanted and not nc._server_info.get("tls_required"):
+            raise BrokerUnavailable(
+                f"cannot connect to NATS at {shown}: TLS was asked for but the server does not "
+                "offer it"
+            )
+    except BrokerUnavailable:
         await _discard(nc)
-        cause = last_error[-1] if last_error else exc
-        reason = str(cause) or type(cause).__name__
+        raise
+    except Exception as exc:
+        await _discard(nc)
+        if refused.done():
+            raise BrokerUnavailable(
+                f"cannot connect to NATS at {shown}: {_reason(refused.result())}"
+            ) from exc
+        reason = _reason(last_error[-1] if last_error else exc)
         if isinstance(exc, TimeoutError) and not last_error:
             reason = "no answer"
         raise BrokerUnavailable(
-            f"cannot connect to NATS at {url} within {connect_timeout_s:g}s: {reason}"
+            f"cannot connect to NATS at {shown} within {connect_timeout_s:g}s: {reason}"
         ) from exc
+    finally:
+        refused.cancel()
     return nc
+
+
+def _security_options(
+    shown: str,
+    tls_wanted: bool,
+    ca_file: Path | str | None,
+    cert_file: Path | str | None,
+    key_file: Path | str | None,
+    creds_file: Path | str | None,
+    nkey_seed_file: Path | str | None,
+) -> dict[str, Any]:
+    """nats-py's ``connect`` arguments for TLS and NKey/JWT authentication (files checked)."""
+    options: dict[str, Any] = {}
+    if tls_wanted:
+        try:
+            context = ssl.create_default_context(cafile=None if ca_file is None else str(ca_file))
+            if cert_file is not None:
+                context.load_cert_chain(str(cert_file), None if key_file is None else str(key_file))
+        except (OSError, ssl.SSLError) as exc:
+            which = ", ".join(str(f) for f in (ca_file, cert_file, key_file) if f is not None)
+            raise BrokerUnavailable(
+                f"cannot connect to NATS at {shown}: cannot load the TLS files {which}: "
+                f"{_reason(exc)}"
+            ) from exc
+        options["tls"] = context
+    for path in (creds_file, nkey_seed_file):
+        if path is not None and not Path(path).is_file():
+            raise BrokerUnavailable(f"cannot connect to NATS at {shown}: no such file: {path}")
+    if creds_file is not None:
+        options["user_credentials"] = str(creds_file)
+    if nkey_seed_file is not None:
+        options["nkeys_seed"] = str(nkey_seed_file)
+    return options
+
+
+def _incurable(error: BaseException) -> bool:
+    """Whether retrying the first connect cannot help: refused credentials, bad TLS, bad keys."""
+    if isinstance(error, nats.errors.AuthorizationError | ssl.SSLError):
+        return True
+    if isinstance(error, nats.errors.Error):
+        text = str(error).lower()
+        return "authorization" in text or "authentication" in text
+    return not isinstance(error, OSError | TimeoutError)
+
+
+def _reason(error: BaseException) -> str:
+    """One line saying what went wrong, with any URL in it redacted."""
+    if isinstance(error, ssl.SSLCertVerificationError):
+        text = f"TLS certificate verification failed: {error.verify_message or error.reason}"
+    elif isinstance(error, ssl.SSLError) and error.reason == "TLSV13_ALERT_CERTIFICATE_REQUIRED":
+        text = "TLS handshake failed: the server requires a client certificate"
+    elif isinstance(error, ssl.SSLError):
+        text = f"TLS handshake failed: {error.reason or error}"
+    elif isinstance(error, nats.errors.AuthorizationError) or _AUTHORIZATION in str(error):
+        text = "the server refused the credentials (Authorization Violation)"
+    else:
+        text = str(error).strip() or type(error).__name__
+    first = text.splitlines()[0] if text else type(error).__name__
+    return redact_url(first)
 
 
 async def _discard(nc: Client) -> None:

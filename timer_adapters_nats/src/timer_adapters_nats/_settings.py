@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import re
+from pathlib import Path
 from typing import Any
 
 import attrs
 
-from timer_core import ServiceCallId, TenantId
+from timer_core import REDACTED, ServiceCallId, TenantId, redact_url
 
 __all__ = ["NatsSettings", "Subjects"]
 
@@ -57,6 +59,18 @@ def _max_deliver(instance: Any, attribute: attrs.Attribute[Any], value: int) -> 
         raise ValueError(f"max_deliver must be -1 (unlimited) or at least 2, got {value!r}")
 
 
+def _optional_path(value: str | os.PathLike[str] | None) -> Path | None:
+    return None if value is None else Path(value)
+
+
+def _shown_url(url: str) -> str:
+    return repr(redact_url(url))
+
+
+def _shown_secret(secret: str | None) -> str:
+    return "None" if secret is None else repr(REDACTED)
+
+
 @attrs.frozen
 class NatsSettings:
     """Connection, provisioning, publishing and consuming settings; only ``url`` is required.
@@ -65,8 +79,12 @@ class NatsSettings:
     local or nearby server.
     """
 
-    url: str
-    """Server URL(s), comma-separated for a cluster, e.g. ``nats://127.0.0.1:4222``."""
+    url: str = attrs.field(repr=_shown_url)
+    """Server URL(s), comma-separated for a cluster, e.g. ``nats://127.0.0.1:4222``.
+
+    ``tls://host:port`` asks for TLS (so does any ``tls_*`` setting); a user and password or
+    a token may be given in it (``nats://user:password@host``, ``nats://token@host``).
+    """
     subject_prefix: str = attrs.field(default="timer", validator=_prefix)
     """First subject token(s): ``<prefix>.commands.<tenantId>`` and so on."""
     consumer_name: str = attrs.field(default="timer-service", validator=_name)
@@ -110,6 +128,51 @@ class NatsSettings:
     """Client pings; a server silent for three of them counts as gone."""
     client_name: str = "timer-service"
     """Connection name shown in the server's monitoring."""
+
+    tls_ca_file: Path | None = attrs.field(default=None, converter=_optional_path)
+    """PEM file of the CA(s) that signed the server's certificate, instead of the system's.
+
+    With it, with a client certificate or with a ``tls://`` URL the connection must be TLS
+    and the server's certificate is verified against its host name; there is no switch to
+    turn verification off.
+    """
+    tls_cert_file: Path | None = attrs.field(default=None, converter=_optional_path)
+    """PEM client certificate (chain) for mutual TLS; needs :attr:`tls_key_file`."""
+    tls_key_file: Path | None = attrs.field(default=None, converter=_optional_path)
+    """PEM private key of :attr:`tls_cert_file`."""
+    creds_file: Path | None = attrs.field(default=None, converter=_optional_path)
+    """A ``.creds`` file (user JWT and NKey seed) for operator-mode servers and NGS/Synadia."""
+    nkey_seed_file: Path | None = attrs.field(default=None, converter=_optional_path)
+    """A file holding a user's NKey seed (``SU...``), for servers that list NKey users."""
+    token: str | None = attrs.field(default=None, repr=_shown_secret)
+    """An authentication token (never shown in ``repr``, logs or errors)."""
+
+    def __attrs_post_init__(self) -> None:
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise ValueError("tls_cert_file and tls_key_file must be given together")
+        given = [
+            name
+            for name in ("creds_file", "nkey_seed_file", "token")
+            if getattr(self, name) is not None
+        ]
+        if len(given) > 1:
+            raise ValueError(
+                f"give at most one of creds_file, nkey_seed_file and token, got {given}"
+            )
+        if self.token == "":
+            raise ValueError("token must not be empty (None for no token)")
+
+    def security_options(self) -> dict[str, Any]:
+        """The TLS and authentication keyword arguments of :func:`~timer_adapters_nats.connect`
+        (and :meth:`~timer_adapters_nats.TimerClient.connect`) these settings ask for."""
+        return {
+            "tls_ca_file": self.tls_ca_file,
+            "tls_cert_file": self.tls_cert_file,
+            "tls_key_file": self.tls_key_file,
+            "creds_file": self.creds_file,
+            "nkey_seed_file": self.nkey_seed_file,
+            "token": self.token,
+        }
 
     @property
     def subjects(self) -> Subjects:

@@ -15,6 +15,7 @@ from timer_core._messages import (
     MessageMetadata,
     ScheduleTimer,
 )
+from timer_core._redact import REDACTED, redact_url
 from timer_core._time import (
     ceil_ms,
     floor_ms,
@@ -64,6 +65,7 @@ from timer_core.workflows import (
 
 __all__ = [
     "NO_INSTRUMENTATION",
+    "REDACTED",
     "AsyncResource",
     "CancelTimer",
     "CausationId",
@@ -117,6 +119,7 @@ __all__ = [
     "from_epoch_ms",
     "handle_commands",
     "parse_timestamp",
+    "redact_url",
     "require_utc",
     "schedule_timer",
     "to_epoch_ms",

@@ -1,0 +1,233 @@
+"""Secured NATS: TLS, mutual TLS, NKey, password and token against real ``nats-server``s, and
+clear, prompt failures for every wrong credential."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.secure_nats import (
+    NKeyUser,
+    Pki,
+    make_pki,
+    new_nkey_user,
+    start_configured_server,
+    tls_block,
+)
+from timer_adapters_nats import BrokerUnavailable, NatsBroker, NatsSettings, TimerClient
+from timer_adapters_nats.embedded import NatsServerProcess
+
+# Generous so a busy machine never hits it; a refusal must come well before it.
+CONNECT_TIMEOUT_S = 10.0
+PROMPT_S = CONNECT_TIMEOUT_S / 2
+PASSWORD = "pw-Zq81xV"
+TOKEN = "tok-Hn42bR"
+
+
+class Servers:
+    """The module's servers: TLS with users, mutual TLS, token-only and plain."""
+
+    def __init__(self, root: Path) -> None:
+        self.pki: Pki = make_pki(root / "pki")
+        self.nkey_user: NKeyUser = new_nkey_user(root / "keys", "service")
+        self.stranger: NKeyUser = new_nkey_user(root / "keys", "stranger")
+        self.servers: list[NatsServerProcess] = []
+        users = (
+            "authorization {\n  users: [\n"
+            f'    {{user: alice, password: "{PASSWORD}"}}\n'
+            f'    {{nkey: "{self.nkey_user.public_key}"}}\n'
+            "  ]\n}\n"
+        )
+        self.tls = self._start(root / "tls", tls_block(self.pki) + users)
+        self.mtls = self._start(root / "mtls", tls_block(self.pki, verify_clients=True))
+        self.token = self._start(root / "token", f'authorization {{ token: "{TOKEN}" }}\n')
+
+    def _start(self, store: Path, config: str) -> NatsServerProcess:
+        server = start_configured_server(store, config)
+        self.servers.append(server)
+        return server
+
+    def stop(self) -> None:
+        for server in self.servers:
+            server.stop()
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Servers]:
+    started = Servers(tmp_path_factory.mktemp("secure-nats"))
+    try:
+        yield started
+    finally:
+        started.stop()
+
+
+def hostport(server: NatsServerProcess) -> str:
+    return f"{server.host}:{server.port}"
+
+
+async def round_trip(settings: NatsSettings) -> None:
+    """Start a provisioned broker on ``settings`` and have a command acked through it."""
+    broker = NatsBroker(settings)
+    await broker.start()
+    try:
+        client = TimerClient(broker)
+        await client.schedule("tenant-a", "call-1", datetime.now(UTC) + timedelta(hours=1))
+    finally:
+        await broker.aclose()
+
+
+async def refused(url: str, **options: Any) -> str:
+    """Connect with wrong credentials; return the error, asserting it came promptly."""
+    started = time.monotonic()
+    with pytest.raises(BrokerUnavailable) as caught:
+        await round_trip(NatsSettings(url=url, connect_timeout_s=CONNECT_TIMEOUT_S, **options))
+    elapsed = time.monotonic() - started
+    message = str(caught.value)
+    assert elapsed < PROMPT_S, f"took {elapsed:.1f}s: {message}"
+    assert "\n" not in message
+    return message
+
+
+class TestWorkingConnections:
+    """The right credentials connect, provision and publish."""
+
+    async def test_tls_with_ca_file_and_nkey(self, servers: Servers) -> None:
+        """A tls:// URL with the CA file and an NKey seed file gets a command acked."""
+        await round_trip(
+            NatsSettings(
+                url=f"tls://{hostport(servers.tls)}",
+                tls_ca_file=servers.pki.ca_file,
+                nkey_seed_file=servers.nkey_user.seed_file,
+            )
+        )
+
+    async def test_tls_with_password_in_url(self, servers: Servers) -> None:
+        """A nats:// URL with a user and password, verified with the CA, gets a command acked."""
+        await round_trip(
+            NatsSettings(
+                url=f"nats://alice:{PASSWORD}@{hostport(servers.tls)}",
+                tls_ca_file=servers.pki.ca_file,
+            )
+        )
+
+    async def test_mutual_tls(self, servers: Servers) -> None:
+        """A client certificate signed by the server's CA is accepted by a verifying server."""
+        await round_trip(
+            NatsSettings(
+                url=f"tls://{hostport(servers.mtls)}",
+                tls_ca_file=servers.pki.ca_file,
+                tls_cert_file=servers.pki.client_cert_file,
+                tls_key_file=servers.pki.client_key_file,
+            )
+        )
+
+    async def test_token_setting(self, servers: Servers) -> None:
+        """The token setting authenticates against a token server."""
+        await round_trip(NatsSettings(url=servers.token.url, token=TOKEN))
+
+    async def test_token_in_url(self, servers: Servers) -> None:
+        """A token given as the URL's user info authenticates too."""
+        await round_trip(NatsSettings(url=f"nats://{TOKEN}@{hostport(servers.token)}"))
+
+    async def test_timer_client_connect_takes_the_security_arguments(
+        self, servers: Servers
+    ) -> None:
+        """TimerClient.connect accepts the same TLS and NKey arguments as NatsSettings."""
+        settings = NatsSettings(
+            url=f"tls://{hostport(servers.tls)}",
+            tls_ca_file=servers.pki.ca_file,
+            nkey_seed_file=servers.nkey_user.seed_file,
+        )
+        await round_trip(settings.__class__(url=settings.url, **settings.security_options()))
+        # The commands stream exists now (provisioned above): a client can publish to it.
+        async with TimerClient.connect(settings.url, **settings.security_options()) as client:
+            await client.cancel("tenant-a", "call-1")
+
+
+class TestWrongCredentials:
+    """Each wrong credential fails promptly with one clear line and no secret in it."""
+
+    async def test_bad_password(self, servers: Servers) -> None:
+        """A wrong password is refused, and the message shows neither it nor a hang."""
+        message = await refused(
+            f"nats://alice:wrong-{PASSWORD}@{hostport(servers.tls)}",
+            tls_ca_file=servers.pki.ca_file,
+        )
+        assert "refused the credentials" in message
+        assert PASSWORD not in message
+        assert "alice:***@" in message
+
+    async def test_unknown_nkey(self, servers: Servers) -> None:
+        """An NKey the server does not list is refused."""
+        message = await refused(
+            f"tls://{hostport(servers.tls)}",
+            tls_ca_file=servers.pki.ca_file,
+            nkey_seed_file=servers.stranger.seed_file,
+        )
+        assert "refused the credentials" in message
+        assert servers.stranger.seed not in message
+
+    async def test_untrusted_ca(self, servers: Servers) -> None:
+        """A server certificate from a CA the client does not trust fails verification."""
+        message = await refused(
+            f"tls://{hostport(servers.tls)}",
+            tls_ca_file=servers.pki.other_ca_file,
+            nkey_seed_file=servers.nkey_user.seed_file,
+        )
+        assert "certificate verification failed" in message
+
+    async def test_system_trust_store_by_default(self, servers: Servers) -> None:
+        """Without a CA file, a tls:// URL verifies against the system's CAs (and fails here)."""
+        message = await refused(
+            f"tls://{hostport(servers.tls)}", nkey_seed_file=servers.nkey_user.seed_file
+        )
+        assert "certificate verification failed" in message
+
+    async def test_missing_client_certificate(self, servers: Servers) -> None:
+        """A server that verifies clients turns away a client without a certificate."""
+        message = await refused(f"tls://{hostport(servers.mtls)}", tls_ca_file=servers.pki.ca_file)
+        assert "requires a client certificate" in message
+
+    async def test_wrong_token(self, servers: Servers) -> None:
+        """A wrong token is refused and not shown."""
+        message = await refused(servers.token.url, token=f"wrong-{TOKEN}")
+        assert "refused the credentials" in message
+        assert TOKEN not in message
+
+    async def test_tls_asked_of_a_plain_server(self, servers: Servers) -> None:
+        """Asking for TLS from a server that does not offer it fails instead of going plain."""
+        message = await refused(
+            f"tls://{hostport(servers.token)}", tls_ca_file=servers.pki.ca_file, token=TOKEN
+        )
+        assert "does not offer" in message
+
+    async def test_missing_seed_file(self, servers: Servers, tmp_path: Path) -> None:
+        """A seed file that does not exist is named in the error."""
+        message = await refused(servers.token.url, nkey_seed_file=tmp_path / "absent.nk")
+        assert "absent.nk" in message
+
+
+class TestSettings:
+    """NatsSettings checks its security settings and never shows a secret."""
+
+    def test_repr_hides_secrets(self) -> None:
+        """repr shows the URL with its password and the token redacted."""
+        text = repr(NatsSettings(url=f"nats://alice:{PASSWORD}@h:4222", token=TOKEN))
+        assert PASSWORD not in text
+        assert TOKEN not in text
+        assert "alice:***@h:4222" in text
+
+    def test_certificate_needs_its_key(self, tmp_path: Path) -> None:
+        """A client certificate without a key is rejected at construction."""
+        with pytest.raises(ValueError, match="together"):
+            NatsSettings(url="nats://h:4222", tls_cert_file=tmp_path / "c.pem")
+
+    def test_one_authentication_method(self, tmp_path: Path) -> None:
+        """Two ways of authenticating at once are rejected at construction."""
+        with pytest.raises(ValueError, match="one of"):
+            NatsSettings(url="nats://h:4222", token=TOKEN, nkey_seed_file=tmp_path / "x.nk")

@@ -31,6 +31,7 @@ from timer_core import (
     TimerEntry,
     TimerKey,
     TimerState,
+    redact_url,
     require_utc,
 )
 from timer_core.errors import SchemaVersionError, StoreError, StoreUnavailable
@@ -237,11 +238,11 @@ def _sqlalchemy_url(url: str) -> sa.URL:
     try:
         parsed = sa.make_url(url)
     except sqlalchemy.exc.ArgumentError as exc:
-        raise ValueError(f"not a PostgreSQL URL: {url!r}") from exc
+        raise ValueError(f"not a PostgreSQL URL: {redact_url(url)!r}") from exc
     backend, _, driver = parsed.drivername.partition("+")
     if backend not in ("postgresql", "postgres") or driver not in ("", "psycopg"):
         raise ValueError(
-            f"not a PostgreSQL URL for psycopg 3: {parsed.render_as_string()!r} "
+            f"not a PostgreSQL URL for psycopg 3: {redact_url(parsed.render_as_string())!r} "
             "(use postgresql://user:password@host:port/database)"
         )
     return parsed.set(drivername="postgresql+psycopg")
@@ -329,7 +330,7 @@ class PostgresTimerStore(TimerStore):
 
     def __repr__(self) -> str:
         return (
-            f"PostgresTimerStore({self._url.render_as_string(hide_password=True)!r}, "
+            f"PostgresTimerStore({redact_url(self._url.render_as_string())!r}, "
             f"owner_id={self._owner_id!r})"
         )
 

@@ -23,6 +23,7 @@ from timer_core import (
     TimerStore,
     TimerWorker,
     handle_commands,
+    redact_url,
 )
 from timer_service.http import HealthEndpoint
 from timer_service.metrics import PrometheusInstrumentation
@@ -105,7 +106,7 @@ class TimerService:
                 if settings.database_url
                 else f"TIMER_DB_PATH={settings.db_path}"
             )
-            raise StartupError(f"{what}: cannot open the database: {exc}") from exc
+            raise StartupError(f"{what}: cannot open the database: {redact_url(str(exc))}") from exc
         assert self.broker_url is not None
         self.broker = NatsBroker(
             NatsSettings(
@@ -117,6 +118,7 @@ class TimerService:
                 # The same lever for both directions: commands stored per transaction, as
                 # timers fired per pass (bench/README.md measures the trade-off).
                 fetch_batch=settings.batch_size,
+                **settings.broker_security,
             ),
             instrumentation=self.instrumentation,
         )
@@ -124,7 +126,8 @@ class TimerService:
             await self.broker.start()
         except Exception as exc:
             raise StartupError(
-                f"TIMER_BROKER_URL={self.broker_url}: cannot connect to the broker: {exc}"
+                f"TIMER_BROKER_URL={redact_url(self.broker_url)}: cannot connect to the broker: "
+                f"{redact_url(str(exc))}"
             ) from exc
         self.worker = TimerWorker(
             self.store,
@@ -281,8 +284,8 @@ async def serve(
         await service.start()
         log.info(
             "timer-service running: database %s, broker %s, polling every %d ms, batch %d",
-            settings.database_url or settings.db_path,
-            service.broker_url,
+            redact_url(settings.database_url or str(settings.db_path)),
+            redact_url(service.broker_url or ""),
             settings.polling_interval_ms,
             settings.batch_size,
         )

@@ -20,6 +20,7 @@ from timer_core import (
     TimerEntry,
     format_timestamp,
     parse_timestamp,
+    redact_url,
 )
 from timer_service.app import StartupError, broker_url_file, build_store, serve
 from timer_service.logformat import configure_logging
@@ -195,7 +196,9 @@ async def _send(settings: Settings, args: argparse.Namespace) -> int:
             raise UsageError(f"--at/--in: {exc}") from None
     url = _broker_url(settings)
     try:
-        async with TimerClient.connect(url, subject_prefix=settings.subject_prefix) as client:
+        async with TimerClient.connect(
+            url, subject_prefix=settings.subject_prefix, **settings.broker_security
+        ) as client:
             if due is not None:
                 envelope_id = await client.schedule(tenant, call, due, correlation_id=correlation)
                 print(f"scheduled {tenant}/{call} due {format_timestamp(due)} (id {envelope_id})")
@@ -203,7 +206,9 @@ async def _send(settings: Settings, args: argparse.Namespace) -> int:
                 envelope_id = await client.cancel(tenant, call, correlation_id=correlation)
                 print(f"cancel sent for {tenant}/{call} (id {envelope_id})")
     except (OSError, TimeoutError) as exc:
-        raise StartupError(f"TIMER_BROKER_URL={url}: cannot publish: {exc}") from exc
+        raise StartupError(
+            f"TIMER_BROKER_URL={redact_url(url)}: cannot publish: {redact_url(str(exc))}"
+        ) from exc
     return 0
 
 
@@ -235,7 +240,7 @@ async def _inspect(settings: Settings, args: argparse.Namespace) -> int:
         what = (
             "TIMER_DATABASE_URL" if settings.database_url else f"TIMER_DB_PATH={settings.db_path}"
         )
-        raise StartupError(f"{what}: cannot open: {exc}") from exc
+        raise StartupError(f"{what}: cannot open: {redact_url(str(exc))}") from exc
     try:
         if call is not None:
             found = await store.get(tenant, call)

@@ -20,7 +20,7 @@ from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
 from timer_adapters_nats import BrokerUnavailable, connect
-from timer_core import DecodeError, decode_command
+from timer_core import DecodeError, decode_command, redact_url
 from timer_service.app import StartupError
 from timer_service.settings import Settings
 
@@ -162,9 +162,11 @@ async def run_dlq(settings: Settings, args: argparse.Namespace, url: str) -> int
             print(f"timer-service: dlq replay --data {args.data}: {exc}", file=sys.stderr)
             return 2
     try:
-        nc = await connect(url, connect_timeout_s=5.0, name="timer-service-dlq")
+        nc = await connect(
+            url, connect_timeout_s=5.0, name="timer-service-dlq", **settings.broker_security
+        )
     except BrokerUnavailable as exc:
-        raise StartupError(f"TIMER_BROKER_URL={url}: {exc}") from exc
+        raise StartupError(f"TIMER_BROKER_URL={redact_url(url)}: {exc}") from exc
     try:
         js = nc.jetstream()
         prefix = settings.subject_prefix

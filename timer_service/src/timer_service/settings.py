@@ -15,7 +15,7 @@ from typing import Any, Literal, TypeVar
 
 import attrs
 
-from timer_core import InvalidIdentifier, TenantId
+from timer_core import REDACTED, InvalidIdentifier, TenantId, redact_url
 
 __all__ = ["ENVIRONMENT", "Settings", "SettingsError"]
 
@@ -27,7 +27,16 @@ class SettingsError(ValueError):
 
     def __init__(self, variable: str, expected: str, got: object) -> None:
         self.variable = variable
-        super().__init__(f"{variable}: expected {expected}, got {got!r}")
+        # A URL's password or token must not reach the terminal through a typo elsewhere.
+        super().__init__(f"{variable}: expected {expected}, got {redact_url(repr(got))}")
+
+
+def _shown_url(url: str | None) -> str:
+    return repr(None if url is None else redact_url(url))
+
+
+def _shown_secret(secret: str | None) -> str:
+    return repr(None if secret is None else REDACTED)
 
 
 @attrs.frozen
@@ -35,8 +44,8 @@ class Settings:
     """Everything ``timer-service`` is configured with; built by :meth:`from_environment`."""
 
     db_path: Path = Path("timer.db")
-    database_url: str | None = None
-    broker_url: str | None = None
+    database_url: str | None = attrs.field(default=None, repr=_shown_url)
+    broker_url: str | None = attrs.field(default=None, repr=_shown_url)
     polling_interval_ms: int = 5000
     batch_size: int = 100
     subject_prefix: str = "timer"
@@ -51,6 +60,24 @@ class Settings:
     sqlite_synchronous: Literal["NORMAL", "FULL"] = "NORMAL"
     log_level: str = "INFO"
     log_format: Literal["text", "json"] = "text"
+    broker_tls_ca_file: Path | None = None
+    broker_tls_cert_file: Path | None = None
+    broker_tls_key_file: Path | None = None
+    broker_creds_file: Path | None = None
+    broker_nkey_seed_file: Path | None = None
+    broker_token: str | None = attrs.field(default=None, repr=_shown_secret)
+
+    @property
+    def broker_security(self) -> dict[str, Any]:
+        """The TLS and authentication arguments of ``NatsSettings`` / ``TimerClient.connect``."""
+        return {
+            "tls_ca_file": self.broker_tls_ca_file,
+            "tls_cert_file": self.broker_tls_cert_file,
+            "tls_key_file": self.broker_tls_key_file,
+            "creds_file": self.broker_creds_file,
+            "nkey_seed_file": self.broker_nkey_seed_file,
+            "token": self.broker_token,
+        }
 
     @property
     def polling_interval_s(self) -> float:
@@ -95,7 +122,25 @@ class Settings:
                 "to be unset when TIMER_DB_PATH is set",
                 values["database_url"],
             )
+        _check_broker_security(values)
         return cls(**values)
+
+
+def _check_broker_security(values: dict[str, Any]) -> None:
+    if ("broker_tls_cert_file" in values) != ("broker_tls_key_file" in values):
+        given, missing = (
+            ("TIMER_BROKER_TLS_CERT_FILE", "TIMER_BROKER_TLS_KEY_FILE")
+            if "broker_tls_cert_file" in values
+            else ("TIMER_BROKER_TLS_KEY_FILE", "TIMER_BROKER_TLS_CERT_FILE")
+        )
+        raise SettingsError(missing, f"to be set as well when {given} is set", None)
+    methods = [
+        f"TIMER_BROKER_{name.upper()}"
+        for name in ("creds_file", "nkey_seed_file", "token")
+        if f"broker_{name}" in values
+    ]
+    if len(methods) > 1:
+        raise SettingsError(methods[1], f"to be unset when {methods[0]} is set", REDACTED)
 
 
 def _int(low: int, high: int, what: str) -> Callable[[str, str], int]:
@@ -135,6 +180,20 @@ def _nats_urls(variable: str, raw: str) -> str:
     if not all(parts):
         raise SettingsError(variable, "one NATS URL or several separated by commas", raw)
     return ",".join(parse(variable, part) for part in parts)
+
+
+def _file(variable: str, raw: str) -> Path:
+    path = _path(variable, raw)
+    if not path.is_file() or not os.access(path, os.R_OK):
+        raise SettingsError(variable, "a readable file", raw)
+    return path
+
+
+def _secret(variable: str, raw: str) -> str:
+    value = raw.strip()
+    if not value or any(char.isspace() for char in value):
+        raise SettingsError(variable, "a token without whitespace", REDACTED)
+    return value
 
 
 def _token(variable: str, raw: str) -> str:
@@ -217,4 +276,10 @@ ENVIRONMENT: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "TIMER_SQLITE_SYNCHRONOUS": ("sqlite_synchronous", _choice("NORMAL", "FULL")),
     "TIMER_LOG_LEVEL": ("log_level", _choice("DEBUG", "INFO", "WARNING", "ERROR")),
     "TIMER_LOG_FORMAT": ("log_format", _choice("text", "json", lower=True)),
+    "TIMER_BROKER_TLS_CA_FILE": ("broker_tls_ca_file", _file),
+    "TIMER_BROKER_TLS_CERT_FILE": ("broker_tls_cert_file", _file),
+    "TIMER_BROKER_TLS_KEY_FILE": ("broker_tls_key_file", _file),
+    "TIMER_BROKER_CREDS_FILE": ("broker_creds_file", _file),
+    "TIMER_BROKER_NKEY_SEED_FILE": ("broker_nkey_seed_file", _file),
+    "TIMER_BROKER_TOKEN": ("broker_token", _secret),
 }

@@ -1,7 +1,8 @@
 """Timer's store on PostgreSQL (SQLAlchemy Core + psycopg 3): several instances share one database.
 
 Due timers are claimed with leases, marks are fenced, and schedules wake the other
-instances through ``LISTEN``/``NOTIFY``.
+instances through ``LISTEN``/``NOTIFY``; a host schedules inside its own transaction with
+``schedule_in_transaction``.
 """
 
 from timer_adapters_postgres._listener import ScheduleListener
@@ -14,7 +15,11 @@ from timer_adapters_postgres._schema import (
     schema_version,
     timer_schedules,
 )
-from timer_adapters_postgres._store import PostgresTimerStore
+from timer_adapters_postgres._store import (
+    PostgresTimerStore,
+    cancel_in_transaction,
+    schedule_in_transaction,
+)
 
 __all__ = [
     "MIGRATIONS",
@@ -22,8 +27,10 @@ __all__ = [
     "Migration",
     "PostgresTimerStore",
     "ScheduleListener",
+    "cancel_in_transaction",
     "metadata",
     "migrate",
+    "schedule_in_transaction",
     "schema_version",
     "timer_schedules",
 ]

@@ -19,13 +19,16 @@ from typing import Any, TypeVar
 import attrs
 import sqlalchemy as sa
 import sqlalchemy.exc
+import sqlalchemy.orm
 
 from timer_adapters_postgres._errors import is_retryable, translate
 from timer_adapters_postgres._listener import ScheduleListener, notify_payload
 from timer_adapters_postgres._schema import SCHEMA_VERSION, migrate, schema_version
 from timer_adapters_postgres._schema import timer_schedules as t
 from timer_core import (
+    CancelTimer,
     CorrelationId,
+    ScheduleTimer,
     ServiceCallId,
     TenantId,
     TimerEntry,
@@ -33,11 +36,12 @@ from timer_core import (
     TimerState,
     redact_url,
     require_utc,
+    scheduled_entry,
 )
 from timer_core.errors import SchemaVersionError, StoreError, StoreUnavailable
 from timer_core.ports import CommandOutcome, DueCursor, TimerOperation, TimerStore
 
-__all__ = ["PostgresTimerStore"]
+__all__ = ["PostgresTimerStore", "cancel_in_transaction", "schedule_in_transaction"]
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +50,8 @@ _SCHEDULED = TimerState.SCHEDULED.value
 _ATTEMPTS = 5  # for deadlocks, serialisation failures and racing inserts
 # Keeps the claim bookkeeping bounded when claims are taken over and never marked here.
 _MAX_TRACKED_CLAIMS = 100_000
+# The NOTIFY payload's owner for a host's own transactions: no store skips it as its own.
+_HOST_TRANSACTION = "host-transaction"
 
 _ENTRY_COLUMNS = (
     t.c.tenant_id,
@@ -228,6 +234,68 @@ def _columns(entries: Iterable[TimerEntry]) -> dict[str, list[Any]]:
         "due_ats": [e.due_at for e in rows],
         "registered_ats": [e.registered_at for e in rows],
     }
+
+
+def _apply_operations(
+    conn: sa.Connection,
+    ops: list[TimerOperation],
+    channel: str,
+    owner_id: str,
+    wake_at_of: Callable[[list[TimerEntry]], datetime | None],
+) -> tuple[list[CommandOutcome], datetime | None]:
+    """Apply ``ops`` in order in the transaction open on ``conn`` and ``NOTIFY`` the earliest
+    new due time (``wake_at_of``) on ``channel``: the store's transactions and a host's own
+    (:func:`schedule_in_transaction`) write timers through this one function. Raises
+    :class:`_RacingInsert` when another transaction inserted one of the keys meanwhile."""
+    keys = list(dict.fromkeys(op.key if isinstance(op, TimerEntry) else op for op in ops))
+    found = conn.execute(
+        _LOCK_KEYS,
+        {
+            "tenant_ids": [key.tenant_id for key in keys],
+            "service_call_ids": [key.service_call_id for key in keys],
+        },
+    ).all()
+    initial = {TimerKey(row.tenant_id, row.service_call_id): row.state for row in found}
+    # Replay the operations over the locked rows: later ones see earlier ones' effects.
+    current: dict[TimerKey, str | None] = {key: initial.get(key) for key in keys}
+    final: dict[TimerKey, TimerEntry | None] = {}
+    outcomes: list[CommandOutcome] = []
+    for op in ops:
+        if isinstance(op, TimerEntry):
+            if current[op.key] == TimerState.REACHED.value:
+                outcomes.append(CommandOutcome.IGNORED_REACHED)
+                continue
+            current[op.key] = _SCHEDULED
+            final[op.key] = op
+            outcomes.append(CommandOutcome.SCHEDULED)
+        elif current[op] == _SCHEDULED:
+            current[op] = None
+            final[op] = None
+            outcomes.append(CommandOutcome.CANCELLED)
+        else:
+            outcomes.append(CommandOutcome.CANCEL_NOOP)
+    inserts = [e for k, e in final.items() if e is not None and initial.get(k) is None]
+    updates = [e for k, e in final.items() if e is not None and initial.get(k) is not None]
+    deletes = [k for k, e in final.items() if e is None and initial.get(k) is not None]
+    if inserts:
+        inserted = conn.execute(_INSERT, _columns(inserts)).all()
+        if len(inserted) != len(inserts):
+            raise _RacingInsert
+    if updates:
+        conn.execute(_RESCHEDULE, _columns(updates))
+    if deletes:
+        conn.execute(
+            _DELETE,
+            {
+                "tenant_ids": [key.tenant_id for key in deletes],
+                "service_call_ids": [key.service_call_id for key in deletes],
+            },
+        )
+    wake_at = wake_at_of(inserts + updates)
+    if wake_at is not None:
+        # Delivered on commit only, so listeners never look for an uncommitted timer.
+        conn.execute(_NOTIFY, {"channel": channel, "payload": notify_payload(wake_at, owner_id)})
+    return outcomes, wake_at
 
 
 def _default_owner_id() -> str:
@@ -474,58 +542,7 @@ class PostgresTimerStore(TimerStore):
     def _apply(
         self, conn: sa.Connection, ops: list[TimerOperation]
     ) -> tuple[list[CommandOutcome], datetime | None]:
-        keys = list(dict.fromkeys(op.key if isinstance(op, TimerEntry) else op for op in ops))
-        found = conn.execute(
-            _LOCK_KEYS,
-            {
-                "tenant_ids": [key.tenant_id for key in keys],
-                "service_call_ids": [key.service_call_id for key in keys],
-            },
-        ).all()
-        initial = {TimerKey(row.tenant_id, row.service_call_id): row.state for row in found}
-        # Replay the operations over the locked rows: later ones see earlier ones' effects.
-        current: dict[TimerKey, str | None] = {key: initial.get(key) for key in keys}
-        final: dict[TimerKey, TimerEntry | None] = {}
-        outcomes: list[CommandOutcome] = []
-        for op in ops:
-            if isinstance(op, TimerEntry):
-                if current[op.key] == TimerState.REACHED.value:
-                    outcomes.append(CommandOutcome.IGNORED_REACHED)
-                    continue
-                current[op.key] = _SCHEDULED
-                final[op.key] = op
-                outcomes.append(CommandOutcome.SCHEDULED)
-            elif current[op] == _SCHEDULED:
-                current[op] = None
-                final[op] = None
-                outcomes.append(CommandOutcome.CANCELLED)
-            else:
-                outcomes.append(CommandOutcome.CANCEL_NOOP)
-        inserts = [e for k, e in final.items() if e is not None and initial.get(k) is None]
-        updates = [e for k, e in final.items() if e is not None and initial.get(k) is not None]
-        deletes = [k for k, e in final.items() if e is None and initial.get(k) is not None]
-        if inserts:
-            inserted = conn.execute(_INSERT, _columns(inserts)).all()
-            if len(inserted) != len(inserts):
-                raise _RacingInsert
-        if updates:
-            conn.execute(_RESCHEDULE, _columns(updates))
-        if deletes:
-            conn.execute(
-                _DELETE,
-                {
-                    "tenant_ids": [key.tenant_id for key in deletes],
-                    "service_call_ids": [key.service_call_id for key in deletes],
-                },
-            )
-        wake_at = self._wake_at(inserts + updates)
-        if wake_at is not None:
-            # Delivered on commit only, so listeners never look for an uncommitted timer.
-            conn.execute(
-                _NOTIFY,
-                {"channel": self._channel, "payload": notify_payload(wake_at, self._owner_id)},
-            )
-        return outcomes, wake_at
+        return _apply_operations(conn, ops, self._channel, self._owner_id, self._wake_at)
 
     def _wake_at(self, scheduled: list[TimerEntry]) -> datetime | None:
         horizon = self._horizon
@@ -685,3 +702,78 @@ class PostgresTimerStore(TimerStore):
     async def _entries(self, action: str, statement: sa.Select[Any]) -> list[TimerEntry]:
         rows = await self._run(action, lambda conn: conn.execute(statement).all())
         return [_entry(row) for row in rows]
+
+
+def schedule_in_transaction(
+    connection: sa.Connection | sqlalchemy.orm.Session,
+    command: ScheduleTimer,
+    *,
+    now: datetime,
+    correlation_id: str | None = None,
+    notify_channel: str = "timer_schedules",
+) -> CommandOutcome:
+    """Schedule (or reschedule) a timer inside the caller's own transaction on the database.
+
+    The timer exists if and only if that transaction commits. A ``NOTIFY`` on
+    ``notify_channel`` (the stores' ``notify_channel``) goes out in the same transaction, so
+    PostgreSQL delivers it on commit only: every listening :class:`PostgresTimerStore` then
+    calls ``on_remote_schedule`` and its worker wakes. ``now`` is the caller's clock reading
+    (the timer's ``registered_at``); adapters never read the clock. ``connection`` is a
+    SQLAlchemy :class:`~sqlalchemy.Connection` or ORM :class:`~sqlalchemy.orm.Session` on
+    the stores' database (a transaction is begun if none is); the timer schema must be there
+    (start a store once, or call :func:`migrate`).
+
+    Returns ``SCHEDULED``, or ``IGNORED_REACHED`` when the timer already fired (it is never
+    re-armed). The timer's row stays locked until the transaction ends. Raises
+    :class:`~timer_core.errors.StoreError` when the write fails; the caller's transaction is
+    then theirs to roll back.
+    """
+    entry = scheduled_entry(command, now, correlation_id=correlation_id)
+    (outcome,) = _write_in_transaction(connection, [entry], notify_channel)
+    return outcome
+
+
+def cancel_in_transaction(
+    connection: sa.Connection | sqlalchemy.orm.Session,
+    command: CancelTimer,
+    *,
+    notify_channel: str = "timer_schedules",
+) -> CommandOutcome:
+    """Cancel a ``Scheduled`` timer inside the caller's own transaction (see
+    :func:`schedule_in_transaction`): ``CANCELLED`` once that commits, or ``CANCEL_NOOP``
+    when the timer is unknown or already fired."""
+    key = TimerKey(command.tenant_id, command.service_call_id)
+    (outcome,) = _write_in_transaction(connection, [key], notify_channel)
+    return outcome
+
+
+def _write_in_transaction(
+    connection: sa.Connection | sqlalchemy.orm.Session, ops: list[TimerOperation], channel: str
+) -> list[CommandOutcome]:
+    if isinstance(connection, sqlalchemy.orm.Session):
+        connection = connection.connection()
+    if connection.dialect.name != "postgresql":
+        raise ValueError(
+            f"timer_adapters_postgres needs a PostgreSQL connection, got {connection.dialect.name}"
+        )
+    if not connection.in_transaction():
+        connection.begin()
+    for attempt in range(1, _ATTEMPTS + 1):
+        try:
+            outcomes, _ = _apply_operations(
+                connection, ops, channel, _HOST_TRANSACTION, _earliest_due
+            )
+            return outcomes
+        except _RacingInsert:
+            # The racing transaction has committed (the insert waited for it): its row is
+            # visible to the next statement at READ COMMITTED, so looking again is enough.
+            log.debug("scheduling in a host transaction raced; attempt %d", attempt)
+        except sqlalchemy.exc.SQLAlchemyError as exc:
+            raise translate(exc, "schedule a timer in the caller's transaction") from exc
+    raise StoreUnavailable(
+        f"PostgreSQL: another transaction kept inserting the same timer ({_ATTEMPTS} attempts)"
+    )
+
+
+def _earliest_due(scheduled: list[TimerEntry]) -> datetime | None:
+    return min((entry.due_at for entry in scheduled), default=None)

@@ -18,10 +18,12 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
+from functools import partial
 from typing import Any, TypeVar
 
 import attrs
 import sqlalchemy as sa
+import sqlalchemy.orm
 
 from timer_adapters_sqlite._errors import translate_error
 from timer_adapters_sqlite._schema import (
@@ -32,22 +34,26 @@ from timer_adapters_sqlite._schema import (
     migrate_connection,
 )
 from timer_core import (
+    CancelTimer,
     CommandOutcome,
     CorrelationId,
     DueCursor,
+    ScheduleTimer,
     ServiceCallId,
     StoreError,
     StoreUnavailable,
     TenantId,
     TimerEntry,
+    TimerKey,
     TimerOperation,
     TimerState,
     TimerStore,
     format_timestamp,
     require_utc,
+    scheduled_entry,
 )
 
-__all__ = ["SqliteTimerStore"]
+__all__ = ["SqliteTimerStore", "cancel_in_transaction", "schedule_in_transaction"]
 
 log = logging.getLogger(__name__)
 
@@ -235,6 +241,52 @@ def _as_ops(operations: Sequence[TimerOperation]) -> list[_Op]:
         else:
             raise TypeError(f"expected a TimerEntry or TimerKey, got {type(operation).__name__}")
     return ops
+
+
+def _write_ops(driver: sqlite3.Connection, ops: list[_Op]) -> list[CommandOutcome]:
+    """Run ``ops`` in order in the transaction open on ``driver``; runs of schedules are one
+    statement. The writer's transactions and a host's own (see :func:`schedule_in_transaction`)
+    write timers through this one function."""
+    outcomes: list[CommandOutcome] = []
+    cursor = driver.cursor()
+    start, count = 0, len(ops)
+    while start < count:
+        size = len(ops[start])
+        end = start + 1
+        while end < count and len(ops[end]) == size:
+            end += 1
+        params = ops[start:end]
+        if size == _SCHEDULE_SIZE:
+            outcomes += _schedule_run(cursor, params)
+        else:
+            # Cancels run one by one: each needs its own row count for its outcome.
+            for key in params:
+                cursor.execute(_CANCEL, key)
+                outcomes.append(
+                    CommandOutcome.CANCELLED if cursor.rowcount == 1 else CommandOutcome.CANCEL_NOOP
+                )
+        start = end
+    return outcomes
+
+
+def _schedule_run(cursor: sqlite3.Cursor, params: list[tuple[Any, ...]]) -> list[CommandOutcome]:
+    if _JSON_STATEMENTS:
+        cursor.execute(_UPSERT_JSON, (json.dumps(params),))
+    else:
+        cursor.executemany(_UPSERT, params)
+    if cursor.rowcount == len(params):
+        return [CommandOutcome.SCHEDULED] * len(params)
+    # Some upserts hit a Reached timer. Within a run of upserts a Reached key stays
+    # Reached and every other key ends Scheduled, so the state now tells which.
+    outcomes = []
+    for row in params:
+        (state,) = cursor.execute(_STATE, row[:2]).fetchone()
+        outcomes.append(
+            CommandOutcome.IGNORED_REACHED
+            if state == TimerState.REACHED
+            else CommandOutcome.SCHEDULED
+        )
+    return outcomes
 
 
 @attrs.define(slots=True)
@@ -608,58 +660,16 @@ class _Writer:
             return job.future, None, self._error(exc)
 
     def _apply_ops(self, driver: sqlite3.Connection, ops: list[_Op]) -> list[CommandOutcome]:
-        """Apply ``ops`` in order in one transaction; runs of schedules are one executemany."""
-        outcomes: list[CommandOutcome] = []
+        """Apply ``ops`` in order in one transaction of their own."""
         driver.execute("BEGIN IMMEDIATE")
         try:
-            cursor = driver.cursor()
-            start, count = 0, len(ops)
-            while start < count:
-                size = len(ops[start])
-                end = start + 1
-                while end < count and len(ops[end]) == size:
-                    end += 1
-                params = ops[start:end]
-                if size == _SCHEDULE_SIZE:
-                    outcomes += self._schedule_run(cursor, params)
-                else:
-                    # Cancels run one by one: each needs its own row count for its outcome.
-                    for key in params:
-                        cursor.execute(_CANCEL, key)
-                        outcomes.append(
-                            CommandOutcome.CANCELLED
-                            if cursor.rowcount == 1
-                            else CommandOutcome.CANCEL_NOOP
-                        )
-                start = end
+            outcomes = _write_ops(driver, ops)
             driver.execute("COMMIT")
         except BaseException:
             self._rollback(driver)
             raise
         self.transactions += 1
         self._checkpointer.poke()
-        return outcomes
-
-    @staticmethod
-    def _schedule_run(
-        cursor: sqlite3.Cursor, params: list[tuple[Any, ...]]
-    ) -> list[CommandOutcome]:
-        if _JSON_STATEMENTS:
-            cursor.execute(_UPSERT_JSON, (json.dumps(params),))
-        else:
-            cursor.executemany(_UPSERT, params)
-        if cursor.rowcount == len(params):
-            return [CommandOutcome.SCHEDULED] * len(params)
-        # Some upserts hit a Reached timer. Within a run of upserts a Reached key stays
-        # Reached and every other key ends Scheduled, so the state now tells which.
-        outcomes = []
-        for row in params:
-            (state,) = cursor.execute(_STATE, row[:2]).fetchone()
-            outcomes.append(
-                CommandOutcome.IGNORED_REACHED
-                if state == TimerState.REACHED
-                else CommandOutcome.SCHEDULED
-            )
         return outcomes
 
     def _rollback(self, driver: sqlite3.Connection) -> None:
@@ -689,6 +699,14 @@ class SqliteTimerStore(TimerStore):
     pragmas (``cache_size``, ``max_page_count``, ...). ``max_group_operations`` bounds how
     many queued operations one group commit takes, to keep transactions short.
 
+    Timers written by other connections (a host's own transaction, see
+    :func:`schedule_in_transaction`; another process) are noticed within
+    ``watch_interval_s``: the store checks SQLite's ``PRAGMA data_version``, which changes
+    when any other connection commits, and then calls ``on_remote_schedule`` with the
+    earliest due time, so the host can wake its worker
+    (``store.on_remote_schedule = worker.notify_scheduled``). ``watch_interval_s=None`` turns
+    the check off; the worker's poll stays the safety net either way.
+
     Nothing is opened before :meth:`start`, which also applies the migrations.
     """
 
@@ -701,6 +719,8 @@ class SqliteTimerStore(TimerStore):
         busy_timeout_ms: int = 5000,
         pragmas: Mapping[str, int | str] | None = None,
         max_group_operations: int = 10_000,
+        on_remote_schedule: Callable[[datetime], None] | None = None,
+        watch_interval_s: float | None = 0.1,
     ) -> None:
         if mode not in ("standalone", "shared"):
             raise ValueError(f"mode must be 'standalone' or 'shared', got {mode!r}")
@@ -710,12 +730,19 @@ class SqliteTimerStore(TimerStore):
             raise ValueError(f"busy_timeout_ms must be >= 0, got {busy_timeout_ms}")
         if max_group_operations < 1:
             raise ValueError(f"max_group_operations must be >= 1, got {max_group_operations}")
+        if watch_interval_s is not None and not watch_interval_s > 0:
+            raise ValueError(f"watch_interval_s must be positive or None, got {watch_interval_s}")
         self.path = os.fspath(path)
         self.mode: StoreMode = mode
         self._synchronous: Synchronous = synchronous
         self._busy_timeout_ms = busy_timeout_ms
         self._pragmas = dict(pragmas or {})
         self._max_group_operations = max_group_operations
+        self.on_remote_schedule = on_remote_schedule
+        """Called on the event loop with the earliest due time after another connection
+        committed (see the class notes)."""
+        self._watch_interval_s = watch_interval_s
+        self._watch: asyncio.Task[None] | None = None
         self._engine: sa.Engine | None = None
         self._writer: _Writer | None = None
         self._reader: _Reader | None = None
@@ -785,6 +812,8 @@ class SqliteTimerStore(TimerStore):
                     raise translate_error(exc, self.path) from exc
                 raise
             self._engine, self._writer, self._reader = engine, writer, reader
+            if self._watch_interval_s is not None:
+                self._watch = asyncio.create_task(self._watch_other_commits(self._watch_interval_s))
             log.debug("timer store on %s started (%s mode)", self.path, self.mode)
 
     async def aclose(self) -> None:
@@ -793,6 +822,11 @@ class SqliteTimerStore(TimerStore):
                 return
             engine, writer, reader = self._engine, self._writer, self._reader
             self._engine = self._writer = self._reader = None
+            watch, self._watch = self._watch, None
+            if watch is not None:
+                watch.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await watch
             await self._shutdown(engine, writer, reader)
             log.debug("timer store on %s closed", self.path)
 
@@ -804,6 +838,24 @@ class SqliteTimerStore(TimerStore):
         await asyncio.to_thread(writer.join)
         await asyncio.to_thread(reader.join)
         engine.dispose()
+
+    async def _watch_other_commits(self, interval: float) -> None:
+        """Hand ``on_remote_schedule`` the earliest due time whenever another connection
+        committed (``data_version`` moved): one cheap pragma per interval otherwise."""
+        last: int | None = None
+        while True:
+            try:
+                last, due_at = await self._read(partial(_changes_since, last))
+            except StoreError as exc:
+                log.debug("checking %s for other connections' commits failed: %s", self.path, exc)
+                due_at = None
+            callback = self.on_remote_schedule
+            if due_at is not None and callback is not None:
+                try:
+                    callback(due_at)
+                except Exception:  # the host's callback must not end the watch
+                    log.exception("the on_remote_schedule callback failed")
+            await asyncio.sleep(interval)
 
     def _running_writer(self) -> _Writer:
         writer = self._writer
@@ -976,3 +1028,81 @@ class SqliteTimerStore(TimerStore):
             return int(connection.execute(_COUNT_SCHEDULED).scalar_one())
 
         return await self._read(count)
+
+
+def _changes_since(last: int | None, connection: sa.Connection) -> tuple[int, datetime | None]:
+    """``(data_version, earliest due time)`` when another connection committed since
+    ``last``; the due time is None when nothing changed (or nothing is scheduled)."""
+    driver = _driver_of(connection)
+    (version,) = driver.execute("PRAGMA data_version").fetchone()
+    if last is None or version == last:
+        return version, None
+    (due_at,) = driver.execute(_NEXT_DUE_AT).fetchone()
+    return version, None if due_at is None else _read_timestamp(due_at)
+
+
+def schedule_in_transaction(
+    connection: sa.Connection | sqlalchemy.orm.Session,
+    command: ScheduleTimer,
+    *,
+    now: datetime,
+    correlation_id: str | None = None,
+) -> CommandOutcome:
+    """Schedule (or reschedule) a timer inside the caller's own transaction on the database.
+
+    The timer exists if and only if that transaction commits; a running
+    :class:`SqliteTimerStore` on the same file notices the commit within its
+    ``watch_interval_s`` and wakes its worker through ``on_remote_schedule``. ``now`` is the
+    caller's clock reading (the timer's ``registered_at``); adapters never read the clock.
+    ``connection`` is a SQLAlchemy :class:`~sqlalchemy.Connection` or ORM
+    :class:`~sqlalchemy.orm.Session` on the store's SQLite file (a transaction is begun if
+    none is); the timer schema must be there (start the store once, or call :func:`migrate`).
+
+    Returns ``SCHEDULED``, or ``IGNORED_REACHED`` when the timer already fired (it is never
+    re-armed). Raises ``ValueError`` when the connection runs without transactions, and
+    :class:`~timer_core.errors.StoreError` (``StoreUnavailable`` when the database is
+    locked) when the write fails; the caller's transaction is then theirs to roll back.
+    """
+    entry = scheduled_entry(command, now, correlation_id=correlation_id)
+    (outcome,) = _write_in_transaction(connection, _as_ops([entry]))
+    return outcome
+
+
+def cancel_in_transaction(
+    connection: sa.Connection | sqlalchemy.orm.Session, command: CancelTimer
+) -> CommandOutcome:
+    """Cancel a ``Scheduled`` timer inside the caller's own transaction (see
+    :func:`schedule_in_transaction`): ``CANCELLED`` once that commits, or ``CANCEL_NOOP``
+    when the timer is unknown or already fired."""
+    key = TimerKey(command.tenant_id, command.service_call_id)
+    (outcome,) = _write_in_transaction(connection, _as_ops([key]))
+    return outcome
+
+
+def _write_in_transaction(
+    connection: sa.Connection | sqlalchemy.orm.Session, ops: list[_Op]
+) -> list[CommandOutcome]:
+    if isinstance(connection, sqlalchemy.orm.Session):
+        connection = connection.connection()
+    if connection.dialect.name != "sqlite":
+        raise ValueError(
+            f"timer_adapters_sqlite needs a SQLite connection, got {connection.dialect.name}"
+        )
+    if not connection.in_transaction():
+        connection.begin()
+    driver = _driver_of(connection)
+    where = str(connection.engine.url.database)
+    if not driver.in_transaction and driver.isolation_level is None:
+        raise ValueError(
+            f"the connection to {where} runs without transactions (its sqlite3 connection has "
+            "isolation_level=None, as SqliteTimerStore.engine's do) and none is open, so the "
+            "timer would be committed at once: use an engine of your own "
+            "(sqlalchemy.create_engine('sqlite:///...')) or open one with BEGIN first"
+        )
+    try:
+        return _write_ops(driver, ops)
+    except sqlite3.Error as exc:
+        error = translate_error(exc, where)
+        if "no such table" in str(exc):
+            error = StoreError(f"{error} (start a SqliteTimerStore on it once, or call migrate())")
+        raise error from exc

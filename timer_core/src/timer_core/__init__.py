@@ -61,6 +61,7 @@ from timer_core.workflows import (
     fire_due_timers,
     handle_commands,
     schedule_timer,
+    scheduled_entry,
 )
 
 __all__ = [
@@ -122,5 +123,6 @@ __all__ = [
     "redact_url",
     "require_utc",
     "schedule_timer",
+    "scheduled_entry",
     "to_epoch_ms",
 ]

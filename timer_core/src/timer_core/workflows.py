@@ -41,6 +41,7 @@ __all__ = [
     "fire_due_timers",
     "handle_commands",
     "schedule_timer",
+    "scheduled_entry",
 ]
 
 log = logging.getLogger(__name__)
@@ -67,13 +68,7 @@ def _operation(envelope: MessageEnvelope[Command], now: datetime) -> TimerOperat
                 TimerState.SCHEDULED,
                 None,
             )
-        return TimerEntry(
-            tenant_id=command.tenant_id,
-            service_call_id=command.service_call_id,
-            due_at=command.due_at,
-            registered_at=now,
-            correlation_id=correlation_id,
-        )
+        return scheduled_entry(command, now, correlation_id=correlation_id)
     return TimerKey(command.tenant_id, command.service_call_id)
 
 
@@ -115,14 +110,21 @@ async def schedule_timer(
     correlation_id: str | None = None,
 ) -> CommandOutcome:
     """Store or reschedule one timer; a ``Reached`` timer is never re-armed."""
-    entry = TimerEntry(
+    entry = scheduled_entry(command, clock.now(), correlation_id=correlation_id)
+    return await store.schedule(entry)
+
+
+def scheduled_entry(
+    command: ScheduleTimer, now: datetime, *, correlation_id: str | None = None
+) -> TimerEntry:
+    """The ``Scheduled`` timer a ``ScheduleTimer`` received at ``now`` stores."""
+    return TimerEntry(
         tenant_id=command.tenant_id,
         service_call_id=command.service_call_id,
         due_at=command.due_at,
-        registered_at=floor_ms(clock.now()),
+        registered_at=floor_ms(now),
         correlation_id=correlation_id,
     )
-    return await store.schedule(entry)
 
 
 async def cancel_timer(store: TimerStore, command: CancelTimer) -> CommandOutcome:

@@ -27,7 +27,13 @@ class TestBuild:
             assert (site / page / "index.html").is_file()
         for page in ("operations", "deployment", "design", "benchmarks", "architecture", "faq"):
             assert (site / page / "index.html").is_file()
-        assert "bench/nats.py" in (site / "benchmarks" / "index.html").read_text()
+        benchmarks = (site / "benchmarks" / "index.html").read_text()
+        assert "bench/nats.py" in benchmarks
+        # The log of bench/README.md sits below the summary, one collapsed note per section.
+        assert benchmarks.count('<details class="note">') == (
+            ROOT / "bench" / "README.md"
+        ).read_text().count("\n## ")
+        assert benchmarks.index("Scheduling:") < benchmarks.index("<details")
         # The deployment files are included from deploy/, not left as include markers.
         deployment = (site / "deployment" / "index.html").read_text()
         assert "useradd" in deployment

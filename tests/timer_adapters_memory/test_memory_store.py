@@ -36,6 +36,7 @@ class TestFailureControls:
     async def test_unavailable_store_raises_store_unavailable(self) -> None:
         """While unavailable, reads and writes raise StoreUnavailable and change nothing."""
         store = MemoryTimerStore()
+        await store.start()
         await store.schedule(entry("a"))
         store.set_unavailable(True)
         with pytest.raises(StoreUnavailable):
@@ -52,6 +53,7 @@ class TestFailureControls:
     async def test_fail_next_fails_that_many_calls(self) -> None:
         """fail_next(n) makes the next n calls raise, then the store works again."""
         store = MemoryTimerStore()
+        await store.start()
         store.fail_next(2)
         for _ in range(2):
             with pytest.raises(StoreError):
@@ -61,6 +63,7 @@ class TestFailureControls:
     async def test_fail_next_can_target_methods(self) -> None:
         """fail_next with methods fails only calls of those methods; others go through."""
         store = MemoryTimerStore()
+        await store.start()
         await store.schedule(entry("a"))
         store.fail_next(1, methods=["mark_reached"])
         assert len(await store.find_due(T0, 10)) == 1
@@ -71,7 +74,9 @@ class TestFailureControls:
     async def test_unavailability_is_shared_by_instances(self) -> None:
         """An instance sharing storage sees the same outage, like a shared database."""
         store = MemoryTimerStore()
+        await store.start()
         other = MemoryTimerStore(shared_with=store)
+        await other.start()
         store.set_unavailable(True)
         with pytest.raises(StoreUnavailable):
             await other.get(TenantId("t"), ServiceCallId("c"))
@@ -79,17 +84,20 @@ class TestFailureControls:
     async def test_closed_instance_raises_until_started(self) -> None:
         """A closed instance raises StoreUnavailable; another over the same storage works."""
         store = MemoryTimerStore()
+        await store.start()
         await store.schedule(entry("a"))
         await store.aclose()
         with pytest.raises(StoreUnavailable):
             await store.count_scheduled()
-        assert await MemoryTimerStore(shared_with=store).count_scheduled() == 1
+        async with MemoryTimerStore(shared_with=store) as other:
+            assert await other.count_scheduled() == 1
         await store.start()
         assert await store.count_scheduled() == 1
 
     async def test_rejects_reached_entries_in_apply(self) -> None:
         """apply refuses a Reached entry (a programming error) before changing anything."""
         store = MemoryTimerStore()
+        await store.start()
         with pytest.raises(ValueError):
             await store.apply([entry("a"), entry("b").reach(T0)])
         assert await store.count_scheduled() == 0
@@ -97,6 +105,7 @@ class TestFailureControls:
     async def test_entries_lists_everything(self) -> None:
         """entries() returns every timer of every tenant in key order."""
         store = MemoryTimerStore()
+        await store.start()
         await store.apply([entry("b", tenant="t2"), entry("a", tenant="t1"), entry("c")])
         assert [(e.tenant_id, e.service_call_id) for e in store.entries()] == [
             ("t1", "a"),
@@ -111,6 +120,7 @@ class TestThreads:
     def test_schedules_from_threads_are_all_stored(self) -> None:
         """Eight threads scheduling 200 timers each lose none and keep the index in order."""
         store = MemoryTimerStore()
+        asyncio.run(store.start())
 
         async def work(n: int) -> None:
             for i in range(200):

@@ -84,6 +84,7 @@ class TestScheduleToDueTimeReached:
         """Consumed, stored, fired and published: every DueTimeReached key is as specified."""
         clock = FakeClock(T0)
         store = MemoryTimerStore()
+        await store.start()
         handler = StoringHandler(store, clock)
         due = T0 + timedelta(seconds=30)
         client = TimerClient(broker, clock=clock)
@@ -132,6 +133,7 @@ class TestScheduleToDueTimeReached:
         """A firing published before a crash (never marked) and fired again is held once."""
         clock = FakeClock(T0)
         store = MemoryTimerStore()
+        await store.start()
         handler = StoringHandler(store, clock)
         command_id = await TimerClient(broker, clock=clock).schedule("tenant-a", "call-1", T0)
         source = broker.command_source()
@@ -153,6 +155,7 @@ class TestScheduleToDueTimeReached:
         """With the real clock and TimerWorker, 30 timers fire once each, never before dueAt."""
         clock = SystemClock()
         store = MemoryTimerStore()
+        await store.start()
         handler = StoringHandler(store, clock)
         worker = TimerWorker(store, broker.publisher, clock, polling_interval=1.0, batch_size=8)
         handler.worker = worker
@@ -197,6 +200,7 @@ class TestServerRestart:
         """
         clock = FakeClock(T0)
         handler = StoringHandler(MemoryTimerStore(), clock)
+        await handler.store.start()
         handler.hold_batch = 2
         async with NatsBroker(attrs.evolve(settings, fetch_batch=10)) as broker:
             client = TimerClient(broker, clock=clock)

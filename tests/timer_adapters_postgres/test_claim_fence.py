@@ -102,6 +102,7 @@ class TestWithoutLease:
     async def test_fires_and_marks_without_lease(self, clock: FakeClock) -> None:
         """Without a lease, due timers are published and marked, nothing is reported expired."""
         store, bus = MemoryTimerStore(), MemoryEventBus()
+        await store.start()
         await store.schedule(timer("a"))
         report = await fire_due_timers(store, bus, clock, batch_size=10)
         assert [e.service_call_id for e in report.fired] == ["a"]
@@ -115,6 +116,7 @@ class TestLeaseFence:
     async def test_publishes_and_marks_within_the_lease(self, clock: FakeClock) -> None:
         """A claim and publish well within the lease fire and mark as usual."""
         store, bus = LeasingMemoryStore(clock, claim_takes=1.0), MemoryEventBus()
+        await store.start()
         await store.apply([timer("a"), timer("b")])
         report = await fire_due_timers(store, bus, clock, batch_size=10)
         assert len(report.fired) == 2
@@ -125,6 +127,7 @@ class TestLeaseFence:
     async def test_claim_that_outlasted_the_lease_publishes_nothing(self, clock: FakeClock) -> None:
         """When find_due itself took the whole lease, nothing is published or marked."""
         store, bus = LeasingMemoryStore(clock, claim_takes=LEASE), MemoryEventBus()
+        await store.start()
         await store.apply([timer("a"), timer("b")])
         report = await fire_due_timers(store, bus, clock, batch_size=10)
         assert [e.service_call_id for e in report.expired] == ["a", "b"]
@@ -136,6 +139,7 @@ class TestLeaseFence:
     async def test_publish_is_abandoned_when_the_lease_runs_out(self, clock: FakeClock) -> None:
         """A publish still unacknowledged at the end of the lease is cancelled and fails."""
         store, publisher = LeasingMemoryStore(clock, claim_takes=3.0), StallingPublisher()
+        await store.start()
         await store.apply([timer("a"), timer("b")])
         firing = asyncio.create_task(fire_due_timers(store, publisher, clock, batch_size=10))
         await publisher.entered.wait()
@@ -155,6 +159,7 @@ class TestLeaseFence:
     ) -> None:
         """Timers whose publish failed are handed back at once; the published ones are marked."""
         store, bus = LeasingMemoryStore(clock), MemoryEventBus()
+        await store.start()
         await store.apply([timer("a"), timer("b"), timer("c")])
         bus.fail_when(lambda envelope: envelope.payload.service_call_id == "b")
         report = await fire_due_timers(store, bus, clock, batch_size=10)
@@ -166,6 +171,7 @@ class TestLeaseFence:
     async def test_a_failing_release_does_not_fail_the_pass(self, clock: FakeClock) -> None:
         """Releasing is a shortcut: if the store cannot release, the pass still completes."""
         store, bus = LeasingMemoryStore(clock), MemoryEventBus()
+        await store.start()
         await store.apply([timer("a"), timer("b")])
         store.release_fails = True
         bus.fail_when(lambda envelope: envelope.payload.service_call_id == "a")

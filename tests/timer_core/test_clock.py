@@ -59,6 +59,7 @@ class Rig:
 @pytest.fixture
 async def rig() -> AsyncIterator[Rig]:
     rig = Rig()
+    await rig.store.start()
     try:
         yield rig
     finally:

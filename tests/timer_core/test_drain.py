@@ -131,8 +131,10 @@ class Rig:
 
 
 @pytest.fixture
-def rig() -> Rig:
-    return Rig()
+async def rig() -> Rig:
+    made = Rig()
+    await made.store.start()
+    return made
 
 
 class TestDrain:
@@ -245,6 +247,7 @@ class TestEndingEarly:
     async def test_a_leasing_store_is_drained_one_batch_at_a_time(self) -> None:
         """With claim leases, nothing is read ahead and every batch is marked before the next."""
         rig = Rig(lease_s=30.0)
+        await rig.store.start()
         await rig.schedule(25)
         await rig.drain()
         kinds = [what for what, calls in rig.journal.lines if calls]

@@ -98,6 +98,7 @@ class Rig:
 async def rig() -> AsyncIterator[Rig]:
     """A rig whose worker is stopped after the test."""
     made = Rig()
+    await made.store.start()
     try:
         yield made
     finally:
@@ -232,6 +233,7 @@ class TestPurgeYieldsToFiring:
     async def test_a_long_purge_stops_when_a_timer_comes_due(self, rig: Rig) -> None:
         """A purge of many batches pauses for a due timer and finishes in later idle time."""
         store = SlowPurgeStore()
+        await store.start()
         store.clock = rig.clock
         rig.store = store
         for i in range(60):

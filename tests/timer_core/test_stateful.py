@@ -80,6 +80,7 @@ class TimerMachine(RuleBasedStateMachine):
         self.loop = asyncio.new_event_loop()
         self.clock = FakeClock(T0)
         self.storage = MemoryTimerStore()
+        self.run(self.storage.start())
         self.bus = MemoryEventBus()
         self.model: dict[Key, ModelTimer] = {}
         self.ever_scheduled: set[tuple[Key, datetime, CorrelationId | None]] = set()
@@ -98,6 +99,7 @@ class TimerMachine(RuleBasedStateMachine):
     def start_worker(self) -> tuple[TimerWorker, asyncio.Task[None]]:
         """A new worker over a newly opened store instance on the same storage."""
         store = MemoryTimerStore(shared_with=self.storage)
+        self.run(store.start())
         worker = TimerWorker(
             store,
             self.bus,

@@ -111,6 +111,7 @@ class Rig:
 async def rig() -> AsyncIterator[Rig]:
     """A rig whose workers are stopped, and must return, after the test."""
     rig = Rig()
+    await rig.store.start()
     try:
         yield rig
     finally:
@@ -407,6 +408,7 @@ class TestRealClock:
     async def test_timer_fires_on_due_time_despite_long_polling_interval(self) -> None:
         """Polling every 60 s, a timer scheduled 100 ms ahead fires in under a second."""
         store = MemoryTimerStore()
+        await store.start()
         bus = MemoryEventBus()
         clock = SystemClock()
         worker = TimerWorker(store, bus, clock, polling_interval=60.0)
@@ -446,6 +448,7 @@ class TestMarksInTheBackground:
     async def test_a_timer_due_meanwhile_fires_before_the_last_mark_ends(self, rig: Rig) -> None:
         """With x's mark held, y (due meanwhile) is published without waiting for it."""
         rig.store = store = HeldMarks()
+        await store.start()
         await rig.schedule("x", 0)
         rig.start()
         await until(lambda: rig.published_calls() == ["x"] and store.marking == 1)
@@ -461,6 +464,7 @@ class TestMarksInTheBackground:
     async def test_stop_waits_for_the_last_mark(self, rig: Rig) -> None:
         """run() returns only once the mark in the background is done."""
         rig.store = store = HeldMarks()
+        await store.start()
         await rig.schedule("x", 0)
         worker = rig.start()
         await until(lambda: store.marking == 1)
@@ -481,6 +485,7 @@ class TestMarksInTheBackground:
                 raise StoreUnavailable("disk full (test)")
 
         rig.store = FailingMarks()
+        await rig.store.start()
         await rig.schedule("x", 0)
         rig.start()
         waits = []

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -102,9 +102,10 @@ class StateAtPublish(EventPublisher):
 
 
 @pytest.fixture
-def store() -> MemoryTimerStore:
-    """An empty memory store."""
-    return MemoryTimerStore()
+async def store() -> AsyncIterator[MemoryTimerStore]:
+    """An empty memory store, started."""
+    async with MemoryTimerStore() as store:
+        yield store
 
 
 @pytest.fixture

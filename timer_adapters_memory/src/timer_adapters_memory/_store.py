@@ -71,19 +71,21 @@ class MemoryTimerStore(TimerStore):
     and adds controls for tests: :meth:`set_unavailable` and :meth:`fail_next` make calls raise
     :class:`~timer_core.errors.StoreUnavailable` like a database that is down.
     ``MemoryTimerStore(shared_with=other)`` opens a second instance over the same storage, the
-    way a restarted service reopens its database file. After :meth:`aclose` the instance
-    raises ``StoreUnavailable`` until started again.
+    way a restarted service reopens its database file. Like the SQL stores, an instance
+    raises ``StoreUnavailable`` before :meth:`start` and after :meth:`aclose` (until started
+    again), so a host tested on it does not miss a forgotten ``async with``.
     """
 
     def __init__(self, *, shared_with: MemoryTimerStore | None = None) -> None:
         self._storage: _Storage = _Storage() if shared_with is None else shared_with._storage
-        self._closed = False
+        self._not_open: str | None = "not started"
 
     async def start(self) -> None:
-        self._closed = False
+        self._not_open = None
 
     async def aclose(self) -> None:
-        self._closed = True
+        if self._not_open is None:
+            self._not_open = "closed"
 
     def set_unavailable(self, flag: bool) -> None:
         """While ``flag`` is true, every call on any instance over this storage fails."""
@@ -107,8 +109,8 @@ class MemoryTimerStore(TimerStore):
     def _check(self, method: str) -> _Storage:
         """Raise the error a real store would raise now; called with the lock held."""
         storage = self._storage
-        if self._closed:
-            raise StoreUnavailable("the memory timer store is closed")
+        if self._not_open is not None:
+            raise StoreUnavailable(f"the memory timer store is {self._not_open}")
         if storage.unavailable:
             raise StoreUnavailable("the memory timer store is unavailable")
         if storage.failures_left > 0 and (

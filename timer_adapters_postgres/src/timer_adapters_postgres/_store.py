@@ -39,7 +39,13 @@ from timer_core import (
     scheduled_entry,
 )
 from timer_core.errors import SchemaVersionError, StoreError, StoreUnavailable
-from timer_core.ports import CommandOutcome, DueCursor, TimerOperation, TimerStore
+from timer_core.ports import (
+    CommandOutcome,
+    DueCursor,
+    RemoteScheduleCallback,
+    TimerOperation,
+    TimerStore,
+)
 
 __all__ = ["PostgresTimerStore", "cancel_in_transaction", "schedule_in_transaction"]
 
@@ -328,8 +334,8 @@ class PostgresTimerStore(TimerStore):
 
     Scheduling sends ``NOTIFY`` on ``notify_channel`` with the due time; every started store
     (``listen=True``) ``LISTEN``\\ s and calls ``on_remote_schedule(due_at)`` for timers
-    scheduled by other stores, so the host can wake its worker
-    (``store.on_remote_schedule = worker.notify_scheduled``). The poll stays the safety net.
+    scheduled by other stores, so the worker wakes for them: :class:`~timer_core.Timer`
+    registers its worker through :meth:`watch_remote_schedules`. The poll stays the safety net.
     """
 
     def __init__(
@@ -484,6 +490,14 @@ class PostgresTimerStore(TimerStore):
                 f"the database has Timer schema version {found}, not {SCHEMA_VERSION}, and "
                 "migrations are turned off"
             )
+
+    def watch_remote_schedules(self, callback: RemoteScheduleCallback | None) -> bool:
+        """Have ``callback(due_at)`` called for timers other stores schedule (``LISTEN``).
+
+        Returns False when the store was made with ``listen=False`` (nothing is reported).
+        """
+        self.on_remote_schedule = callback
+        return self._listen
 
     def _on_remote_schedule(self, due_at: datetime) -> None:
         callback = self.on_remote_schedule

@@ -1,6 +1,6 @@
 """Timer's pure domain: timers, messages, ports and workflows, with no I/O of its own.
 
-Hosts compose it with adapters (``timer_adapters_sqlite``, ``timer_adapters_nats``,
+Hosts run a :class:`Timer` over adapters (``timer_adapters_sqlite``, ``timer_adapters_nats``,
 ``timer_adapters_memory`` or their own) that implement :mod:`timer_core.ports`.
 """
 
@@ -16,6 +16,7 @@ from timer_core._messages import (
     ScheduleTimer,
 )
 from timer_core._redact import REDACTED, redact_url
+from timer_core._runtime import Timer, TimerHealth
 from timer_core._time import (
     ceil_ms,
     floor_ms,
@@ -27,6 +28,7 @@ from timer_core._time import (
 )
 from timer_core.codec import decode_command, decode_envelope, decode_event, encode_envelope
 from timer_core.errors import (
+    ComponentFailed,
     DecodeError,
     IllegalTransition,
     InvalidIdentifier,
@@ -48,8 +50,10 @@ from timer_core.ports import (
     DueCursor,
     EnvelopeIdGenerator,
     EventPublisher,
+    RemoteScheduleCallback,
     SystemClock,
     TimerOperation,
+    TimerScheduler,
     TimerStore,
     Uuid7EnvelopeIds,
 )
@@ -75,6 +79,7 @@ __all__ = [
     "CommandBatchHandler",
     "CommandOutcome",
     "CommandSource",
+    "ComponentFailed",
     "CorrelationId",
     "DecodeError",
     "DueCursor",
@@ -91,6 +96,7 @@ __all__ = [
     "MessageEnvelope",
     "MessageMetadata",
     "PublishError",
+    "RemoteScheduleCallback",
     "ScheduleTimer",
     "SchemaVersionError",
     "ServiceCallId",
@@ -99,9 +105,12 @@ __all__ = [
     "SystemClock",
     "TenantId",
     "TimerEntry",
+    "Timer",
     "TimerError",
+    "TimerHealth",
     "TimerKey",
     "TimerOperation",
+    "TimerScheduler",
     "TimerState",
     "TimerStore",
     "TimerWorker",

@@ -35,7 +35,10 @@ def require_utc(value: datetime, what: str = "datetime") -> datetime:
     if offset is None:
         raise InvalidTimestamp(f"{what} has no time zone (naive datetimes are rejected)")
     if offset or value.tzinfo is not UTC:
-        value = value.astimezone(UTC)
+        try:
+            value = value.astimezone(UTC)
+        except OverflowError:
+            raise InvalidTimestamp(f"{what} {value.isoformat()} is out of range in UTC") from None
     return value
 
 
@@ -57,7 +60,14 @@ def ceil_ms(value: datetime) -> datetime:
     rest = value.microsecond % 1000
     if rest == 0:
         return value
-    return value.replace(microsecond=value.microsecond - rest) + _ONE_MS
+    try:
+        return value.replace(microsecond=value.microsecond - rest) + _ONE_MS
+    except OverflowError:
+        # Only the last millisecond of year 9999 gets here: there is no later one.
+        raise InvalidTimestamp(
+            f"{value.isoformat()} rounds up to the next millisecond, past the last "
+            "instant a datetime can hold"
+        ) from None
 
 
 def parse_timestamp(text: str, *, round_up: bool = False) -> datetime:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 __all__ = [
+    "ComponentFailed",
     "DecodeError",
     "IllegalTransition",
     "InvalidIdentifier",
@@ -62,3 +63,9 @@ class SchemaVersionError(StoreError):
 
 class PublishError(TimerError):
     """An event was not acknowledged by the broker; the timer stays ``Scheduled``."""
+
+
+class ComponentFailed(TimerError):
+    """A component of a running :class:`~timer_core.Timer` (its worker or its command loop)
+    stopped on its own; the cause is chained. Raised by ``Timer.wait()`` and on leaving
+    ``async with Timer(...)``."""

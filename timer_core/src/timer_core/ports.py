@@ -30,8 +30,10 @@ __all__ = [
     "DueCursor",
     "EnvelopeIdGenerator",
     "EventPublisher",
+    "RemoteScheduleCallback",
     "SystemClock",
     "TimerOperation",
+    "TimerScheduler",
     "TimerStore",
     "Uuid7EnvelopeIds",
 ]
@@ -73,6 +75,10 @@ class DueCursor(NamedTuple):
 #: A write the store applies: a :class:`TimerEntry` schedules (upsert), a :class:`TimerKey`
 #: cancels.
 TimerOperation = TimerEntry | TimerKey
+
+#: What :meth:`TimerStore.watch_remote_schedules` calls: the due time of a timer scheduled
+#: by another writer of the same storage. Runs on the event loop; must not block.
+RemoteScheduleCallback = Callable[[datetime], None]
 
 
 class AsyncResource:
@@ -228,6 +234,19 @@ class TimerStore(AsyncResource, abc.ABC):
         Retention: returns how many were deleted; ``Scheduled`` timers are never deleted.
         """
 
+    def watch_remote_schedules(self, callback: RemoteScheduleCallback | None) -> bool:
+        """Ask to be told of timers that other writers schedule in the same storage.
+
+        A store that can learn of them (PostgreSQL's ``LISTEN/NOTIFY`` from other instances)
+        calls ``callback(due_at)`` on the event loop soon after such a schedule commits, so
+        the worker wakes for a timer due before its next look. Schedules made through this
+        very instance need not be reported: their caller wakes the worker itself. ``None``
+        stops the calls. Returns whether the store reports anything at all; the default
+        reports nothing (returns False) and the worker's poll finds such timers within its
+        polling interval. :class:`~timer_core.Timer` registers its worker here at start.
+        """
+        return False
+
 
 class EventPublisher(AsyncResource, abc.ABC):
     """Publishes ``DueTimeReached`` envelopes to the broker, at least once.
@@ -283,6 +302,44 @@ class CommandSource(abc.ABC):
     @abc.abstractmethod
     async def stop(self) -> None:
         """Stop fetching; the batch in the handler is finished (and acked) before run returns."""
+
+
+class TimerScheduler(Protocol):
+    """What a host's producer needs of Timer: schedule and cancel, each returning an id.
+
+    :class:`timer_adapters_nats.TimerClient` implements it over NATS, and
+    :class:`timer_adapters_memory.MemoryTimerClient` over an in-memory
+    :class:`~timer_core.Timer`, so a host's code typed against this protocol runs in its
+    tests without a broker. Both validate their arguments before anything is sent: a bad id
+    or a naive or out-of-range ``due_at`` raises :class:`~timer_core.errors.ValidationError`.
+    """
+
+    async def schedule(
+        self,
+        tenant_id: str,
+        service_call_id: str,
+        due_at: datetime,
+        *,
+        correlation_id: str | None = None,
+        causation_id: str | None = None,
+    ) -> EnvelopeId:
+        """Ask for ``DueTimeReached`` at ``due_at`` (aware); a later call reschedules.
+
+        Returns the command's envelope id. The correlation id defaults to that id. A timer
+        that already fired is never re-armed.
+        """
+        ...
+
+    async def cancel(
+        self,
+        tenant_id: str,
+        service_call_id: str,
+        *,
+        correlation_id: str | None = None,
+        causation_id: str | None = None,
+    ) -> EnvelopeId:
+        """Cancel the timer if it has not fired yet (a no-op otherwise); returns the id."""
+        ...
 
 
 @runtime_checkable

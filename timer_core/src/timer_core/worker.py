@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from datetime import datetime, timedelta
 
 from timer_core._entry import TimerKey
-from timer_core.errors import StoreError
+from timer_core.errors import StoreError, ValidationError
 from timer_core.instrumentation import NO_INSTRUMENTATION, Instrumentation
 from timer_core.ports import (
     Clock,
@@ -58,10 +59,18 @@ class TimerWorker:
         retention_batch: int = 500,
         retention_every: float = 60.0,
     ) -> None:
-        if polling_interval <= 0:
-            raise ValueError("polling_interval must be positive")
-        if batch_size < 1:
-            raise ValueError("batch_size must be at least 1")
+        _require_seconds("polling_interval", polling_interval)
+        _require_count("batch_size", batch_size)
+        _require_seconds("initial_backoff", initial_backoff)
+        _require_seconds("max_backoff", max_backoff)
+        if retention is not None and not (
+            isinstance(retention, timedelta) and retention > timedelta(0)
+        ):
+            raise ValidationError(
+                f"retention must be a positive timedelta or None (keep forever), got {retention!r}"
+            )
+        _require_count("retention_batch", retention_batch)
+        _require_seconds("retention_every", retention_every)
         self._store = store
         self._publisher = publisher
         self._clock = clock
@@ -270,6 +279,17 @@ class TimerWorker:
         finally:
             for task in waits:
                 task.cancel()
+
+
+def _require_seconds(name: str, value: float) -> None:
+    # bool is an int; NaN fails every comparison; infinity would never wake.
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
+        raise ValidationError(f"{name} must be a positive number of seconds, got {value!r}")
+
+
+def _require_count(name: str, value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValidationError(f"{name} must be a whole number of at least 1, got {value!r}")
 
 
 async def _quietly(marking: asyncio.Future[None]) -> None:

@@ -11,6 +11,7 @@ import pytest_asyncio
 
 from timer_core._entry import TimerEntry, TimerKey, TimerState
 from timer_core._ids import CorrelationId, ServiceCallId, TenantId
+from timer_core.errors import StoreUnavailable
 from timer_core.ports import CommandOutcome, DueCursor, TimerOperation, TimerStore
 
 __all__ = ["TimerStoreContract"]
@@ -562,6 +563,41 @@ class TimerStoreContract:
             ]
         assert {e.due_at for e in await store.list_for_tenant(A)} == {at(2)}
         assert await store.count_scheduled() == 30
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    async def test_calls_before_start_raise_store_unavailable(
+        self, make_store: Callable[[], TimerStore]
+    ) -> None:
+        """A store never started refuses reads and writes with StoreUnavailable."""
+        store = make_store()
+        with pytest.raises(StoreUnavailable):
+            await store.get(A, ServiceCallId("call-1"))
+        with pytest.raises(StoreUnavailable):
+            await store.apply([entry("tenant-a", "call-1", 1)])
+        with pytest.raises(StoreUnavailable):
+            await store.find_due(at(10), 10)
+        with pytest.raises(StoreUnavailable):
+            await store.next_due_at()
+        await store.aclose()  # closing a store that was never started is harmless
+
+    async def test_calls_after_aclose_raise_store_unavailable(
+        self, make_store: Callable[[], TimerStore]
+    ) -> None:
+        """A closed store refuses reads and writes with StoreUnavailable; aclose is idempotent."""
+        store = make_store()
+        await store.start()
+        await store.schedule(entry("tenant-a", "call-1", 1))
+        await store.aclose()
+        await store.aclose()
+        with pytest.raises(StoreUnavailable):
+            await store.get(A, ServiceCallId("call-1"))
+        with pytest.raises(StoreUnavailable):
+            await store.apply([entry("tenant-a", "call-2", 1)])
+        with pytest.raises(StoreUnavailable):
+            await store.mark_reached([entry("tenant-a", "call-1", 1).reach(at(2))])
+        with pytest.raises(StoreUnavailable):
+            await store.count_scheduled()
 
     async def test_timers_survive_a_new_store_instance(
         self, make_store: Callable[[], TimerStore]

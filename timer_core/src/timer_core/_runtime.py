@@ -1,0 +1,357 @@
+"""The runtime a host embeds: one object that starts, runs and stops the store, the publisher,
+the worker and the command loop together, and the one place the worker hears of new timers."""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import functools
+import logging
+from collections.abc import Coroutine, Mapping, Sequence
+from datetime import datetime, timedelta
+from types import TracebackType
+from typing import Any, Self
+
+import attrs
+
+from timer_core._entry import TimerEntry
+from timer_core._ids import ServiceCallId, TenantId
+from timer_core._messages import CancelTimer, Command, MessageEnvelope, ScheduleTimer
+from timer_core.errors import ComponentFailed
+from timer_core.instrumentation import NO_INSTRUMENTATION, Instrumentation
+from timer_core.ports import (
+    Clock,
+    CommandOutcome,
+    CommandSource,
+    EnvelopeIdGenerator,
+    EventPublisher,
+    SystemClock,
+    TimerStore,
+)
+from timer_core.worker import TimerWorker
+from timer_core.workflows import cancel_timer, handle_commands, schedule_timer
+
+__all__ = ["Timer", "TimerHealth"]
+
+log = logging.getLogger(__name__)
+
+_WORKER = "worker"
+_COMMANDS = "command loop"
+
+
+class _State(enum.Enum):
+    NEW = "new"
+    RUNNING = "running"
+    CLOSING = "closing"
+    CLOSED = "closed"
+
+
+@attrs.frozen
+class TimerHealth:
+    """A snapshot of a :class:`Timer`, for health checks."""
+
+    running: bool
+    """Started, not stopping, and every component still running."""
+    components: Mapping[str, bool]
+    """Each running part (``worker``, and ``command loop`` when there is a command source)
+    and whether it is running right now."""
+    last_pass_age_s: float | None
+    """Seconds since the worker last completed a pass (on the clock's monotonic time);
+    None before the first. An idle worker passes at least once per polling interval."""
+    passes: int
+    """Worker passes completed since start."""
+    failure: str | None = None
+    """Why a component stopped on its own, if one did."""
+
+
+class Timer:
+    """Durable timers inside a host: a store, a publisher and, optionally, a command source.
+
+    ``async with Timer(store, publisher, commands=source) as timer:`` starts the store, then
+    the publisher, then the worker (which fires due timers) and the command loop (which
+    stores the commands ``source`` delivers and acknowledges them once stored). Leaving the
+    block stops them in reverse order: the command loop finishes and acknowledges the batch
+    in flight, the worker finishes its pass, then the publisher and the store are closed.
+    Nothing is acknowledged that was not stored, nothing marked fired that was not published.
+
+    A host in the same process schedules with :meth:`schedule` and :meth:`cancel`; the
+    worker is woken whenever a new timer is due before it would look again (from either
+    path, and from other instances when the store reports them, see
+    :meth:`TimerStore.watch_remote_schedules`).
+
+    A component that stops on its own (a bug, a command source whose consumer was deleted)
+    is logged at once, shown by :meth:`health`, raised as
+    :class:`~timer_core.errors.ComponentFailed` by :meth:`wait`, and raised again on
+    leaving ``async with`` unless :meth:`wait` already did. The other components keep
+    running until the host leaves the block.
+
+    The constructor does no I/O and validates the worker's settings at once
+    (:class:`~timer_core.errors.ValidationError`): ``polling_interval`` is the longest the
+    worker sleeps without looking (seconds), ``batch_size`` the most timers fired per store
+    round trip, ``retention`` how long fired timers are kept (None: forever). A Timer runs
+    once; make a new one to run again.
+    """
+
+    def __init__(
+        self,
+        store: TimerStore,
+        publisher: EventPublisher,
+        *,
+        commands: CommandSource | None = None,
+        clock: Clock | None = None,
+        polling_interval: float = 5.0,
+        batch_size: int = 100,
+        retention: timedelta | None = None,
+        instrumentation: Instrumentation = NO_INSTRUMENTATION,
+        ids: EnvelopeIdGenerator | None = None,
+    ) -> None:
+        self._store = store
+        self._publisher = publisher
+        self._commands = commands
+        self._clock: Clock = clock or SystemClock()
+        self._instrumentation = instrumentation
+        self._worker = TimerWorker(
+            store,
+            publisher,
+            self._clock,
+            polling_interval=polling_interval,
+            batch_size=batch_size,
+            ids=ids,
+            instrumentation=instrumentation,
+            retention=retention,
+        )
+        self._state = _State.NEW
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._finished = asyncio.Event()
+        self._failure: tuple[str, BaseException | None] | None = None
+        self._failure_raised = False
+
+    # -- what a host reads ---------------------------------------------------------------
+
+    @property
+    def store(self) -> TimerStore:
+        """The store this Timer runs (for reads such as ``count_scheduled``)."""
+        return self._store
+
+    @property
+    def publisher(self) -> EventPublisher:
+        """The publisher ``DueTimeReached`` goes out through."""
+        return self._publisher
+
+    @property
+    def clock(self) -> Clock:
+        """The clock the worker and the command path read."""
+        return self._clock
+
+    def health(self) -> TimerHealth:
+        """Where the Timer is now: running components, the last worker pass, any failure."""
+        components = {name: not task.done() for name, task in self._tasks.items()}
+        last = self._worker.last_pass_at
+        return TimerHealth(
+            running=self._state is _State.RUNNING and self._failure is None,
+            components=components,
+            last_pass_age_s=None if last is None else self._clock.monotonic() - last,
+            passes=self._worker.passes,
+            failure=None if self._failure is None else self._failure_text(),
+        )
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Start the store, the publisher, the worker and the command loop, in that order.
+
+        If the store or the publisher fails to start, what was started is closed again and
+        the error raised.
+        """
+        if self._state is not _State.NEW:
+            raise RuntimeError(f"this Timer is {self._state.value}; a Timer runs only once")
+        self._state = _State.RUNNING
+        opened: list[TimerStore | EventPublisher] = []
+        try:
+            for resource in (self._store, self._publisher):
+                await resource.start()
+                opened.append(resource)
+        except BaseException:
+            self._state = _State.CLOSED
+            self._finished.set()
+            await _close_all(opened[::-1], [])
+            raise
+        self._store.watch_remote_schedules(self._worker.notify_scheduled)
+        self._spawn(_WORKER, self._worker.run())
+        if self._commands is not None:
+            self._spawn(_COMMANDS, self._commands.run(self._handle_commands))
+        log.debug(
+            "timer started: %r, %r, commands from %r", self._store, self._publisher, self._commands
+        )
+
+    async def aclose(self) -> None:
+        """Stop the command loop, then the worker, then close the publisher and the store.
+
+        Idempotent. Raises :class:`~timer_core.errors.ComponentFailed` if a component had
+        stopped on its own (unless :meth:`wait` raised it already), else the first error
+        met while closing, after everything was closed.
+        """
+        if self._state is _State.NEW:
+            self._state = _State.CLOSED
+            self._finished.set()
+            return
+        if self._state is not _State.RUNNING:
+            return
+        self._state = _State.CLOSING
+        errors: list[BaseException] = []
+        try:
+            commands = self._tasks.get(_COMMANDS)
+            if commands is not None and self._commands is not None:
+                if not commands.done():
+                    try:
+                        await self._commands.stop()
+                    except Exception as exc:
+                        errors.append(exc)
+                await self._stopped(_COMMANDS, errors)
+            self._worker.stop()
+            await self._stopped(_WORKER, errors)
+        finally:
+            for task in self._tasks.values():
+                task.cancel()  # only those left running by a cancelled close
+            self._store.watch_remote_schedules(None)
+            await _close_all([self._publisher, self._store], errors)
+            self._state = _State.CLOSED
+            self._finished.set()
+        if self._failure is not None and not self._failure_raised:
+            self._failure_raised = True
+            raise self._failure_error()
+        if errors:
+            raise errors[0]
+
+    async def wait(self) -> None:
+        """Return once the Timer is closed; raise ``ComponentFailed`` as soon as a component
+        stops on its own. ``await timer.wait()`` is how a host runs it until then."""
+        if self._state is _State.NEW:
+            raise RuntimeError("this Timer is not started: use `async with Timer(...)`")
+        await self._finished.wait()
+        if self._failure is not None:
+            self._failure_raised = True
+            raise self._failure_error()
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        try:
+            await self.aclose()
+        except Exception as close_error:
+            if exc is None:
+                raise
+            # The block's own exception is the one to see; this one is only logged.
+            log.warning("closing the timer after an error failed too: %s", close_error)
+
+    # -- in-process scheduling -----------------------------------------------------------
+
+    async def schedule(
+        self,
+        tenant_id: str,
+        service_call_id: str,
+        due_at: datetime,
+        *,
+        correlation_id: str | None = None,
+    ) -> CommandOutcome:
+        """Store (or reschedule) a timer durably, and wake the worker if it is due sooner.
+
+        Returns ``SCHEDULED``, or ``IGNORED_REACHED`` for a timer that already fired (it is
+        never re-armed). Invalid ids or a naive or out-of-range ``due_at`` raise
+        :class:`~timer_core.errors.ValidationError`; a store that is not started (or down)
+        raises :class:`~timer_core.errors.StoreError`.
+        """
+        command = ScheduleTimer(tenant_id, service_call_id, due_at)
+        outcome = await schedule_timer(
+            self._store, command, self._clock, correlation_id=correlation_id
+        )
+        if outcome is CommandOutcome.SCHEDULED:
+            self._worker.notify_scheduled(command.due_at)
+        return outcome
+
+    async def cancel(self, tenant_id: str, service_call_id: str) -> CommandOutcome:
+        """Remove a ``Scheduled`` timer (``CANCELLED``); a no-op otherwise (``CANCEL_NOOP``)."""
+        return await cancel_timer(self._store, CancelTimer(tenant_id, service_call_id))
+
+    async def get(self, tenant_id: str, service_call_id: str) -> TimerEntry | None:
+        """The timer of this service call, ``Scheduled`` or ``Reached``, or None."""
+        return await self._store.get(TenantId(tenant_id), ServiceCallId(service_call_id))
+
+    # -- inside ----------------------------------------------------------------------------
+
+    async def _handle_commands(
+        self, batch: Sequence[MessageEnvelope[Command]]
+    ) -> Sequence[CommandOutcome]:
+        """Store a delivered batch (before it is acked), then wake the worker if need be."""
+        outcomes = await handle_commands(
+            self._store, batch, self._clock, instrumentation=self._instrumentation
+        )
+        scheduled = [
+            envelope.payload.due_at
+            for envelope, outcome in zip(batch, outcomes, strict=True)
+            if outcome is CommandOutcome.SCHEDULED and isinstance(envelope.payload, ScheduleTimer)
+        ]
+        if scheduled:
+            self._worker.notify_scheduled(min(scheduled))
+        return outcomes
+
+    def _spawn(self, name: str, run: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(run, name=f"timer {name}")
+        task.add_done_callback(functools.partial(self._component_done, name))
+        self._tasks[name] = task
+
+    def _component_done(self, name: str, task: asyncio.Task[None]) -> None:
+        if self._state is not _State.RUNNING or self._failure is not None:
+            return  # stopped on purpose, or after the first failure (that one is reported)
+        cause = None if task.cancelled() else task.exception()
+        self._failure = (name, cause)
+        log.error("%s", self._failure_text(), exc_info=cause)
+        self._finished.set()
+
+    async def _stopped(self, name: str, errors: list[BaseException]) -> None:
+        """Wait for a component asked to stop; an error it raises now is a closing error."""
+        task = self._tasks[name]
+        reported = self._failure is not None and self._failure[0] == name
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if not task.cancelled():
+                raise  # the close itself was cancelled
+        except Exception as exc:
+            if not task.done():
+                raise
+            if not reported:
+                log.error("the timer's %s failed while stopping: %s", name, exc, exc_info=exc)
+                errors.append(exc)
+
+    def _failure_text(self) -> str:
+        assert self._failure is not None
+        name, cause = self._failure
+        if cause is None:
+            return f"the timer's {name} stopped unexpectedly"
+        return f"the timer's {name} stopped unexpectedly: {cause!r}"
+
+    def _failure_error(self) -> ComponentFailed:
+        assert self._failure is not None
+        error = ComponentFailed(self._failure_text())
+        error.__cause__ = self._failure[1]
+        return error
+
+
+async def _close_all(
+    resources: Sequence[TimerStore | EventPublisher], errors: list[BaseException]
+) -> None:
+    """Close each resource in the given order even if one fails; collect the failures."""
+    for resource in resources:
+        try:
+            await resource.aclose()
+        except Exception as exc:
+            log.warning("closing %r failed: %s", resource, exc)
+            errors.append(exc)

@@ -38,6 +38,7 @@ from timer_core import (
     CommandOutcome,
     CorrelationId,
     DueCursor,
+    RemoteScheduleCallback,
     ScheduleTimer,
     ServiceCallId,
     StoreError,
@@ -703,9 +704,9 @@ class SqliteTimerStore(TimerStore):
     :func:`schedule_in_transaction`; another process) are noticed within
     ``watch_interval_s``: the store checks SQLite's ``PRAGMA data_version``, which changes
     when any other connection commits, and then calls ``on_remote_schedule`` with the
-    earliest due time, so the host can wake its worker
-    (``store.on_remote_schedule = worker.notify_scheduled``). ``watch_interval_s=None`` turns
-    the check off; the worker's poll stays the safety net either way.
+    earliest due time, so the worker wakes (:class:`~timer_core.Timer` registers it through
+    :meth:`watch_remote_schedules`). ``watch_interval_s=None`` turns the check off; the
+    worker's poll stays the safety net either way.
 
     Nothing is opened before :meth:`start`, which also applies the migrations.
     """
@@ -838,6 +839,14 @@ class SqliteTimerStore(TimerStore):
         await asyncio.to_thread(writer.join)
         await asyncio.to_thread(reader.join)
         engine.dispose()
+
+    def watch_remote_schedules(self, callback: RemoteScheduleCallback | None) -> bool:
+        """Have ``callback(due_at)`` called after other connections commit timers.
+
+        Returns False when the store was made with ``watch_interval_s=None`` (no watch).
+        """
+        self.on_remote_schedule = callback
+        return self._watch_interval_s is not None
 
     async def _watch_other_commits(self, interval: float) -> None:
         """Hand ``on_remote_schedule`` the earliest due time whenever another connection

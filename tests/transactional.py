@@ -22,10 +22,10 @@ NEVER_POLL_S = 600.0
 @contextlib.asynccontextmanager
 async def waiting_worker(store: TimerStore) -> AsyncIterator[MemoryEventBus]:
     """A running worker on ``store``, asleep after its first pass, woken only through the
-    store's ``on_remote_schedule``; yields the bus it publishes to."""
+    store's ``watch_remote_schedules``; yields the bus it publishes to."""
     bus = MemoryEventBus()
     worker = TimerWorker(store, bus, SystemClock(), polling_interval=NEVER_POLL_S)
-    store.on_remote_schedule = worker.notify_scheduled  # type: ignore[attr-defined]
+    assert store.watch_remote_schedules(worker.notify_scheduled)
     running = asyncio.create_task(worker.run())
     try:
         while worker.passes < 1:  # the first pass is done: from now on it sleeps

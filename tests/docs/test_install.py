@@ -131,7 +131,7 @@ class TestInstallPage:
         )
         output = result.stdout + result.stderr
         assert result.returncode == 1, output
-        assert "1 failed, 39 passed" in output, output
+        assert re.search(r"\b1 failed, \d+ passed\b", output), output
         assert "('tenant-a', 'call-03')" in output, output  # the rewritten assert's values
         assert "warning" not in output.lower(), output
 

@@ -20,10 +20,10 @@ import nats
 import pytest
 
 from tests.timer_service.process import ServiceProcess, free_port
+from timer_adapters_nats import DeadLetter, DeadLetters, NatsSettings
 from timer_adapters_nats.embedded import NatsServerProcess
 from timer_adapters_sqlite import SqliteTimerStore
 from timer_core import TenantId, TimerEntry
-from timer_service.deadletters import DeadLetter, list_dead_letters
 
 
 def command(tenant: str, call: str, due: str, **extra: str) -> str:
@@ -116,7 +116,8 @@ async def dead_letters(url: str, tenant: str) -> list[DeadLetter]:
     """The DLQ stream's dead letters of ``tenant`` right now."""
     nc = await nats.connect(url)
     try:
-        return await list_dead_letters(nc.jetstream(), "timer", tenant=tenant, limit=1000)
+        dead_letters = DeadLetters(nc.jetstream(), NatsSettings(url=url))
+        return await dead_letters.list(tenant=tenant, limit=1000)
     finally:
         await nc.close()
 

@@ -3,12 +3,14 @@
 :class:`NatsBroker` owns the connection, provisions the streams and the consumer, and hands
 out the :class:`NatsEventPublisher` and :class:`NatsCommandSource`; hosts send commands with
 :class:`TimerClient` and read the ``DueTimeReached`` events with :meth:`NatsBroker.due_events`;
+operators list and replay rejected commands with :class:`DeadLetters`;
 :mod:`timer_adapters_nats.embedded` runs a real ``nats-server``.
 """
 
 from timer_adapters_nats._broker import NatsBroker
 from timer_adapters_nats._client import CommandEnvelope, TimerClient
 from timer_adapters_nats._connection import BrokerUnavailable, connect
+from timer_adapters_nats._dead_letters import DeadLetter, DeadLetters, Replayed
 from timer_adapters_nats._events import (
     DueEventConsumer,
     DueEventConsumerSettings,
@@ -16,15 +18,23 @@ from timer_adapters_nats._events import (
 )
 from timer_adapters_nats._publisher import AckedPublisher, NatsEventPublisher, Outgoing
 from timer_adapters_nats._settings import NatsSettings, Subjects
-from timer_adapters_nats._source import ERROR_HEADER, ORIGINAL_SUBJECT_HEADER, NatsCommandSource
+from timer_adapters_nats._source import (
+    ERROR_HEADER,
+    ORIGINAL_SUBJECT_HEADER,
+    TRUNCATED_HEADER,
+    NatsCommandSource,
+)
 from timer_adapters_nats.embedded import NatsServerError, NatsServerProcess, find_nats_server
 
 __all__ = [
     "ERROR_HEADER",
     "ORIGINAL_SUBJECT_HEADER",
+    "TRUNCATED_HEADER",
     "AckedPublisher",
     "BrokerUnavailable",
     "CommandEnvelope",
+    "DeadLetter",
+    "DeadLetters",
     "DueEventConsumer",
     "DueEventConsumerSettings",
     "DueEventDelivery",
@@ -35,6 +45,7 @@ __all__ = [
     "NatsServerProcess",
     "NatsSettings",
     "Outgoing",
+    "Replayed",
     "Subjects",
     "TimerClient",
     "connect",

@@ -24,7 +24,7 @@ from timer_core import (
 )
 from timer_service.app import StartupError, broker_url_file, build_store, serve
 from timer_service.logformat import configure_logging
-from timer_service.settings import Settings, SettingsError, _duration
+from timer_service.settings import Settings, SettingsError, parse_duration
 
 __all__ = ["main"]
 
@@ -191,7 +191,7 @@ async def _send(settings: Settings, args: argparse.Namespace) -> int:
             if args.at is not None:
                 due = parse_timestamp(args.at, round_up=True)
             else:
-                due = datetime.now(UTC) + timedelta(seconds=_duration("--in", args.due_in))
+                due = datetime.now(UTC) + timedelta(seconds=parse_duration("--in", args.due_in))
         except (InvalidTimestamp, SettingsError) as exc:
             raise UsageError(f"--at/--in: {exc}") from None
     url = _broker_url(settings)

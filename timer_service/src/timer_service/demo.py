@@ -12,13 +12,11 @@ import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-import nats
-from nats.aio.msg import Msg
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from timer_adapters_nats import TimerClient
+from timer_adapters_nats import TimerClient, connect
 from timer_core import parse_timestamp
 from timer_service.app import TimerService, serve
 from timer_service.settings import Settings
@@ -107,14 +105,16 @@ async def _demo(tmp: Path, timers: int, tenants: int, spread_s: float, plain: bo
         f"the next {spread_s:.0f}s"
     )
     tally = _Tally(timers)
-    watcher = await nats.connect(service.broker_url)
-    started = time.monotonic()
-    try:
+    watcher = await connect(service.broker_url, connect_timeout_s=5.0, name="timer-demo")
+    events = await watcher.subscribe(f"{settings.subject_prefix}.events.>")
 
-        async def on_message(msg: Msg) -> None:
+    async def watch() -> None:
+        async for msg in events.messages:  # ends when the watcher is drained
             tally.on_event(msg.data)
 
-        await watcher.subscribe(f"{settings.subject_prefix}.events.>", cb=on_message)
+    watching = asyncio.create_task(watch())
+    started = time.monotonic()
+    try:
         async with TimerClient.connect(
             service.broker_url, subject_prefix=settings.subject_prefix
         ) as client:
@@ -150,6 +150,7 @@ async def _demo(tmp: Path, timers: int, tenants: int, spread_s: float, plain: bo
                 await scheduling
     finally:
         await watcher.drain()
+        await watching
         stop.set()
         await service_task
     fired = len(tally.ids)

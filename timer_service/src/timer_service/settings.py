@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -17,7 +16,7 @@ import attrs
 
 from timer_core import REDACTED, InvalidIdentifier, TenantId, redact_url
 
-__all__ = ["ENVIRONMENT", "Settings", "SettingsError"]
+__all__ = ["ENVIRONMENT", "Settings", "SettingsError", "parse_duration"]
 
 _T = TypeVar("_T")
 
@@ -84,10 +83,10 @@ class Settings:
         return self.polling_interval_ms / 1000.0
 
     @property
-    def owner_id(self) -> str:
-        """This instance's name in PostgreSQL claim leases: ``TIMER_INSTANCE_ID``, else
-        ``<hostname>-<pid>``. It must differ between instances running at the same time."""
-        return self.instance_id or f"{socket.gethostname()[:150]}-{os.getpid()}"
+    def owner_id(self) -> str | None:
+        """This instance's name in PostgreSQL claim leases: ``TIMER_INSTANCE_ID``, else None
+        for the store's default (``<hostname>-<pid>-<random>``, new at each start)."""
+        return self.instance_id
 
     @property
     def embedded_broker(self) -> bool:
@@ -236,7 +235,9 @@ _DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?")
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86_400.0, None: 1.0}
 
 
-def _duration(variable: str, raw: str) -> float:
+def parse_duration(variable: str, raw: str) -> float:
+    """Seconds in ``raw`` (``7d``, ``12h``, ``30m``, ``500ms``, ``3600``); a
+    :class:`SettingsError` naming ``variable`` when it is not a duration."""
     match = _DURATION.fullmatch(raw.strip())
     if match is None:
         raise SettingsError(variable, "a duration like 7d, 12h, 30m or 3600 (seconds)", raw)
@@ -244,7 +245,7 @@ def _duration(variable: str, raw: str) -> float:
 
 
 def _positive_duration(variable: str, raw: str) -> float:
-    value = _duration(variable, raw)
+    value = parse_duration(variable, raw)
     if value <= 0:
         raise SettingsError(variable, "a duration above zero like 30s or 500ms", raw)
     return value
@@ -267,7 +268,7 @@ ENVIRONMENT: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "TIMER_SUBJECT_PREFIX": ("subject_prefix", _token),
     "TIMER_HTTP_HOST": ("http_host", _str_parse),
     "TIMER_HTTP_PORT": ("http_port", _int(0, 65535, "a port between 0 and 65535 (0 = off)")),
-    "TIMER_RETENTION": ("retention_s", _duration),
+    "TIMER_RETENTION": ("retention_s", parse_duration),
     "TIMER_PROVISION": ("provision", _bool),
     "TIMER_CONSUMER_NAME": ("consumer_name", _token),
     "TIMER_STREAM_REPLICAS": ("stream_replicas", _int(1, 5, "an integer between 1 and 5")),

@@ -42,13 +42,13 @@ from timer_adapters_nats import (  # noqa: E402
     NatsSettings,
     find_nats_server,
 )
-from timer_adapters_nats._wire import encode_event  # noqa: E402 - the publisher's encoder
 from timer_core import (  # noqa: E402
     DueTimeReached,
     MessageEnvelope,
     TimerEntry,
     build_due_event,
 )
+from timer_core import encode_envelope as encode_event  # noqa: E402 - the publisher's encoder
 
 README = Path(__file__).with_name("README.md")
 SECTION = "## NATS (bench/nats.py)"

@@ -73,7 +73,7 @@ PROFILE_KINDS = (
     ("nats-py", ("nats/",)),
     (
         "encoding (json, wire format, ids)",
-        ("json/", "cattrs/", "timer_core/codec", "timer_adapters_nats/_wire", "uuid", "_ids.py"),
+        ("json/", "cattrs/", "timer_core/codec", "timer_core/_shortcuts", "uuid", "_ids.py"),
     ),
     ("asyncio (loop, transports)", ("asyncio/", "selectors.py")),
     ("thread pool hand-off", ("concurrent/futures/", "threading.py", "queue.py")),

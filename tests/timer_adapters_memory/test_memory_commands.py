@@ -185,3 +185,15 @@ class TestRedelivery:
         release.set()
         await asyncio.wait_for(task, 5)
         assert [e.payload.service_call_id for e in source.acked] == ["x"]
+
+
+class TestLifecycle:
+    async def test_leaving_async_with_stops_run(self) -> None:
+        """A command source is an AsyncResource: leaving ``async with`` makes run return."""
+        recorder = Recorder()
+        async with MemoryCommandSource(batch_size=3) as source:
+            task = asyncio.ensure_future(source.run(recorder))
+            source.send(schedule("one"))
+            await asyncio.wait_for(source.wait_until_drained(), 5)
+        await asyncio.wait_for(task, 5)
+        assert [[e.payload.service_call_id for e in b] for b in recorder.batches] == [["one"]]

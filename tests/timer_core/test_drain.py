@@ -265,7 +265,7 @@ class TestUnfinishedMarks:
             rig.store, rig.publisher, rig.clock, batch_size=10, finish_marks=False
         )
         assert report.fired == 5 and report.unfinished_mark is not None
-        assert {str(key.service_call_id) for key in report.unfinished_keys} == set(calls)
+        assert {str(key.service_call_id) for key in report.unfinished_mark.keys} == set(calls)
         assert set(rig.states().values()) == {TimerState.SCHEDULED}
         rig.store.hold_marks.set()
         await report.unfinished_mark
@@ -288,8 +288,7 @@ class TestUnfinishedMarks:
                 rig.publisher,
                 rig.clock,
                 batch_size=10,
-                carried_mark=report.unfinished_mark,
-                carried_keys=report.unfinished_keys,
+                carried=report.unfinished_mark,
             )
         )
         await asyncio.sleep(0.01)

@@ -1,9 +1,14 @@
-"""timer_core stays a pure library: importing it pulls in no database or broker driver."""
+"""timer_core stays a pure library (importing it pulls in no database or broker driver), and
+the packages import each other only downwards."""
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
+from pathlib import Path
+
+import pytest
 
 
 class TestImports:
@@ -21,3 +26,57 @@ class TestImports:
             [sys.executable, "-c", code], capture_output=True, text=True, check=False
         )
         assert result.returncode == 0, result.stderr
+
+
+_ROOT = Path(__file__).resolve().parents[2]
+_CORE = "timer_core"
+_ADAPTERS = (
+    "timer_adapters_memory",
+    "timer_adapters_sqlite",
+    "timer_adapters_postgres",
+    "timer_adapters_nats",
+)
+_SERVICE = "timer_service"
+
+
+def _imports(package: str) -> set[tuple[str, str]]:
+    """Every ``(module, imported module)`` of a distribution's source, absolute names."""
+    found: set[tuple[str, str]] = set()
+    for path in sorted((_ROOT / package / "src" / package).rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                found.update((path.name, alias.name) for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                found.add((path.name, node.module))
+    return found
+
+
+def _ours(module: str) -> str | None:
+    top = module.partition(".")[0]
+    return top if top in (_CORE, *_ADAPTERS, _SERVICE) else None
+
+
+class TestLayering:
+    """Imports only point down: core <- adapters <- service (docs/design.md, Layout)."""
+
+    def test_core_imports_no_adapter_and_no_service(self) -> None:
+        """timer_core imports none of the adapters and not the service."""
+        upward = {(f, m) for f, m in _imports(_CORE) if _ours(m) not in (None, _CORE)}
+        assert upward == set()
+
+    @pytest.mark.parametrize("adapter", _ADAPTERS)
+    def test_an_adapter_imports_only_the_core(self, adapter: str) -> None:
+        """An adapter imports the core and itself, never another adapter or the service."""
+        sideways = {(f, m) for f, m in _imports(adapter) if _ours(m) not in (None, _CORE, adapter)}
+        assert sideways == set()
+
+    @pytest.mark.parametrize("package", [*_ADAPTERS, _SERVICE])
+    def test_the_core_is_used_through_its_public_names(self, package: str) -> None:
+        """Outside timer_core, code imports ``timer_core`` (or its test kit), no submodule."""
+        reaching = {
+            (f, m)
+            for f, m in _imports(package)
+            if _ours(m) == _CORE and m not in (_CORE, "timer_core.testing")
+        }
+        assert reaching == set()

@@ -58,6 +58,13 @@ class TestCommandCounts:
         metrics.command_rejected("timer.commands.t", "bad")
         assert counted(metrics) == {"stored": 3.0, "ignored": 2.0, "rejected": 1.0}
 
+    def test_commands_that_changed_nothing_count_as_ignored(self) -> None:
+        """A schedule of a Reached timer and a cancel of one count as ignored, not stored."""
+        metrics = PrometheusInstrumentation()
+        outcomes = [CommandOutcome.IGNORED_REACHED, CommandOutcome.CANCEL_NOOP]
+        metrics.commands_handled([command(0), command(1)], outcomes)
+        assert counted(metrics) == {"stored": 0.0, "ignored": 2.0, "rejected": 0.0}
+
     @pytest.mark.parametrize("level", [logging.INFO, logging.DEBUG])
     def test_batches_and_single_commands_count_alike(
         self, level: int, caplog: pytest.LogCaptureFixture

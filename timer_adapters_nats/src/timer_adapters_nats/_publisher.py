@@ -14,12 +14,12 @@ import attrs
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from timer_adapters_nats._wire import encode_event
 from timer_core import (
     DueTimeReached,
     EventPublisher,
     MessageEnvelope,
     PublishError,
+    encode_envelope,
 )
 
 if TYPE_CHECKING:
@@ -255,7 +255,7 @@ class NatsEventPublisher(EventPublisher):
         payload = envelope.payload
         return Outgoing(
             subject=self._subjects.events(payload.tenant_id, payload.service_call_id),
-            data=encode_event(envelope),
+            data=encode_envelope(envelope),
             msg_id=str(envelope.id),
         )
 

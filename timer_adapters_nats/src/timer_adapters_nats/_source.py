@@ -14,7 +14,6 @@ from nats.aio.msg import Msg
 
 from timer_adapters_nats._publisher import AckedPublisher, Outgoing
 from timer_adapters_nats._pull import PullBatches
-from timer_adapters_nats._wire import decode_command
 from timer_core import (
     NO_INSTRUMENTATION,
     Command,
@@ -24,6 +23,7 @@ from timer_core import (
     Instrumentation,
     MessageEnvelope,
     PublishError,
+    decode_command,
 )
 
 if TYPE_CHECKING:

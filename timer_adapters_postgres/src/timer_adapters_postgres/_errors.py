@@ -5,9 +5,9 @@ from __future__ import annotations
 import psycopg
 import sqlalchemy.exc
 
-from timer_core.errors import StoreError, StoreUnavailable
+from timer_core import StoreError, StoreUnavailable
 
-__all__ = ["is_retryable", "translate"]
+__all__ = ["is_retryable", "translate_error"]
 
 # SQLSTATE classes and codes that say "not now" rather than "never": connection failures,
 # lock/serialisation conflicts, resource exhaustion and operator intervention (shutdown,
@@ -28,7 +28,7 @@ def is_retryable(exc: BaseException) -> bool:
     return _sqlstate(exc) in _RETRYABLE_CODES
 
 
-def translate(exc: BaseException, action: str) -> StoreError:
+def translate_error(exc: BaseException, action: str) -> StoreError:
     """The :class:`StoreError` to raise for ``exc``, a driver error while doing ``action``."""
     state = _sqlstate(exc)
     origin = exc.orig if isinstance(exc, sqlalchemy.exc.DBAPIError) else exc

@@ -16,8 +16,7 @@ from datetime import UTC, datetime
 import psycopg
 from psycopg import sql
 
-from timer_core import from_epoch_ms, to_epoch_ms
-from timer_core.errors import StoreUnavailable
+from timer_core import StoreUnavailable, from_epoch_ms, to_epoch_ms
 
 __all__ = ["EARLIEST", "ScheduleListener", "notify_payload", "parse_payload"]
 

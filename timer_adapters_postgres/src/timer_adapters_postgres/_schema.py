@@ -12,7 +12,7 @@ import logging
 import attrs
 import sqlalchemy as sa
 
-from timer_core.errors import SchemaVersionError
+from timer_core import SchemaVersionError
 
 __all__ = [
     "MIGRATIONS",

@@ -21,30 +21,30 @@ import sqlalchemy as sa
 import sqlalchemy.exc
 import sqlalchemy.orm
 
-from timer_adapters_postgres._errors import is_retryable, translate
+from timer_adapters_postgres._errors import is_retryable, translate_error
 from timer_adapters_postgres._listener import ScheduleListener, notify_payload
 from timer_adapters_postgres._schema import SCHEMA_VERSION, migrate, schema_version
 from timer_adapters_postgres._schema import timer_schedules as t
 from timer_core import (
     CancelTimer,
+    CommandOutcome,
     CorrelationId,
+    DueCursor,
+    RemoteScheduleCallback,
     ScheduleTimer,
+    SchemaVersionError,
     ServiceCallId,
+    StoreError,
+    StoreUnavailable,
     TenantId,
     TimerEntry,
     TimerKey,
+    TimerOperation,
     TimerState,
+    TimerStore,
     redact_url,
     require_utc,
     scheduled_entry,
-)
-from timer_core.errors import SchemaVersionError, StoreError, StoreUnavailable
-from timer_core.ports import (
-    CommandOutcome,
-    DueCursor,
-    RemoteScheduleCallback,
-    TimerOperation,
-    TimerStore,
 )
 
 __all__ = ["PostgresTimerStore", "cancel_in_transaction", "schedule_in_transaction"]
@@ -480,7 +480,7 @@ class PostgresTimerStore(TimerStore):
                     return
                 found = schema_version(conn)
         except sqlalchemy.exc.SQLAlchemyError as exc:
-            raise translate(exc, "prepare the timer schema") from exc
+            raise translate_error(exc, "prepare the timer schema") from exc
         if found > SCHEMA_VERSION:
             raise SchemaVersionError(
                 f"the database has Timer schema version {found}, newer than {SCHEMA_VERSION}"
@@ -532,10 +532,10 @@ class PostgresTimerStore(TimerStore):
                 log.debug("%s raced with another writer; attempt %d", action, attempt)
             except sqlalchemy.exc.DBAPIError as exc:
                 if not is_retryable(exc) or attempt == _ATTEMPTS:
-                    raise translate(exc, action) from exc
+                    raise translate_error(exc, action) from exc
                 log.debug("%s conflicted (%s); attempt %d", action, exc.orig, attempt)
             except sqlalchemy.exc.SQLAlchemyError as exc:
-                raise translate(exc, action) from exc
+                raise translate_error(exc, action) from exc
         raise StoreUnavailable(f"PostgreSQL: could not {action} after {_ATTEMPTS} attempts")
 
     # -- writes ----------------------------------------------------------------------------
@@ -783,7 +783,7 @@ def _write_in_transaction(
             # visible to the next statement at READ COMMITTED, so looking again is enough.
             log.debug("scheduling in a host transaction raced; attempt %d", attempt)
         except sqlalchemy.exc.SQLAlchemyError as exc:
-            raise translate(exc, "schedule a timer in the caller's transaction") from exc
+            raise translate_error(exc, "schedule a timer in the caller's transaction") from exc
     raise StoreUnavailable(
         f"PostgreSQL: another transaction kept inserting the same timer ({_ATTEMPTS} attempts)"
     )

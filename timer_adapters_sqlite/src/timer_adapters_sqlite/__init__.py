@@ -2,12 +2,15 @@
 scheduling inside a host's own transaction (``schedule_in_transaction``)."""
 
 from timer_adapters_sqlite._schema import (
+    MIGRATIONS,
     SCHEMA_VERSION,
+    Migration,
     StoreMode,
     Synchronous,
     create_sqlite_engine,
     metadata,
     migrate,
+    timer_schedules,
     timer_schedules_table,
 )
 from timer_adapters_sqlite._store import (
@@ -17,7 +20,9 @@ from timer_adapters_sqlite._store import (
 )
 
 __all__ = [
+    "MIGRATIONS",
     "SCHEMA_VERSION",
+    "Migration",
     "SqliteTimerStore",
     "StoreMode",
     "Synchronous",
@@ -25,6 +30,7 @@ __all__ = [
     "create_sqlite_engine",
     "metadata",
     "migrate",
+    "timer_schedules",
     "schedule_in_transaction",
     "timer_schedules_table",
 ]

@@ -6,7 +6,7 @@ import sqlite3
 
 import sqlalchemy.exc
 
-from timer_core.errors import StoreError, StoreUnavailable
+from timer_core import StoreError, StoreUnavailable
 
 __all__ = ["translate_error"]
 

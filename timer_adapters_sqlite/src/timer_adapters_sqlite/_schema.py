@@ -16,15 +16,18 @@ import attrs
 import sqlalchemy as sa
 
 from timer_adapters_sqlite._errors import translate_error
-from timer_core.errors import SchemaVersionError, StoreError
+from timer_core import SchemaVersionError, StoreError
 
 __all__ = [
+    "MIGRATIONS",
     "SCHEMA_VERSION",
+    "Migration",
     "StoreMode",
     "Synchronous",
     "create_sqlite_engine",
     "metadata",
     "migrate",
+    "timer_schedules",
     "timer_schedules_table",
 ]
 
@@ -99,7 +102,7 @@ def _create_table_v1(mode: StoreMode) -> list[str]:
 
 
 @attrs.frozen
-class _Migration:
+class Migration:
     """One forward step of the schema; ``statements`` may differ by mode, never by data."""
 
     version: int
@@ -108,10 +111,10 @@ class _Migration:
 
 
 # Append only: a released step is never edited, a change is a new step.
-_MIGRATIONS: tuple[_Migration, ...] = (
-    _Migration(1, "create timer_schedules with its indexes", _create_table_v1),
+MIGRATIONS: tuple[Migration, ...] = (
+    Migration(1, "create timer_schedules with its indexes", _create_table_v1),
 )
-assert [m.version for m in _MIGRATIONS] == list(range(1, SCHEMA_VERSION + 1))
+assert [m.version for m in MIGRATIONS] == list(range(1, SCHEMA_VERSION + 1))
 
 
 def timer_schedules_table(metadata: sa.MetaData, *, mode: StoreMode = "standalone") -> sa.Table:
@@ -160,7 +163,8 @@ def timer_schedules_table(metadata: sa.MetaData, *, mode: StoreMode = "standalon
 metadata = sa.MetaData()
 """The standalone schema as SQLAlchemy metadata (for hosts' Alembic); see also
 :func:`timer_schedules_table` for the shared mode."""
-timer_schedules_table(metadata)
+timer_schedules = timer_schedules_table(metadata)
+"""The standalone ``timer_schedules`` table in :data:`metadata`."""
 
 _PRAGMA_NAME = re.compile(r"[a-z_]+")
 _PRAGMA_VALUE = re.compile(r"-?[0-9]+|[A-Za-z_]+")
@@ -263,7 +267,7 @@ def migrate_connection(connection: sa.Connection, *, mode: StoreMode, where: str
                 f"shared mode needs the host's service_calls (tenant_id, service_call_id) "
                 f"table in {where}; create it before starting the timer store"
             )
-        for migration in _MIGRATIONS:
+        for migration in MIGRATIONS:
             if migration.version <= current:
                 continue
             for statement in migration.statements(mode):

@@ -59,9 +59,12 @@ from timer_core.ports import (
 )
 from timer_core.worker import TimerWorker
 from timer_core.workflows import (
+    DrainReport,
     FiringReport,
+    PendingMark,
     build_due_event,
     cancel_timer,
+    drain_due_timers,
     fire_due_timers,
     handle_commands,
     schedule_timer,
@@ -82,6 +85,7 @@ __all__ = [
     "ComponentFailed",
     "CorrelationId",
     "DecodeError",
+    "DrainReport",
     "DueCursor",
     "DueTimeReached",
     "EnvelopeId",
@@ -95,6 +99,7 @@ __all__ = [
     "Message",
     "MessageEnvelope",
     "MessageMetadata",
+    "PendingMark",
     "PublishError",
     "RemoteScheduleCallback",
     "ScheduleTimer",
@@ -122,6 +127,7 @@ __all__ = [
     "decode_command",
     "decode_envelope",
     "decode_event",
+    "drain_due_timers",
     "encode_envelope",
     "fire_due_timers",
     "floor_ms",

@@ -101,3 +101,32 @@ class MessageEnvelope(Generic[P]):
     def metadata(self) -> MessageMetadata:
         """The tracing fields of this envelope."""
         return MessageMetadata(self.correlation_id, self.causation_id)
+
+
+def _unchecked_due_event(
+    envelope_id: EnvelopeId,
+    tenant_id: TenantId,
+    service_call_id: ServiceCallId,
+    due_at: datetime,
+    reached_at: datetime,
+    timestamp_ms: int,
+    correlation_id: CorrelationId | None,
+) -> MessageEnvelope[DueTimeReached]:
+    """A ``DueTimeReached`` envelope from values already of its fields' types and forms,
+    without running the converters again: for the hot path only (a timer fired). A new field
+    of either class must be set here too (a test compares the result with the constructors')."""
+    put = object.__setattr__
+    payload = object.__new__(DueTimeReached)
+    put(payload, "tenant_id", tenant_id)
+    put(payload, "service_call_id", service_call_id)
+    put(payload, "due_at", due_at)
+    put(payload, "reached_at", reached_at)
+    put(payload, "tag", "DueTimeReached")
+    envelope: MessageEnvelope[DueTimeReached] = object.__new__(MessageEnvelope)
+    put(envelope, "id", envelope_id)
+    put(envelope, "payload", payload)
+    put(envelope, "timestamp_ms", timestamp_ms)
+    put(envelope, "aggregate_id", service_call_id)
+    put(envelope, "correlation_id", correlation_id)
+    put(envelope, "causation_id", None)
+    return envelope

@@ -51,13 +51,6 @@ class CommandOutcome(enum.StrEnum):
     CANCEL_NOOP = "cancel_noop"
     """A ``CancelTimer`` for a ``Reached`` or unknown timer: nothing changed."""
 
-    @property
-    def counted_as(self) -> str:
-        """The metrics bucket: ``stored`` when the store changed, else ``ignored``."""
-        return (
-            "stored" if self in (CommandOutcome.SCHEDULED, CommandOutcome.CANCELLED) else "ignored"
-        )
-
 
 class DueCursor(NamedTuple):
     """A position in the due-timer order ``(due_at, tenant_id, service_call_id)``."""
@@ -285,7 +278,7 @@ CommandBatchHandler = Callable[
 ]
 
 
-class CommandSource(abc.ABC):
+class CommandSource(AsyncResource, abc.ABC):
     """Delivers decoded commands from the broker to the timer, at least once.
 
     A message that cannot be decoded is dead-lettered by the source (with the
@@ -293,6 +286,9 @@ class CommandSource(abc.ABC):
     handler. A batch is acknowledged only after the handler returned for it; if the handler
     raises, the batch is not acknowledged and is redelivered later. Commands for one timer
     key reach the handler in the order they were sent.
+
+    Like the other ports it is an :class:`AsyncResource`: ``start()`` connects (the default
+    does nothing), ``aclose()`` stops it (:meth:`stop`).
     """
 
     @abc.abstractmethod
@@ -301,7 +297,13 @@ class CommandSource(abc.ABC):
 
     @abc.abstractmethod
     async def stop(self) -> None:
-        """Stop fetching; the batch in the handler is finished (and acked) before run returns."""
+        """Stop fetching; the batch in the handler is finished (and acked) before run returns.
+
+        Idempotent."""
+
+    async def aclose(self) -> None:
+        """Stop (see :meth:`stop`). Idempotent."""
+        await self.stop()
 
 
 class TimerScheduler(Protocol):

@@ -12,7 +12,6 @@ import logging
 import math
 from datetime import datetime, timedelta
 
-from timer_core._entry import TimerKey
 from timer_core.errors import StoreError, ValidationError
 from timer_core.instrumentation import NO_INSTRUMENTATION, Instrumentation
 from timer_core.ports import (
@@ -22,7 +21,7 @@ from timer_core.ports import (
     TimerStore,
     Uuid7EnvelopeIds,
 )
-from timer_core.workflows import DrainReport, FiringReport, drain_due_timers
+from timer_core.workflows import DrainReport, FiringReport, PendingMark, drain_due_timers
 
 __all__ = ["TimerWorker"]
 
@@ -92,9 +91,8 @@ class TimerWorker:
         """Monotonic time the last pass completed without a store error (for health checks)."""
         self.passes = 0
         """How many passes completed."""
-        # The last drain's mark, still running, and the timers it marks (published).
-        self._marking: asyncio.Future[None] | None = None
-        self._marking_keys: frozenset[TimerKey] = frozenset()
+        # The last drain's mark, still running.
+        self._marking: PendingMark | None = None
 
     def notify_scheduled(self, due_at: datetime) -> None:
         """Tell the worker a timer is due at ``due_at``; it wakes now if that is earlier."""
@@ -163,8 +161,7 @@ class TimerWorker:
             await self._idle()
 
     async def _drain(self) -> DrainReport:
-        carried, carried_keys = self._marking, self._marking_keys
-        self._marking, self._marking_keys = None, frozenset()
+        carried, self._marking = self._marking, None
         try:
             report = await drain_due_timers(
                 self._store,
@@ -176,14 +173,13 @@ class TimerWorker:
                 stopping=self._stop.is_set,
                 on_batch=self._batch_done,
                 finish_marks=False,
-                carried_mark=carried,
-                carried_keys=carried_keys,
+                carried=carried,
             )
         except BaseException:
             if carried is not None:
                 await _quietly(carried)
             raise
-        self._marking, self._marking_keys = report.unfinished_mark, report.unfinished_keys
+        self._marking = report.unfinished_mark
         return report
 
     async def _marked_or_woken(self) -> bool:
@@ -194,7 +190,7 @@ class TimerWorker:
         """
         assert self._marking is not None
         waking: asyncio.Future[object] = asyncio.ensure_future(self._wake.wait())
-        marking: asyncio.Future[object] = self._marking  # type: ignore[assignment]
+        marking: asyncio.Future[object] = self._marking.marking  # type: ignore[assignment]
         try:
             await asyncio.wait({marking, waking}, return_when=asyncio.FIRST_COMPLETED)
         finally:
@@ -204,7 +200,7 @@ class TimerWorker:
     async def _finish_marking(self, *, quietly: bool = True) -> None:
         """Wait for the last drain's mark; its failure is raised unless ``quietly`` (then
         only logged: the timers stay ``Scheduled`` and are published again later)."""
-        marking, self._marking, self._marking_keys = self._marking, None, frozenset()
+        marking, self._marking = self._marking, None
         if marking is not None:
             if quietly:
                 await _quietly(marking)
@@ -292,7 +288,7 @@ def _require_count(name: str, value: int) -> None:
         raise ValidationError(f"{name} must be a whole number of at least 1, got {value!r}")
 
 
-async def _quietly(marking: asyncio.Future[None]) -> None:
+async def _quietly(marking: PendingMark) -> None:
     try:
         await marking
     except Exception as exc:

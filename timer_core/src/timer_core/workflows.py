@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Generator, Sequence
 from datetime import datetime
+from typing import Any
 
 import attrs
 
@@ -17,6 +18,7 @@ from timer_core._messages import (
     DueTimeReached,
     MessageEnvelope,
     ScheduleTimer,
+    _unchecked_due_event,
 )
 from timer_core._time import floor_ms, is_utc_ms, to_epoch_ms
 from timer_core.errors import PublishError, StoreError
@@ -35,6 +37,7 @@ from timer_core.ports import (
 __all__ = [
     "DrainReport",
     "FiringReport",
+    "PendingMark",
     "build_due_event",
     "cancel_timer",
     "drain_due_timers",
@@ -156,22 +159,16 @@ def build_due_event(
         )
     # The hot path, once per timer fired: every value is already of its field's type and
     # form (a TimerEntry's fields, a UTC millisecond instant), so the converters are not run
-    # again. A new field must be set here too (a test compares with the constructors).
-    put = object.__setattr__
-    payload = object.__new__(DueTimeReached)
-    put(payload, "tenant_id", entry.tenant_id)
-    put(payload, "service_call_id", entry.service_call_id)
-    put(payload, "due_at", entry.due_at)
-    put(payload, "reached_at", reached_at)
-    put(payload, "tag", "DueTimeReached")
-    envelope: MessageEnvelope[DueTimeReached] = object.__new__(MessageEnvelope)
-    put(envelope, "id", envelope_id)
-    put(envelope, "payload", payload)
-    put(envelope, "timestamp_ms", to_epoch_ms(reached_at))
-    put(envelope, "aggregate_id", entry.service_call_id)
-    put(envelope, "correlation_id", entry.correlation_id)
-    put(envelope, "causation_id", None)
-    return envelope
+    # again.
+    return _unchecked_due_event(
+        envelope_id,
+        entry.tenant_id,
+        entry.service_call_id,
+        entry.due_at,
+        reached_at,
+        to_epoch_ms(reached_at),
+        entry.correlation_id,
+    )
 
 
 @attrs.frozen
@@ -229,6 +226,27 @@ async def fire_due_timers(
 
 
 @attrs.frozen
+class PendingMark:
+    """A drain's last mark, still running when the drain returned (``finish_marks=False``).
+
+    The timers in :attr:`keys` are published and not yet ``Reached``. Hand it to the next
+    drain (``carried=``), which leaves those timers out and lets the mark finish before its
+    own; awaiting it waits for the mark (and raises its error).
+    """
+
+    marking: asyncio.Future[None]
+    keys: frozenset[TimerKey]
+    """The timers :attr:`marking` marks."""
+
+    def done(self) -> bool:
+        """Whether the mark has finished (or failed)."""
+        return self.marking.done()
+
+    def __await__(self) -> Generator[Any, None, None]:
+        return self.marking.__await__()
+
+
+@attrs.frozen
 class DrainReport:
     """What one call of :func:`drain_due_timers` did, in counts (a drain may fire millions)."""
 
@@ -240,11 +258,9 @@ class DrainReport:
     """Timers whose publish failed; they stay ``Scheduled`` for a later drain."""
     expired: int = 0
     """Claimed timers not published because their claim lease ran out first."""
-    unfinished_mark: asyncio.Future[None] | None = None
-    """With ``finish_marks=False``: the mark still running when the drain returned (the
-    timers in :attr:`unfinished_keys` are published and not yet ``Reached``), else None."""
-    unfinished_keys: frozenset[TimerKey] = frozenset()
-    """The timers :attr:`unfinished_mark` is marking."""
+    unfinished_mark: PendingMark | None = None
+    """With ``finish_marks=False``: the mark still running when the drain returned, else
+    None."""
 
 
 def _never() -> bool:
@@ -262,8 +278,7 @@ async def drain_due_timers(
     stopping: Callable[[], bool] = _never,
     on_batch: Callable[[FiringReport], None] | None = None,
     finish_marks: bool = True,
-    carried_mark: asyncio.Future[None] | None = None,
-    carried_keys: Collection[TimerKey] = frozenset(),
+    carried: PendingMark | None = None,
 ) -> DrainReport:
     """Fire batch after batch, in due order, until a batch comes back short (or ``stopping``).
 
@@ -277,20 +292,20 @@ async def drain_due_timers(
     lease waiting. ``on_batch`` gets each batch's report once it is marked.
 
     With ``finish_marks=False`` the drain returns while its last mark may still run, handed
-    over in the report; the caller passes it to the next drain as ``carried_mark`` with its
-    ``carried_keys``, which that drain leaves out of what it finds (they are published) and
-    lets finish before its own first mark. A firer under steady load thus looks for the next
+    over in the report as a :class:`PendingMark`; the caller passes it to the next drain as
+    ``carried``, which leaves its timers out of what it finds (they are published) and lets
+    it finish before its own first mark. A firer under steady load thus looks for the next
     due timers while the last ones are being marked.
     """
     pipelined = store.claim_lease_s is None
     fired = batches = expired = 0
     failed: list[tuple[TimerEntry, PublishError]] = []
-    skip = carried_keys if carried_mark is not None and pipelined else frozenset()
+    skip = carried.keys if carried is not None and pipelined else frozenset()
     found = await _find(store, clock, batch_size, None, instrumentation, skip)
     if not found.due and on_batch is not None:
         on_batch(found.report([], []))
     ahead: asyncio.Task[_Found] | None = None
-    marking: asyncio.Future[None] | None = carried_mark
+    marking: asyncio.Future[None] | None = None if carried is None else carried.marking
     # What ``marking`` marks once this drain started a mark of its own (else the carried).
     marked: list[TimerEntry] | None = None
     try:
@@ -339,13 +354,13 @@ async def drain_due_timers(
         fired=fired,
         failed=failed,
         expired=expired,
-        unfinished_mark=unfinished,
-        unfinished_keys=(
-            frozenset()
+        unfinished_mark=(
+            None
             if unfinished is None
-            else frozenset(skip)
-            if marked is None
-            else frozenset(entry.key for entry in marked)
+            else PendingMark(
+                unfinished,
+                frozenset(skip) if marked is None else frozenset(entry.key for entry in marked),
+            )
         ),
     )
 

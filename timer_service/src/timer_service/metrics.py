@@ -21,6 +21,15 @@ __all__ = ["PrometheusInstrumentation"]
 
 log = logging.getLogger("timer_service.events")
 
+#: The ``outcome`` label of ``timer_commands_received_total`` for each command outcome:
+#: ``stored`` when the store changed, else ``ignored``.
+_COUNTED_AS: dict[str, str] = {
+    CommandOutcome.SCHEDULED: "stored",
+    CommandOutcome.CANCELLED: "stored",
+    CommandOutcome.IGNORED_REACHED: "ignored",
+    CommandOutcome.CANCEL_NOOP: "ignored",
+}
+
 _LATENESS_BUCKETS = (
     0.001,
     0.0025,
@@ -95,7 +104,7 @@ class PrometheusInstrumentation(Instrumentation):
             self.commands.labels(outcome)
 
     def command_handled(self, envelope: MessageEnvelope[Command], outcome: str) -> None:
-        self.commands.labels(CommandOutcome(outcome).counted_as).inc()
+        self.commands.labels(_COUNTED_AS[outcome]).inc()
         if log.isEnabledFor(logging.DEBUG):
             log.debug(
                 "%s %s",
@@ -117,7 +126,7 @@ class PrometheusInstrumentation(Instrumentation):
             super().commands_handled(envelopes, outcomes)
             return
         for outcome, count in collections.Counter(outcomes).items():
-            self.commands.labels(CommandOutcome(outcome).counted_as).inc(count)
+            self.commands.labels(_COUNTED_AS[outcome]).inc(count)
 
     def command_rejected(self, subject: str, reason: str) -> None:
         self.commands.labels("rejected").inc()

@@ -1,4 +1,5 @@
-"""The adapter's codec shortcuts give exactly what the codec gives, for any input."""
+"""The codec's shortcuts (``timer_core._shortcuts``, behind ``decode_command`` and
+``encode_envelope``) give exactly what the codec's own reading and writing give, for any input."""
 
 from __future__ import annotations
 
@@ -10,15 +11,18 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from timer_adapters_nats._wire import decode_command, encode_event
 from timer_core import (
     DecodeError,
     DueTimeReached,
     MessageEnvelope,
     ScheduleTimer,
-    encode_envelope,
+    decode_command,
 )
-from timer_core import decode_command as codec_decode_command
+from timer_core import encode_envelope as encode_event
+from timer_core._shortcuts import command as command_shortcut
+from timer_core._shortcuts import due_event as due_event_shortcut
+from timer_core.codec import _decode_command as codec_decode_command
+from timer_core.codec import _encode_envelope as encode_envelope
 from timer_core.codec import envelope_to_dict
 from timer_core.testing import strategies as ts
 
@@ -80,15 +84,18 @@ def mutate(obj: dict[str, Any], mutation: tuple[Any, ...]) -> dict[str, Any]:
 
 
 class TestDecodeCommand:
-    """``decode_command`` of the adapter is the codec's, shortcut or not."""
+    """``decode_command`` is the codec's own reading, shortcut or not."""
 
     @given(ts.command_envelopes())
     def test_valid_commands_decode_as_the_codec_decodes_them(
         self, envelope: MessageEnvelope[Any]
     ) -> None:
-        """Every valid command written by the codec decodes to the envelope it came from."""
+        """Every valid command written by the codec takes the shortcut, to the envelope it
+        came from, as bytes and as text."""
         data = encode_envelope(envelope)
+        assert command_shortcut(data) is not None
         assert decode_command(data) == codec_decode_command(data) == envelope
+        assert decode_command(data.decode()) == envelope
 
     @pytest.mark.parametrize("separators", [(", ", ": "), (",", ":")])
     @given(ts.command_envelopes(), st.lists(mutations(), min_size=1, max_size=3))
@@ -213,13 +220,14 @@ class TestDecodeCommand:
 
 
 class TestEncodeEvent:
-    """``encode_event`` writes the codec's bytes."""
+    """``encode_envelope`` of an event writes the codec's own bytes, shortcut or not."""
 
     @given(ts.event_envelopes())
     def test_events_as_the_service_publishes_them(
         self, envelope: MessageEnvelope[DueTimeReached]
     ) -> None:
-        """Every DueTimeReached the timer publishes encodes to the codec's exact bytes."""
+        """Every DueTimeReached the timer publishes takes the shortcut, to the codec's bytes."""
+        assert due_event_shortcut(envelope) is not None
         assert encode_event(envelope) == encode_envelope(envelope)
 
     @given(ts.envelopes(ts.due_time_reached()))

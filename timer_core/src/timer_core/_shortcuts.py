@@ -1,10 +1,11 @@
-"""The codec's hot paths on the broker side: commands in and ``DueTimeReached`` out, per message.
+"""The codec's shortcuts for the messages Timer handles by the thousand: commands in and
+``DueTimeReached`` out.
 
-:func:`decode_command` and :func:`encode_event` give exactly what :mod:`timer_core.codec`
-gives, several times faster, for the messages the service handles by the thousand: they take
-the one canonical shape Timer's own writers produce (``TimerClient``, the service) straight,
-and hand anything else to the codec, which stays the only judge of what is valid and the
-only author of error messages.
+:func:`command` and :func:`due_event` give exactly what :mod:`timer_core.codec` gives,
+several times faster, for the one canonical shape Timer's own writers produce
+(``TimerClient``, the service), and None for anything else: the codec stays the only judge
+of what is valid and the only author of error messages. Only the codec calls them, behind
+``decode_command`` and ``encode_envelope``; tests in ``tests/timer_core`` hold the two equal.
 """
 
 from __future__ import annotations
@@ -14,24 +15,17 @@ import re
 from datetime import UTC, datetime
 from typing import Any
 
-from timer_core import (
+from timer_core._ids import CausationId, CorrelationId, EnvelopeId, ServiceCallId, TenantId
+from timer_core._messages import (
     CancelTimer,
-    CausationId,
     Command,
-    CorrelationId,
     DueTimeReached,
-    EnvelopeId,
     MessageEnvelope,
     ScheduleTimer,
-    ServiceCallId,
-    TenantId,
-    TimerError,
-    encode_envelope,
 )
-from timer_core import decode_command as codec_decode_command
-from timer_core.codec import MAX_MESSAGE_BYTES
+from timer_core.errors import TimerError
 
-__all__ = ["decode_command", "encode_event"]
+__all__ = ["command", "due_event"]
 
 # The one timestamp form Timer writes; anything else (offsets, other precisions) is the codec's.
 _CANONICAL_TIMESTAMP = re.compile(
@@ -67,22 +61,28 @@ _EXACT_COMMAND = re.compile(
 )
 
 
-def decode_command(data: bytes) -> MessageEnvelope[Command]:
-    """:func:`timer_core.decode_command`, with shortcuts for the canonical shape."""
+def command(data: bytes | str) -> MessageEnvelope[Command] | None:
+    """What the codec decodes from ``data`` when it is a plainly valid command, else None.
+
+    The caller has checked the size limit.
+    """
     envelope = _exact_command(data)
-    if envelope is None:
-        envelope = _canonical_command(data)
-    return envelope if envelope is not None else codec_decode_command(data)
+    return envelope if envelope is not None else _canonical_command(data)
 
 
-def _exact_command(data: bytes) -> MessageEnvelope[Command] | None:
+def _exact_command(data: bytes | str) -> MessageEnvelope[Command] | None:
     """The envelope when ``data`` is a command in exactly the codec's own form, else None."""
     if len(data) > 2048:  # longer than any command of this form can be
         return None
-    try:
-        text = data.decode("ascii")
-    except UnicodeDecodeError:
-        return None
+    if isinstance(data, str):
+        if not data.isascii():
+            return None
+        text = data
+    else:
+        try:
+            text = data.decode("ascii")
+        except UnicodeDecodeError:
+            return None
     match = _EXACT_COMMAND.fullmatch(text)
     if match is None:
         return None
@@ -131,10 +131,8 @@ def _exact_command(data: bytes) -> MessageEnvelope[Command] | None:
     )
 
 
-def _canonical_command(data: bytes) -> MessageEnvelope[Command] | None:
+def _canonical_command(data: bytes | str) -> MessageEnvelope[Command] | None:
     """The envelope when ``data`` is a plainly valid command, else None (ask the codec)."""
-    if len(data) > MAX_MESSAGE_BYTES:
-        return None
     try:
         obj: Any = json.loads(data)
     except Exception:  # not JSON, not UTF-8, too deep: the codec says which
@@ -215,12 +213,12 @@ class _LastStamp:
 _reached_text = _LastStamp()
 
 
-def encode_event(envelope: MessageEnvelope[DueTimeReached]) -> bytes:
-    """:func:`timer_core.encode_envelope` of a ``DueTimeReached``: the same bytes, faster.
+def due_event(envelope: MessageEnvelope[DueTimeReached]) -> bytes | None:
+    """What the codec encodes a ``DueTimeReached`` envelope to, or None (ask the codec).
 
     Every string in the event is a validated identifier, UUID or timestamp, none of which
     JSON escapes, so the text is written directly. An envelope holding anything but those
-    types goes through the codec.
+    types is left to the codec.
     """
     payload = envelope.payload
     aggregate_id = envelope.aggregate_id
@@ -233,7 +231,7 @@ def encode_event(envelope: MessageEnvelope[DueTimeReached]) -> bytes:
         or payload.due_at.tzinfo is not UTC
         or payload.reached_at.tzinfo is not UTC
     ):
-        return encode_envelope(envelope)
+        return None
     tenant_id = payload.tenant_id
     head = f'{{"id":"{envelope.id}","type":"DueTimeReached","tenantId":"{tenant_id}",'
     if aggregate_id is not None:

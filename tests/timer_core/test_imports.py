@@ -4,11 +4,14 @@ the packages import each other only downwards."""
 from __future__ import annotations
 
 import ast
+import importlib
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+import timer_core
 
 
 class TestImports:
@@ -55,6 +58,18 @@ def _imports(package: str) -> set[tuple[str, str]]:
 def _ours(module: str) -> str | None:
     top = module.partition(".")[0]
     return top if top in (_CORE, *_ADAPTERS, _SERVICE) else None
+
+
+class TestPublicNames:
+    """Every public name of timer_core is importable from ``timer_core`` itself."""
+
+    @pytest.mark.parametrize(
+        "module", ["codec", "errors", "instrumentation", "ports", "worker", "workflows"]
+    )
+    def test_public_modules_are_re_exported(self, module: str) -> None:
+        """A public module's ``__all__`` is part of ``timer_core.__all__``."""
+        names = set(importlib.import_module(f"timer_core.{module}").__all__)
+        assert names - set(timer_core.__all__) == set()
 
 
 class TestLayering:

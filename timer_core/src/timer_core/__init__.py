@@ -26,7 +26,15 @@ from timer_core._time import (
     require_utc,
     to_epoch_ms,
 )
-from timer_core.codec import decode_command, decode_envelope, decode_event, encode_envelope
+from timer_core.codec import (
+    MAX_MESSAGE_BYTES,
+    decode_command,
+    decode_envelope,
+    decode_event,
+    encode_envelope,
+    envelope_from_dict,
+    envelope_to_dict,
+)
 from timer_core.errors import (
     ComponentFailed,
     DecodeError,
@@ -72,6 +80,7 @@ from timer_core.workflows import (
 )
 
 __all__ = [
+    "MAX_MESSAGE_BYTES",
     "NO_INSTRUMENTATION",
     "REDACTED",
     "AsyncResource",
@@ -129,6 +138,8 @@ __all__ = [
     "decode_event",
     "drain_due_timers",
     "encode_envelope",
+    "envelope_from_dict",
+    "envelope_to_dict",
     "fire_due_timers",
     "floor_ms",
     "format_timestamp",

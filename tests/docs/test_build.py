@@ -41,3 +41,16 @@ class TestBuild:
         # The changelog page is CHANGELOG.md itself; diagrams are mermaid blocks for the theme.
         assert "Keep a Changelog" in (site / "changelog" / "index.html").read_text()
         assert '<pre class="mermaid">' in (site / "architecture" / "index.html").read_text()
+        # The API reference: a page per package, generated from the docstrings, roles as code.
+        reference = {
+            "timer_core": "timer_core.Timer",
+            "timer_adapters_memory": "timer_adapters_memory.FakeClock",
+            "timer_adapters_sqlite": "timer_adapters_sqlite.schedule_in_transaction",
+            "timer_adapters_postgres": "timer_adapters_postgres.schedule_in_transaction",
+            "timer_adapters_nats": "timer_adapters_nats.DueEventConsumer",
+            "timer_service": "timer_service.settings.Settings",
+        }
+        for package, name in reference.items():
+            page = (site / "reference" / package / "index.html").read_text()
+            assert f'id="{name}"' in page, package
+            assert ":class:" not in page and ":meth:" not in page, package

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
 
 import pytest
 
-from timer_adapters_memory import MemoryEventBus, MemoryTimerStore
+from timer_adapters_memory import FakeClock, MemoryEventBus, MemoryTimerStore
 from timer_core import DueTimeReached, MessageEnvelope, TimerStore
-from timer_core.testing import EventPublisherContract, PublisherHarness, TimerStoreContract
+from timer_core.testing import (
+    EventPublisherContract,
+    PublisherHarness,
+    TimerStoreContract,
+    TimerStoreLeaseContract,
+)
 
 
 class TestMemoryTimerStoreContract(TimerStoreContract):
@@ -18,6 +24,26 @@ class TestMemoryTimerStoreContract(TimerStoreContract):
     def make_store(self) -> Callable[[], TimerStore]:
         storage = MemoryTimerStore()
         return lambda: MemoryTimerStore(shared_with=storage)
+
+
+class TestMemoryTimerStoreLeaseContract(TimerStoreLeaseContract):
+    """MemoryTimerStore in its leasing mode keeps the lease promise, on a fake clock."""
+
+    @pytest.fixture
+    def clock(self) -> FakeClock:
+        return FakeClock(datetime(2030, 1, 1, tzinfo=UTC))
+
+    @pytest.fixture
+    def make_leasing_store(self, clock: FakeClock) -> Callable[[float], TimerStore]:
+        storage = MemoryTimerStore()
+        return lambda lease_s: MemoryTimerStore(shared_with=storage, lease_s=lease_s, clock=clock)
+
+    @pytest.fixture
+    def let_time_pass(self, clock: FakeClock) -> Callable[[float], Awaitable[None]]:
+        async def advance(seconds: float) -> None:
+            clock.advance(seconds)
+
+        return advance
 
 
 class TestMemoryEventBusContract(EventPublisherContract):

@@ -8,7 +8,7 @@ import pytest
 
 from timer_adapters_postgres import PostgresTimerStore
 from timer_core import TimerStore
-from timer_core.testing import TimerStoreContract
+from timer_core.testing import TimerStoreContract, TimerStoreLeaseContract
 
 
 class TestPostgresTimerStoreContract(TimerStoreContract):
@@ -17,3 +17,11 @@ class TestPostgresTimerStoreContract(TimerStoreContract):
     @pytest.fixture
     def make_store(self, postgres_url: str) -> Callable[[], TimerStore]:
         return lambda: PostgresTimerStore(postgres_url, pool_size=3)
+
+
+class TestPostgresTimerStoreLeaseContract(TimerStoreLeaseContract):
+    """Several PostgresTimerStore instances on one database keep the lease promise."""
+
+    @pytest.fixture
+    def make_leasing_store(self, postgres_url: str) -> Callable[[float], TimerStore]:
+        return lambda lease_s: PostgresTimerStore(postgres_url, pool_size=3, lease_s=lease_s)

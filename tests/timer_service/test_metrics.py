@@ -58,6 +58,13 @@ class TestCommandCounts:
         metrics.command_rejected("timer.commands.t", "bad")
         assert counted(metrics) == {"stored": 3.0, "ignored": 2.0, "rejected": 1.0}
 
+    @pytest.mark.parametrize("outcome", list(CommandOutcome))
+    def test_every_outcome_is_counted_under_a_label(self, outcome: CommandOutcome) -> None:
+        """Each outcome the store can report adds one to exactly one outcome label."""
+        metrics = PrometheusInstrumentation()
+        metrics.commands_handled([command(0)], [outcome])
+        assert sum(counted(metrics).values()) == 1.0
+
     def test_commands_that_changed_nothing_count_as_ignored(self) -> None:
         """A schedule of a Reached timer and a cancel of one count as ignored, not stored."""
         metrics = PrometheusInstrumentation()

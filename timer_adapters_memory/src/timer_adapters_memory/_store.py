@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import itertools
 import threading
 from collections.abc import Collection, Sequence
 from datetime import datetime
@@ -11,11 +12,13 @@ from datetime import datetime
 import attrs
 
 from timer_core import (
+    Clock,
     CommandOutcome,
     CorrelationId,
     DueCursor,
     ServiceCallId,
     StoreUnavailable,
+    SystemClock,
     TenantId,
     TimerEntry,
     TimerKey,
@@ -26,6 +29,18 @@ from timer_core import (
 )
 
 __all__ = ["MemoryTimerStore"]
+
+_owner_numbers = itertools.count(1)
+
+
+@attrs.define
+class _Lease:
+    """The claim column of a SQL store: who holds a timer until when (monotonic seconds), and
+    a token bumped by every claim (kept when released, so an old claim stays fenced)."""
+
+    owner: str | None
+    until: float | None
+    token: int
 
 
 class _Storage:
@@ -39,6 +54,7 @@ class _Storage:
         self.lock = threading.Lock()
         self.timers: dict[TimerKey, TimerEntry] = {}
         self.due_index: list[DueCursor] = []
+        self.leases: dict[TimerKey, _Lease] = {}
         self.unavailable = False
         self.failures_left = 0
         self.failing_methods: frozenset[str] | None = None
@@ -53,8 +69,14 @@ class _Storage:
 
     def delete(self, key: TimerKey) -> None:
         old = self.timers.pop(key)
+        self.leases.pop(key, None)
         if old.is_scheduled:
             self._unindex(old)
+
+    def drop_lease(self, key: TimerKey) -> None:
+        lease = self.leases.get(key)
+        if lease is not None:
+            lease.owner = lease.until = None
 
     def _unindex(self, entry: TimerEntry) -> None:
         cursor = DueCursor.of(entry)
@@ -74,11 +96,35 @@ class MemoryTimerStore(TimerStore):
     way a restarted service reopens its database file. Like the SQL stores, an instance
     raises ``StoreUnavailable`` before :meth:`start` and after :meth:`aclose` (until started
     again), so a host tested on it does not miss a forgotten ``async with``.
+
+    With ``lease_s`` it leases as the PostgreSQL store does, for tests of several instances
+    (it passes :class:`timer_core.testing.TimerStoreLeaseContract`): :meth:`find_due` claims
+    the timers it returns for ``lease_s`` seconds of ``clock`` (monotonic time; instances
+    over one storage should share the clock), marks and releases are fenced by the claim,
+    and each instance is its own owner (``owner_id``, default a new name per instance).
     """
 
-    def __init__(self, *, shared_with: MemoryTimerStore | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        shared_with: MemoryTimerStore | None = None,
+        lease_s: float | None = None,
+        clock: Clock | None = None,
+        owner_id: str | None = None,
+    ) -> None:
+        if lease_s is not None and not lease_s > 0:
+            raise ValueError(f"lease_s must be positive, got {lease_s!r}")
         self._storage: _Storage = _Storage() if shared_with is None else shared_with._storage
         self._not_open: str | None = "not started"
+        self._lease_s = lease_s
+        self._clock: Clock = clock or SystemClock()
+        self._owner = owner_id or f"memory-{next(_owner_numbers)}"
+        # The token of each claim this instance holds, as find_due took it.
+        self._claims: dict[TimerKey, int] = {}
+
+    @property
+    def claim_lease_s(self) -> float | None:
+        return self._lease_s
 
     async def start(self) -> None:
         self._not_open = None
@@ -146,6 +192,7 @@ class MemoryTimerStore(TimerStore):
         if not current.is_scheduled:
             return CommandOutcome.IGNORED_REACHED
         storage.put(current.reschedule(entry.due_at, entry.registered_at, entry.correlation_id))
+        storage.drop_lease(entry.key)  # the old claim was for the old due time
         return CommandOutcome.SCHEDULED
 
     @staticmethod
@@ -171,13 +218,51 @@ class MemoryTimerStore(TimerStore):
             storage = self._check("find_due")
             index = storage.due_index
             start = 0 if after is None else bisect.bisect_right(index, DueCursor(*after))
+            leasing = self._lease_s is not None
+            instant = self._clock.monotonic() if leasing else 0.0
             found: list[TimerEntry] = []
             for at in range(start, len(index)):
                 cursor = index[at]
                 if cursor.due_at > now or len(found) >= limit:
                     break
-                found.append(storage.timers[TimerKey(cursor.tenant_id, cursor.service_call_id)])
+                key = TimerKey(cursor.tenant_id, cursor.service_call_id)
+                if leasing and not self._claim(storage, key, instant):
+                    continue
+                found.append(storage.timers[key])
             return found
+
+    def _held_by_another(self, storage: _Storage, key: TimerKey, instant: float) -> bool:
+        lease = storage.leases.get(key)
+        return (
+            lease is not None
+            and lease.owner is not None
+            and lease.owner != self._owner
+            and lease.until is not None
+            and lease.until >= instant
+        )
+
+    def _claim(self, storage: _Storage, key: TimerKey, instant: float) -> bool:
+        """Claim ``key`` for this instance unless another holds a live claim on it."""
+        assert self._lease_s is not None
+        if self._held_by_another(storage, key, instant):
+            return False
+        lease = storage.leases.setdefault(key, _Lease(None, None, 0))
+        lease.owner, lease.until, lease.token = (
+            self._owner,
+            instant + self._lease_s,
+            lease.token + 1,
+        )
+        self._claims[key] = lease.token
+        return True
+
+    def _fenced(self, storage: _Storage, key: TimerKey, token: int | None) -> bool:
+        """Whether this instance may no longer mark or release ``key`` (the fence)."""
+        if self._lease_s is None:
+            return False
+        lease = storage.leases.get(key)
+        if token is None:  # never claimed here: only if nobody else holds it now
+            return self._held_by_another(storage, key, self._clock.monotonic())
+        return lease is None or lease.owner != self._owner or lease.token != token
 
     async def find_due_for_tenant(
         self, tenant_id: TenantId, now: datetime, limit: int
@@ -205,15 +290,33 @@ class MemoryTimerStore(TimerStore):
             changed = 0
             for entry in entries:
                 current = storage.timers.get(entry.key)
+                token = self._claims.pop(entry.key, None)
                 # The guard: a timer rescheduled, cancelled or marked since it was read is
                 # left alone, so a late mark never loses a newer due time.
                 if current is None or not current.is_scheduled or current.due_at != entry.due_at:
                     continue
+                if self._fenced(storage, entry.key, token):
+                    continue
                 storage.put(
                     attrs.evolve(current, state=TimerState.REACHED, reached_at=entry.reached_at)
                 )
+                storage.drop_lease(entry.key)
                 changed += 1
             return changed
+
+    async def release_claims(self, entries: Sequence[TimerEntry]) -> None:
+        if self._lease_s is None:
+            return
+        await asyncio.sleep(0)
+        with self._storage.lock:
+            storage = self._check("release_claims")
+            for entry in entries:
+                token = self._claims.pop(entry.key, None)
+                current = storage.timers.get(entry.key)
+                if token is None or current is None or not current.is_scheduled:
+                    continue
+                if not self._fenced(storage, entry.key, token):
+                    storage.drop_lease(entry.key)
 
     async def find_by_correlation(
         self, tenant_id: TenantId, correlation_id: CorrelationId
@@ -254,7 +357,15 @@ class MemoryTimerStore(TimerStore):
         await asyncio.sleep(0)
         with self._storage.lock:
             storage = self._check("next_due_at")
-            return storage.due_index[0].due_at if storage.due_index else None
+            if self._lease_s is None:
+                return storage.due_index[0].due_at if storage.due_index else None
+            # Timers another instance holds are left out: it is firing them.
+            instant = self._clock.monotonic()
+            for cursor in storage.due_index:
+                key = TimerKey(cursor.tenant_id, cursor.service_call_id)
+                if not self._held_by_another(storage, key, instant):
+                    return cursor.due_at
+            return None
 
     async def count_scheduled(self) -> int:
         await asyncio.sleep(0)

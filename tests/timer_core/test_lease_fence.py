@@ -1,8 +1,9 @@
 """The core's lease fence in fire_due_timers, on the memory adapters and a fake clock.
 
 A leasing store (``claim_lease_s`` set) must never see its claimed timers published once the
-lease may have run out; these tests drive that with a tiny leasing subclass of the memory
-store, so they need no database.
+lease may have run out; these tests drive that with the memory store's leasing mode (whose
+claiming is made slow on the test's clock), so they need no database. Whether a timer was
+handed back is read the way another instance sees it: it can claim the timer at once.
 """
 
 from __future__ import annotations
@@ -15,11 +16,11 @@ import pytest
 
 from timer_adapters_memory import FakeClock, MemoryEventBus, MemoryTimerStore
 from timer_core import (
+    DueCursor,
     DueTimeReached,
     EventPublisher,
     MessageEnvelope,
     PublishError,
-    StoreUnavailable,
     TimerEntry,
     TimerState,
     fire_due_timers,
@@ -29,29 +30,27 @@ START = datetime.fromisoformat("2030-01-01T00:00:00+00:00")
 LEASE = 10.0
 
 
-class LeasingMemoryStore(MemoryTimerStore):
-    """A memory store that claims for ``LEASE`` seconds, and whose claiming takes time."""
+class SlowlyClaimingStore(MemoryTimerStore):
+    """The memory store leasing for ``LEASE`` seconds, whose claiming takes time."""
 
     def __init__(self, clock: FakeClock, *, claim_takes: float = 0.0) -> None:
-        super().__init__()
+        super().__init__(lease_s=LEASE, clock=clock)
         self.clock = clock
         self.claim_takes = claim_takes
-        self.released: list[TimerEntry] = []
-        self.release_fails = False
 
-    @property
-    def claim_lease_s(self) -> float:
-        return LEASE
-
-    async def find_due(self, now: datetime, limit: int, *, after=None):  # type: ignore[no-untyped-def]
+    async def find_due(
+        self, now: datetime, limit: int, *, after: DueCursor | None = None
+    ) -> list[TimerEntry]:
         due = await super().find_due(now, limit, after=after)
         self.clock.advance(self.claim_takes)  # a slow database, on the test's clock
         return due
 
-    async def release_claims(self, entries: Sequence[TimerEntry]) -> None:
-        if self.release_fails:
-            raise StoreUnavailable("the database went away")
-        self.released.extend(entries)
+
+async def released(store: MemoryTimerStore, clock: FakeClock) -> list[str]:
+    """The due timers another instance over ``store``'s storage can claim now (released)."""
+    other = MemoryTimerStore(shared_with=store, lease_s=LEASE, clock=clock)
+    await other.start()
+    return [str(e.service_call_id) for e in await other.find_due(clock.now(), 100)]
 
 
 class StallingPublisher(EventPublisher):
@@ -115,30 +114,30 @@ class TestLeaseFence:
 
     async def test_publishes_and_marks_within_the_lease(self, clock: FakeClock) -> None:
         """A claim and publish well within the lease fire and mark as usual."""
-        store, bus = LeasingMemoryStore(clock, claim_takes=1.0), MemoryEventBus()
+        store, bus = SlowlyClaimingStore(clock, claim_takes=1.0), MemoryEventBus()
         await store.start()
         await store.apply([timer("a"), timer("b")])
         report = await fire_due_timers(store, bus, clock, batch_size=10)
         assert len(report.fired) == 2
         assert report.expired == [] and report.failed == []
-        assert store.released == []
+        assert await released(store, clock) == []
         assert [e.state for e in store.entries()] == [TimerState.REACHED] * 2
 
     async def test_claim_that_outlasted_the_lease_publishes_nothing(self, clock: FakeClock) -> None:
         """When find_due itself took the whole lease, nothing is published or marked."""
-        store, bus = LeasingMemoryStore(clock, claim_takes=LEASE), MemoryEventBus()
+        store, bus = SlowlyClaimingStore(clock, claim_takes=LEASE), MemoryEventBus()
         await store.start()
         await store.apply([timer("a"), timer("b")])
         report = await fire_due_timers(store, bus, clock, batch_size=10)
         assert [e.service_call_id for e in report.expired] == ["a", "b"]
         assert report.fired == [] and report.found == 2
         assert bus.publish_attempts == []
-        assert store.released == report.expired
+        assert await released(store, clock) == [e.service_call_id for e in report.expired]
         assert [e.state for e in store.entries()] == [TimerState.SCHEDULED] * 2
 
     async def test_publish_is_abandoned_when_the_lease_runs_out(self, clock: FakeClock) -> None:
         """A publish still unacknowledged at the end of the lease is cancelled and fails."""
-        store, publisher = LeasingMemoryStore(clock, claim_takes=3.0), StallingPublisher()
+        store, publisher = SlowlyClaimingStore(clock, claim_takes=3.0), StallingPublisher()
         await store.start()
         await store.apply([timer("a"), timer("b")])
         firing = asyncio.create_task(fire_due_timers(store, publisher, clock, batch_size=10))
@@ -151,29 +150,29 @@ class TestLeaseFence:
         assert report.fired == []
         assert [e.service_call_id for e, _ in report.failed] == ["a", "b"]
         assert all(isinstance(error, PublishError) for _, error in report.failed)
-        assert [e.service_call_id for e in store.released] == ["a", "b"]
+        assert await released(store, clock) == ["a", "b"]
         assert [e.state for e in store.entries()] == [TimerState.SCHEDULED] * 2
 
     async def test_failed_publishes_are_released_and_the_rest_marked(
         self, clock: FakeClock
     ) -> None:
         """Timers whose publish failed are handed back at once; the published ones are marked."""
-        store, bus = LeasingMemoryStore(clock), MemoryEventBus()
+        store, bus = SlowlyClaimingStore(clock), MemoryEventBus()
         await store.start()
         await store.apply([timer("a"), timer("b"), timer("c")])
         bus.fail_when(lambda envelope: envelope.payload.service_call_id == "b")
         report = await fire_due_timers(store, bus, clock, batch_size=10)
         assert [e.service_call_id for e in report.fired] == ["a", "c"]
-        assert [e.service_call_id for e in store.released] == ["b"]
+        assert await released(store, clock) == ["b"]
         states = {e.service_call_id: e.state for e in store.entries()}
         assert states == {"a": TimerState.REACHED, "b": TimerState.SCHEDULED, "c": "Reached"}
 
     async def test_a_failing_release_does_not_fail_the_pass(self, clock: FakeClock) -> None:
         """Releasing is a shortcut: if the store cannot release, the pass still completes."""
-        store, bus = LeasingMemoryStore(clock), MemoryEventBus()
+        store, bus = SlowlyClaimingStore(clock), MemoryEventBus()
         await store.start()
         await store.apply([timer("a"), timer("b")])
-        store.release_fails = True
+        store.fail_next(1, methods=["release_claims"])
         bus.fail_when(lambda envelope: envelope.payload.service_call_id == "a")
         report = await fire_due_timers(store, bus, clock, batch_size=10)
         assert [e.service_call_id for e in report.fired] == ["b"]

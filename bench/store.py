@@ -51,7 +51,7 @@ def entries(count: int, *, prefix: str, tenants: int = 50) -> list[TimerEntry]:
     ]
 
 
-def rows(batch: list[TimerEntry]) -> list[tuple[str | None, ...]]:
+def rows(batch: list[TimerEntry]) -> list[tuple[str | int | None, ...]]:
     """The upsert parameters of ``batch``: what raw sqlite3 is handed, ready-made."""
     return [
         (
@@ -60,6 +60,7 @@ def rows(batch: list[TimerEntry]) -> list[tuple[str | None, ...]]:
             e.correlation_id,
             format_timestamp(e.due_at),
             format_timestamp(e.registered_at),
+            None,  # no command position
         )
         for e in batch
     ]

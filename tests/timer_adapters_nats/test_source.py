@@ -193,6 +193,9 @@ class TestValidCommands:
                 await wait_until(lambda: settled(broker), what="all acked")
         assert recorder.ids == sent
         assert all(len(batch) <= 7 for batch in recorder.batches)
+        # Each carries its stream sequence, the position that orders a timer's commands.
+        positions = [envelope.position for batch in recorder.batches for envelope in batch]
+        assert positions == list(range(1, 31))
 
     async def test_commands_published_while_running(self, broker: NatsBroker) -> None:
         """Commands sent while the source waits are picked up by its long poll."""
@@ -305,6 +308,8 @@ class TestHandlerFailures:
             await wait_until(lambda: settled(broker), what="all acked")
         assert recorder.ids == sent
         assert recorder.calls >= 3
+        # A redelivery keeps the position of the command in the stream.
+        assert [e.position for batch in recorder.batches for e in batch] == [1, 2, 3, 4, 5]
 
     async def test_last_delivery_is_dead_lettered(self, settings: NatsSettings) -> None:
         """A command still failing on its max_deliver-th delivery is dead-lettered, not dropped."""

@@ -41,10 +41,11 @@ def _shared_database(postgres_cluster: PostgresCluster) -> str:
 
 @pytest.fixture
 def postgres_url(postgres_cluster: PostgresCluster, _shared_database: str) -> str:
-    """The SQLAlchemy URL of a database whose timer table (if any) is empty for this test."""
+    """The SQLAlchemy URL of a database whose timer tables (if any) are empty for this test."""
     with psycopg.connect(postgres_cluster.conninfo(_shared_database), autocommit=True) as conn:
-        if conn.execute("SELECT to_regclass('timer_schedules')").fetchone() != (None,):
-            conn.execute("TRUNCATE timer_schedules")
+        for table in ("timer_schedules", "timer_tombstones"):
+            if conn.execute("SELECT to_regclass(%s)", (table,)).fetchone() != (None,):
+                conn.execute(f"TRUNCATE {table}")
     return postgres_cluster.url(_shared_database)
 
 

@@ -11,8 +11,18 @@ import psycopg
 import pytest
 import sqlalchemy as sa
 
-from timer_adapters_postgres import SCHEMA_VERSION, PostgresTimerStore, metadata
-from timer_core import SchemaVersionError, StoreError, StoreUnavailable, TimerEntry
+from timer_adapters_postgres import MIGRATIONS, SCHEMA_VERSION, PostgresTimerStore, metadata
+from timer_core import (
+    CommandOutcome,
+    PositionedOperation,
+    SchemaVersionError,
+    ServiceCallId,
+    StoreError,
+    StoreUnavailable,
+    TenantId,
+    TimerEntry,
+    TimerKey,
+)
 
 
 def connect(url: str) -> psycopg.Connection[Any]:
@@ -77,6 +87,39 @@ class TestMigrations:
             await PostgresTimerStore(fresh_postgres_url, listen=False, migrate=False).start()
         with connect(fresh_postgres_url) as conn:
             assert conn.execute("SELECT to_regclass('timer_schedules')").fetchone() == (None,)
+
+    async def test_version_1_database_is_migrated_and_keeps_its_timers(
+        self, fresh_postgres_url: str
+    ) -> None:
+        """A database left at schema version 1 gains command positions; its timers stay."""
+        with connect(fresh_postgres_url) as conn:
+            conn.execute(
+                "CREATE TABLE timer_schema_migrations (version integer PRIMARY KEY, "
+                "description text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())"
+            )
+            for statement in MIGRATIONS[0].statements:
+                conn.execute(statement)
+            conn.execute("INSERT INTO timer_schema_migrations VALUES (1, 'version 1')")
+            conn.execute(
+                "INSERT INTO timer_schedules (tenant_id, service_call_id, due_at, registered_at)"
+                " VALUES ('t', 'pending', '2030-01-01Z', '2030-01-01Z')"
+            )
+        async with PostgresTimerStore(fresh_postgres_url, listen=False) as store:
+            pending = await store.get(TenantId("t"), ServiceCallId("pending"))
+            assert pending == timer("pending")
+            key = TimerKey(TenantId("t"), ServiceCallId("pending"))
+            at = pending.registered_at
+            assert await store.apply([PositionedOperation(key, 5, at)]) == [
+                CommandOutcome.CANCELLED
+            ]
+            assert await store.apply([PositionedOperation(timer("pending"), 4, at)]) == [
+                CommandOutcome.STALE
+            ]
+        with connect(fresh_postgres_url) as conn:
+            versions = conn.execute(
+                "SELECT version FROM timer_schema_migrations ORDER BY version"
+            ).fetchall()
+        assert versions == [(1,), (2,)]
 
     async def test_metadata_describes_the_migrated_schema(self, postgres_url: str) -> None:
         """The exported metadata has the same columns, keys, checks and indexes as the database."""

@@ -107,10 +107,11 @@ class TestOtherPlans:
     @pytest.mark.parametrize(
         ("sql", "params"),
         [
-            (queries._UPSERT, ("t", "c", None, _NOW, _NOW)),
+            (queries._UPSERT, ("t", "c", None, _NOW, _NOW, None)),
+            (queries._UPSERT, ("t", "c", None, _NOW, _NOW, 7)),
             (queries._CANCEL, ("t", "c")),
             (queries._MARK_REACHED, (_NOW, "t", "c", _NOW)),
-            (queries._STATE, ("t", "c")),
+            (queries._POSITIONS, ("t", "c")),
             (str(queries._GET), {"tenant": "t", "call": "c"}),
             (str(queries._LIST_FOR_TENANT), {"tenant": "t", "after": "", "limit": 10}),
         ],
@@ -120,8 +121,16 @@ class TestOtherPlans:
     ) -> None:
         """Writes and key lookups seek the primary key."""
         details = plan(planner, sql, params)
-        assert not any(d.startswith("SCAN") for d in details), details
-        if details:  # a plain INSERT has no plan lines of its own
+        # A SELECT of literals only "scans" its one constant row.
+        assert not any(d.startswith("SCAN") and d != "SCAN CONSTANT ROW" for d in details), details
+        searches = [d for d in details if d.startswith("SEARCH")]
+        # A plain INSERT has no plan lines of its own; the rest seek a primary key.
+        assert all(
+            "sqlite_autoindex_timer_schedules_1 (tenant_id=?" in d
+            or "sqlite_autoindex_timer_tombstones_1 (tenant_id=?" in d
+            for d in searches
+        ), details
+        if sql not in (queries._UPSERT, queries._CANCEL):
             assert any("sqlite_autoindex_timer_schedules_1 (tenant_id=?" in d for d in details)
 
     def test_correlation_lookup_seeks_the_correlation_index(
@@ -138,6 +147,20 @@ class TestOtherPlans:
         details = plan(planner, str(queries._PURGE_REACHED), {"before": _NOW, "limit": 10})
         assert_index_search(details, "idx_timer_schedules_reached_at (reached_at<?)")
         assert_index_search(details, "sqlite_autoindex_timer_schedules_1")
+
+    def test_tombstone_writes_and_purge_seek_their_indexes(
+        self, planner: sqlite3.Connection
+    ) -> None:
+        """A positioned cancel's tombstone is written by key, purged through its time index."""
+        details = plan(planner, queries._TOMBSTONE, ("t", "c", 7, _NOW))
+        assert not any(d.startswith("SCAN") for d in details), details
+        details = plan(planner, str(queries._PURGE_TOMBSTONES), {"before": _NOW, "limit": 10})
+        assert any(
+            d.startswith("SEARCH timer_tombstones USING")
+            and "idx_timer_tombstones_cancelled_at (cancelled_at<?)" in d
+            for d in details
+        ), details
+        assert not any(d.startswith("SCAN") for d in details), details
 
     def test_count_reads_only_scheduled_entries(self, planner: sqlite3.Connection) -> None:
         """count_scheduled counts the partial index of Scheduled timers, not the table."""

@@ -12,8 +12,17 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from timer_adapters_sqlite import SCHEMA_VERSION, SqliteTimerStore, metadata, migrate
-from timer_core import SchemaVersionError, StoreError, StoreUnavailable
+from timer_adapters_sqlite import MIGRATIONS, SCHEMA_VERSION, SqliteTimerStore, metadata, migrate
+from timer_core import (
+    CommandOutcome,
+    PositionedOperation,
+    SchemaVersionError,
+    ServiceCallId,
+    StoreError,
+    StoreUnavailable,
+    TenantId,
+    TimerKey,
+)
 
 from .conftest import entry
 
@@ -30,20 +39,30 @@ def _create_from_metadata(path: Path) -> None:
 
 def _describe(connection: sqlite3.Connection) -> dict[str, Any]:
     """The parts of the schema SQLite reports, comparable between two databases."""
-    table = "timer_schedules"
+    return {table: _describe_table(connection, table) for table in _TABLES}
+
+
+_TABLES = ("timer_schedules", "timer_tombstones")
+
+
+def _describe_table(connection: sqlite3.Connection, table: str) -> dict[str, Any]:
     # (name, unique, origin, partial) without the position, which depends on creation order.
     indexes = sorted(row[1:] for row in connection.execute(f"PRAGMA index_list({table})"))
     where = {
         name: re.sub(r"\s+", " ", sql.split(" WHERE ", 1)[1]) if " WHERE " in sql else None
         for name, sql in connection.execute(
-            "SELECT name, sql FROM sqlite_master WHERE type = 'index' AND sql IS NOT NULL"
+            "SELECT name, sql FROM sqlite_master WHERE type = 'index' AND sql IS NOT NULL "
+            "AND tbl_name = ?",
+            (table,),
         )
     }
     (table_sql,) = connection.execute(
         "SELECT sql FROM sqlite_master WHERE name = ?", (table,)
     ).fetchone()
     return {
-        "checks": re.findall(r"^\s*CONSTRAINT (ck_\w+) CHECK (.*?),?\s*$", table_sql, re.M),
+        "checks": re.findall(
+            r"^\s*CONSTRAINT (ck_\w+)\s+CHECK \s*(.*?),?\s*$", table_sql, re.M | re.S
+        ),
         "columns": connection.execute(f"PRAGMA table_xinfo({table})").fetchall(),
         "indexes": indexes,
         "index_columns": {
@@ -185,6 +204,7 @@ class TestSchema:
             "registered_at": ("TEXT", 1, 0),
             "reached_at": ("TEXT", 0, 0),
             "state": ("TEXT", 1, 0),
+            "command_position": ("INTEGER", 0, 0),
         }
         indexes = {
             name: [c[2] for c in schema_db.execute(f"PRAGMA index_info({name})")]
@@ -235,6 +255,69 @@ class TestSchema:
                 " VALUES (x'00', 'c', ?, ?)",
                 (_GOOD_TS, _GOOD_TS),
             )
+
+
+def _create_version_1(path: Path) -> None:
+    """A database exactly as the previous release (schema version 1) left it, with timers."""
+    connection = sqlite3.connect(path, isolation_level=None)
+    try:
+        for statement in MIGRATIONS[0].statements("standalone"):
+            connection.execute(statement)
+        connection.execute(
+            "CREATE TABLE timer_schema_version (version INTEGER PRIMARY KEY, "
+            "description TEXT NOT NULL) STRICT"
+        )
+        connection.execute("INSERT INTO timer_schema_version VALUES (1, 'version 1')")
+        connection.executemany(
+            "INSERT INTO timer_schedules (tenant_id, service_call_id, correlation_id, due_at, "
+            "registered_at, state, reached_at) VALUES ('t', ?, 'corr', ?, ?, ?, ?)",
+            [
+                ("pending", _GOOD_TS, _GOOD_TS, "Scheduled", None),
+                ("fired", _GOOD_TS, _GOOD_TS, "Reached", _GOOD_TS),
+            ],
+        )
+    finally:
+        connection.close()
+
+
+class TestMigrationFromVersion1:
+    async def test_version_1_database_is_migrated_and_keeps_its_timers(self, db_path: Path) -> None:
+        """A version 1 database gains command positions on start; its timers stay as they were."""
+        _create_version_1(db_path)
+        async with SqliteTimerStore(db_path) as store:
+            pending = await store.get(TenantId("t"), ServiceCallId("pending"))
+            fired = await store.get(TenantId("t"), ServiceCallId("fired"))
+            assert pending is not None and pending.is_scheduled
+            assert pending.correlation_id == "corr"
+            assert fired is not None and not fired.is_scheduled
+            key = TimerKey(TenantId("t"), ServiceCallId("pending"))
+            at = pending.registered_at
+            # A timer from before the migration has no position: any positioned command applies.
+            assert await store.apply([PositionedOperation(key, 5, at)]) == [
+                CommandOutcome.CANCELLED
+            ]
+            old = PositionedOperation(entry("t", "pending"), 4, at)
+            assert await store.apply([old]) == [CommandOutcome.STALE]
+        connection = sqlite3.connect(db_path)
+        try:
+            versions = connection.execute("SELECT version FROM timer_schema_version").fetchall()
+        finally:
+            connection.close()
+        assert versions == [(1,), (2,)]
+
+    def test_migrated_version_1_matches_a_fresh_database(self, tmp_path: Path) -> None:
+        """A version 1 database migrated forward has the same schema as a fresh one."""
+        _create_version_1(tmp_path / "old.db")
+        assert migrate(tmp_path / "old.db") == SCHEMA_VERSION
+        migrate(tmp_path / "fresh.db")
+        described = []
+        for name in ("old.db", "fresh.db"):
+            connection = sqlite3.connect(tmp_path / name)
+            try:
+                described.append(_describe(connection))
+            finally:
+                connection.close()
+        assert described[0] == described[1]
 
 
 class TestModes:

@@ -16,6 +16,7 @@ from timer_core import (
     CommandOutcome,
     CorrelationId,
     DueCursor,
+    PositionedOperation,
     ServiceCallId,
     StoreUnavailable,
     SystemClock,
@@ -55,6 +56,10 @@ class _Storage:
         self.timers: dict[TimerKey, TimerEntry] = {}
         self.due_index: list[DueCursor] = []
         self.leases: dict[TimerKey, _Lease] = {}
+        # The highest command position applied per key (PositionedOperation), and the
+        # tombstones of positioned cancels: key -> (position, when cancelled).
+        self.positions: dict[TimerKey, int] = {}
+        self.tombstones: dict[TimerKey, tuple[int, datetime]] = {}
         self.unavailable = False
         self.failures_left = 0
         self.failing_methods: frozenset[str] | None = None
@@ -69,6 +74,7 @@ class _Storage:
 
     def delete(self, key: TimerKey) -> None:
         old = self.timers.pop(key)
+        self.positions.pop(key, None)
         self.leases.pop(key, None)
         if old.is_scheduled:
             self._unindex(old)
@@ -77,6 +83,14 @@ class _Storage:
         lease = self.leases.get(key)
         if lease is not None:
             lease.owner = lease.until = None
+
+    def position(self, key: TimerKey) -> int | None:
+        """The highest position applied to ``key`` (its timer's or its tombstone's)."""
+        stored = self.positions.get(key)
+        tombstone = self.tombstones.get(key)
+        if tombstone is not None and (stored is None or tombstone[0] > stored):
+            return tombstone[0]
+        return stored
 
     def _unindex(self, entry: TimerEntry) -> None:
         cursor = DueCursor.of(entry)
@@ -168,8 +182,9 @@ class MemoryTimerStore(TimerStore):
 
     async def apply(self, operations: Sequence[TimerOperation]) -> list[CommandOutcome]:
         for operation in operations:
-            if isinstance(operation, TimerEntry) and not operation.is_scheduled:
-                raise ValueError(f"only Scheduled entries can be scheduled, got {operation}")
+            inner = operation.operation if isinstance(operation, PositionedOperation) else operation
+            if isinstance(inner, TimerEntry) and not inner.is_scheduled:
+                raise ValueError(f"only Scheduled entries can be scheduled, got {inner}")
         # Yield like a real driver would, so concurrent callers interleave between calls.
         await asyncio.sleep(0)
         with self._storage.lock:
@@ -177,11 +192,29 @@ class MemoryTimerStore(TimerStore):
             outcomes: list[CommandOutcome] = []
             # Every operation is checked above, so nothing below can fail half way: atomic.
             for operation in operations:
-                if isinstance(operation, TimerEntry):
+                if isinstance(operation, PositionedOperation):
+                    outcomes.append(self._positioned(storage, operation))
+                elif isinstance(operation, TimerEntry):
                     outcomes.append(self._schedule(storage, operation))
                 else:
                     outcomes.append(self._cancel(storage, TimerKey(*operation)))
             return outcomes
+
+    @classmethod
+    def _positioned(cls, storage: _Storage, operation: PositionedOperation) -> CommandOutcome:
+        key, position = operation.key, operation.position
+        seen = storage.position(key)
+        if seen is not None and position < seen:
+            return CommandOutcome.STALE
+        inner = operation.operation
+        if isinstance(inner, TimerEntry):
+            outcome = cls._schedule(storage, inner)
+            if outcome is CommandOutcome.SCHEDULED:
+                storage.positions[key] = position
+            return outcome
+        outcome = cls._cancel(storage, key)
+        storage.tombstones[key] = (position, operation.at)
+        return outcome
 
     @staticmethod
     def _schedule(storage: _Storage, entry: TimerEntry) -> CommandOutcome:
@@ -382,6 +415,13 @@ class MemoryTimerStore(TimerStore):
                 for key, entry in storage.timers.items()
                 if entry.reached_at is not None and entry.reached_at < reached_before
             )
-            for _, key in old[: max(limit, 0)]:
+            budget = max(limit, 0)
+            for _, key in old[:budget]:
                 storage.delete(key)
-            return min(len(old), max(limit, 0))
+            deleted = min(len(old), budget)
+            tombstones = sorted(
+                (at, key) for key, (_, at) in storage.tombstones.items() if at < reached_before
+            )
+            for _, key in tombstones[: budget - deleted]:
+                del storage.tombstones[key]
+            return deleted + min(len(tombstones), budget - deleted)

@@ -77,7 +77,8 @@ class NatsCommandSource(CommandSource):
       tenant token is not a valid id) with a ``Timer-Error`` header, and terminated once
       that publish is acked; if the publish fails it is nak'd, so nothing is lost. A body too
       large to go out beside the headers is cut to fit and marked ``Timer-Truncated``.
-    - Valid commands of one fetch go to the handler as one batch in stream order and are
+    - Valid commands of one fetch go to the handler as one batch in stream order, each with
+      its stream sequence as :attr:`~timer_core.MessageEnvelope.position`, and are
       acked when it returns; while it runs they are kept from redelivery (in-progress acks).
     - When the handler raises, each is nak'd with a delay that doubles per delivery, and
       fetching pauses that long so later commands do not overtake them. On its last
@@ -366,7 +367,9 @@ class NatsCommandSource(CommandSource):
                 f"envelope tenant {str(envelope.tenant_id)!r} does not match the subject's "
                 f"tenant {str(subject_tenant)!r}",
             )
-        return envelope
+        # The stream sequence orders the commands of one timer: an older one redelivered
+        # after a newer one was applied (a broker that lost acks) is stale, not re-applied.
+        return envelope.at_position(message.metadata.sequence.stream)
 
     async def _dead_letter(self, message: Msg, reason: str) -> None:
         """Republish unchanged to the DLQ with the reason; terminate once that is acked."""

@@ -14,6 +14,7 @@ from timer_adapters_postgres._schema import (
     migrate,
     schema_version,
     timer_schedules,
+    timer_tombstones,
 )
 from timer_adapters_postgres._store import (
     PostgresTimerStore,
@@ -33,4 +34,5 @@ __all__ = [
     "schedule_in_transaction",
     "schema_version",
     "timer_schedules",
+    "timer_tombstones",
 ]

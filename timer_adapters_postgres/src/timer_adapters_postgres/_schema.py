@@ -22,6 +22,7 @@ __all__ = [
     "migrate",
     "schema_version",
     "timer_schedules",
+    "timer_tombstones",
 ]
 
 log = logging.getLogger(__name__)
@@ -44,6 +45,7 @@ timer_schedules = sa.Table(
     sa.Column("lease_owner", sa.String(200), nullable=True),
     sa.Column("lease_until", sa.DateTime(timezone=True), nullable=True),
     sa.Column("lease_token", sa.BigInteger, nullable=False, server_default="0"),
+    sa.Column("command_position", sa.BigInteger, nullable=True),
     sa.CheckConstraint("state IN ('Scheduled', 'Reached')", name="ck_timer_schedules_state"),
     sa.CheckConstraint(
         "(state = 'Reached') = (reached_at IS NOT NULL)", name="ck_timer_schedules_reached_at"
@@ -67,6 +69,18 @@ timer_schedules = sa.Table(
         "reached_at",
         postgresql_where=sa.text("state = 'Reached'"),
     ),
+)
+
+#: The tombstone of a positioned cancel: the key's highest command position, kept after its
+#: timer is deleted until retention purges it (see ``TimerStore.apply``).
+timer_tombstones = sa.Table(
+    "timer_tombstones",
+    metadata,
+    sa.Column("tenant_id", sa.String(128, collation="C"), primary_key=True),
+    sa.Column("service_call_id", sa.String(128, collation="C"), primary_key=True),
+    sa.Column("command_position", sa.BigInteger, nullable=False),
+    sa.Column("cancelled_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Index("ix_timer_tombstones_cancelled_at", "cancelled_at"),
 )
 
 #: Which migrations a database has had; the highest version is its schema version.
@@ -135,6 +149,27 @@ MIGRATIONS: tuple[Migration, ...] = (
             CREATE INDEX ix_timer_schedules_reached
                 ON timer_schedules (reached_at)
                 WHERE state = 'Reached'
+            """,
+        ),
+    ),
+    Migration(
+        2,
+        "command positions: timer_schedules.command_position and timer_tombstones",
+        (
+            # No default and nullable: adding the column rewrites nothing.
+            "ALTER TABLE timer_schedules ADD COLUMN command_position bigint",
+            """
+            CREATE TABLE timer_tombstones (
+                tenant_id varchar(128) COLLATE "C" NOT NULL,
+                service_call_id varchar(128) COLLATE "C" NOT NULL,
+                command_position bigint NOT NULL,
+                cancelled_at timestamptz NOT NULL,
+                CONSTRAINT timer_tombstones_pkey PRIMARY KEY (tenant_id, service_call_id)
+            )
+            """,
+            """
+            CREATE INDEX ix_timer_tombstones_cancelled_at
+                ON timer_tombstones (cancelled_at)
             """,
         ),
     ),

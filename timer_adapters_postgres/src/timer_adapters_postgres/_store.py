@@ -30,6 +30,7 @@ from timer_core import (
     CommandOutcome,
     CorrelationId,
     DueCursor,
+    PositionedOperation,
     RemoteScheduleCallback,
     ScheduleTimer,
     SchemaVersionError,
@@ -107,7 +108,7 @@ _CLAIM_AFTER = sa.text(
 
 _LOCK_KEYS = sa.text(
     """
-SELECT s.tenant_id, s.service_call_id, s.state
+SELECT s.tenant_id, s.service_call_id, s.state, s.command_position
 FROM timer_schedules AS s
 JOIN unnest(CAST(:tenant_ids AS text[]), CAST(:service_call_ids AS text[]))
     AS k(tenant_id, service_call_id)
@@ -116,30 +117,55 @@ ORDER BY s.tenant_id, s.service_call_id
 FOR UPDATE OF s
 """
 )
+# Only for batches with positioned operations: the keys' tombstones (their positions).
+_LOCK_TOMBSTONES = sa.text(
+    """
+SELECT c.tenant_id, c.service_call_id, c.command_position
+FROM timer_tombstones AS c
+JOIN unnest(CAST(:tenant_ids AS text[]), CAST(:service_call_ids AS text[]))
+    AS k(tenant_id, service_call_id)
+  ON c.tenant_id = k.tenant_id AND c.service_call_id = k.service_call_id
+ORDER BY c.tenant_id, c.service_call_id
+FOR UPDATE OF c
+"""
+)
 _INSERT = sa.text(
     """
 INSERT INTO timer_schedules
-    (tenant_id, service_call_id, correlation_id, due_at, registered_at)
+    (tenant_id, service_call_id, correlation_id, due_at, registered_at, command_position)
 SELECT * FROM unnest(
     CAST(:tenant_ids AS text[]), CAST(:service_call_ids AS text[]),
     CAST(:correlation_ids AS text[]), CAST(:due_ats AS timestamptz[]),
-    CAST(:registered_ats AS timestamptz[]))
+    CAST(:registered_ats AS timestamptz[]), CAST(:positions AS bigint[]))
 ON CONFLICT (tenant_id, service_call_id) DO NOTHING
 RETURNING tenant_id
 """
 )
-# Rescheduling drops any lease: the old claim was for the old due time.
+# Rescheduling drops any lease: the old claim was for the old due time. An unpositioned
+# reschedule keeps the stored position.
 _RESCHEDULE = sa.text(
     """
 UPDATE timer_schedules AS s
 SET due_at = v.due_at, registered_at = v.registered_at, correlation_id = v.correlation_id,
+    command_position = coalesce(v.position, s.command_position),
     lease_owner = NULL, lease_until = NULL
 FROM unnest(
     CAST(:tenant_ids AS text[]), CAST(:service_call_ids AS text[]),
     CAST(:correlation_ids AS text[]), CAST(:due_ats AS timestamptz[]),
-    CAST(:registered_ats AS timestamptz[]))
-    AS v(tenant_id, service_call_id, correlation_id, due_at, registered_at)
+    CAST(:registered_ats AS timestamptz[]), CAST(:positions AS bigint[]))
+    AS v(tenant_id, service_call_id, correlation_id, due_at, registered_at, position)
 WHERE s.tenant_id = v.tenant_id AND s.service_call_id = v.service_call_id
+"""
+)
+_TOMBSTONE = sa.text(
+    """
+INSERT INTO timer_tombstones AS c (tenant_id, service_call_id, command_position, cancelled_at)
+SELECT * FROM unnest(
+    CAST(:tenant_ids AS text[]), CAST(:service_call_ids AS text[]),
+    CAST(:positions AS bigint[]), CAST(:cancelled_ats AS timestamptz[]))
+ON CONFLICT (tenant_id, service_call_id) DO UPDATE SET
+    command_position = greatest(c.command_position, excluded.command_position),
+    cancelled_at = excluded.cancelled_at
 """
 )
 _DELETE = sa.text(
@@ -203,12 +229,30 @@ WHERE ctid = ANY(ARRAY(
 ))
 """
 )
+_PURGE_TOMBSTONES = sa.text(
+    """
+DELETE FROM timer_tombstones
+WHERE ctid = ANY(ARRAY(
+    SELECT ctid FROM timer_tombstones
+    WHERE cancelled_at < :before
+    ORDER BY cancelled_at
+    LIMIT :limit
+    FOR UPDATE SKIP LOCKED
+))
+"""
+)
 
 
 @attrs.frozen
 class _Claim:
     token: int
     due_at: datetime
+
+
+def _key_of(op: TimerOperation) -> TimerKey:
+    if isinstance(op, PositionedOperation):
+        return op.key
+    return op.key if isinstance(op, TimerEntry) else TimerKey(*op)
 
 
 class _RacingInsert(Exception):
@@ -231,7 +275,9 @@ def _due_order(entry: TimerEntry) -> tuple[datetime, str, str]:
     return (entry.due_at, entry.tenant_id, entry.service_call_id)
 
 
-def _columns(entries: Iterable[TimerEntry]) -> dict[str, list[Any]]:
+def _columns(
+    entries: Iterable[TimerEntry], positions: dict[TimerKey, int | None]
+) -> dict[str, list[Any]]:
     rows = list(entries)
     return {
         "tenant_ids": [e.tenant_id for e in rows],
@@ -239,6 +285,14 @@ def _columns(entries: Iterable[TimerEntry]) -> dict[str, list[Any]]:
         "correlation_ids": [e.correlation_id for e in rows],
         "due_ats": [e.due_at for e in rows],
         "registered_ats": [e.registered_at for e in rows],
+        "positions": [positions.get(e.key) for e in rows],
+    }
+
+
+def _key_columns(keys: Sequence[TimerKey]) -> dict[str, list[str]]:
+    return {
+        "tenant_ids": [key.tenant_id for key in keys],
+        "service_call_ids": [key.service_call_id for key in keys],
     }
 
 
@@ -253,30 +307,53 @@ def _apply_operations(
     new due time (``wake_at_of``) on ``channel``: the store's transactions and a host's own
     (:func:`schedule_in_transaction`) write timers through this one function. Raises
     :class:`_RacingInsert` when another transaction inserted one of the keys meanwhile."""
-    keys = list(dict.fromkeys(op.key if isinstance(op, TimerEntry) else op for op in ops))
-    found = conn.execute(
-        _LOCK_KEYS,
-        {
-            "tenant_ids": [key.tenant_id for key in keys],
-            "service_call_ids": [key.service_call_id for key in keys],
-        },
-    ).all()
+    keys = list(dict.fromkeys(_key_of(op) for op in ops))
+    found = conn.execute(_LOCK_KEYS, _key_columns(keys)).all()
     initial = {TimerKey(row.tenant_id, row.service_call_id): row.state for row in found}
     # Replay the operations over the locked rows: later ones see earlier ones' effects.
     current: dict[TimerKey, str | None] = {key: initial.get(key) for key in keys}
+    # The highest command position applied per key, where there is one.
+    seen: dict[TimerKey, int] = {}
+    if any(isinstance(op, PositionedOperation) for op in ops):
+        stored = {
+            TimerKey(row.tenant_id, row.service_call_id): row.command_position for row in found
+        }
+        seen = {key: value for key, value in stored.items() if value is not None}
+        for row in conn.execute(_LOCK_TOMBSTONES, _key_columns(keys)):
+            key = TimerKey(row.tenant_id, row.service_call_id)
+            seen[key] = max(seen.get(key, row.command_position), row.command_position)
     final: dict[TimerKey, TimerEntry | None] = {}
+    positions: dict[TimerKey, int | None] = {}
+    tombstones: dict[TimerKey, tuple[int, datetime]] = {}
     outcomes: list[CommandOutcome] = []
     for op in ops:
+        position: int | None = None
+        at = None
+        if isinstance(op, PositionedOperation):
+            position, at = op.position, require_utc(op.at, "at")
+            key = op.key
+            if key in seen and position < seen[key]:
+                outcomes.append(CommandOutcome.STALE)
+                continue
+            op = op.operation
         if isinstance(op, TimerEntry):
             if current[op.key] == TimerState.REACHED.value:
                 outcomes.append(CommandOutcome.IGNORED_REACHED)
                 continue
             current[op.key] = _SCHEDULED
             final[op.key] = op
+            if position is not None:
+                positions[op.key] = seen[op.key] = position
             outcomes.append(CommandOutcome.SCHEDULED)
-        elif current[op] == _SCHEDULED:
-            current[op] = None
-            final[op] = None
+            continue
+        key = TimerKey(*op)
+        if position is not None and at is not None:
+            seen[key] = position
+            tombstones[key] = (position, at)
+        if current[key] == _SCHEDULED:
+            current[key] = None
+            final[key] = None
+            positions.pop(key, None)
             outcomes.append(CommandOutcome.CANCELLED)
         else:
             outcomes.append(CommandOutcome.CANCEL_NOOP)
@@ -284,17 +361,21 @@ def _apply_operations(
     updates = [e for k, e in final.items() if e is not None and initial.get(k) is not None]
     deletes = [k for k, e in final.items() if e is None and initial.get(k) is not None]
     if inserts:
-        inserted = conn.execute(_INSERT, _columns(inserts)).all()
+        inserted = conn.execute(_INSERT, _columns(inserts, positions)).all()
         if len(inserted) != len(inserts):
             raise _RacingInsert
     if updates:
-        conn.execute(_RESCHEDULE, _columns(updates))
+        conn.execute(_RESCHEDULE, _columns(updates, positions))
     if deletes:
+        conn.execute(_DELETE, _key_columns(deletes))
+    if tombstones:
+        marked = list(tombstones)
         conn.execute(
-            _DELETE,
+            _TOMBSTONE,
             {
-                "tenant_ids": [key.tenant_id for key in deletes],
-                "service_call_ids": [key.service_call_id for key in deletes],
+                **_key_columns(marked),
+                "positions": [tombstones[key][0] for key in marked],
+                "cancelled_ats": [tombstones[key][1] for key in marked],
             },
         )
     wake_at = wake_at_of(inserts + updates)
@@ -545,8 +626,13 @@ class PostgresTimerStore(TimerStore):
             return []
         ops = list(operations)
         for op in ops:
-            if isinstance(op, TimerEntry) and not op.is_scheduled:
-                raise ValueError(f"only Scheduled timers can be scheduled, got {op}")
+            inner = op.operation if isinstance(op, PositionedOperation) else op
+            if isinstance(inner, TimerEntry) and not inner.is_scheduled:
+                raise ValueError(f"only Scheduled timers can be scheduled, got {inner}")
+            if isinstance(op, PositionedOperation) and (
+                type(op.position) is not int or op.position < 0
+            ):
+                raise ValueError(f"a command position is a non-negative int, got {op.position!r}")
         outcomes, wake_at = await self._run(
             "apply timer commands", lambda conn: self._apply(conn, ops), atomic=True
         )
@@ -603,10 +689,16 @@ class PostgresTimerStore(TimerStore):
     async def purge_reached(self, reached_before: datetime, limit: int) -> int:
         if limit <= 0:
             return 0
-        params = {"before": require_utc(reached_before), "limit": limit}
-        return await self._run(
-            "purge reached timers", lambda conn: conn.execute(_PURGE, params).rowcount
-        )
+        before = require_utc(reached_before)
+
+        def purge(conn: sa.Connection) -> int:
+            deleted: int = conn.execute(_PURGE, {"before": before, "limit": limit}).rowcount
+            if deleted < limit:
+                rest = {"before": before, "limit": limit - deleted}
+                deleted += conn.execute(_PURGE_TOMBSTONES, rest).rowcount
+            return deleted
+
+        return await self._run("purge reached timers", purge)
 
     # -- claiming ----------------------------------------------------------------------------
 

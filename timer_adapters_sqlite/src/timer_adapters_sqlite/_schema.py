@@ -37,6 +37,7 @@ StoreMode = Literal["standalone", "shared"]
 Synchronous = Literal["NORMAL", "FULL"]
 
 TABLE = "timer_schedules"
+TOMBSTONES = "timer_tombstones"
 VERSION_TABLE = "timer_schema_version"
 
 # Timestamps are compared as text (`due_at <= ?`), which is only correct while every value
@@ -75,7 +76,7 @@ _FOREIGN_KEY = (
     "REFERENCES service_calls (tenant_id, service_call_id) ON DELETE CASCADE"
 )
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 """The schema version this package writes; a database at a higher version is refused."""
 
 
@@ -101,18 +102,47 @@ def _create_table_v1(mode: StoreMode) -> list[str]:
     return statements
 
 
+def _command_order_v2(_mode: StoreMode) -> list[str]:
+    # The tombstone of a positioned cancel: its key's highest command position, kept (until
+    # retention purges it) after the timer itself is deleted.
+    return [
+        f"CREATE TABLE IF NOT EXISTS {TOMBSTONES} (\n"
+        "    tenant_id TEXT NOT NULL,\n"
+        "    service_call_id TEXT NOT NULL,\n"
+        "    command_position INTEGER NOT NULL,\n"
+        "    cancelled_at TEXT NOT NULL,\n"
+        "    CONSTRAINT pk_timer_tombstones PRIMARY KEY (tenant_id, service_call_id),\n"
+        "    CONSTRAINT ck_timer_tombstones_cancelled_at_format\n"
+        f"        CHECK (cancelled_at GLOB '{_TIMESTAMP_GLOB}')\n"
+        ") STRICT",
+        f"CREATE INDEX IF NOT EXISTS idx_timer_tombstones_cancelled_at "
+        f"ON {TOMBSTONES} (cancelled_at)",
+    ]
+
+
 @attrs.frozen
 class Migration:
-    """One forward step of the schema; ``statements`` may differ by mode, never by data."""
+    """One forward step of the schema; ``statements`` may differ by mode, never by data.
+
+    ``columns`` are ``(table, column, declaration)`` added with ``ALTER TABLE`` unless the
+    table has them already (one made from :data:`metadata` by a host does).
+    """
 
     version: int
     description: str
     statements: Callable[[StoreMode], Sequence[str]]
+    columns: tuple[tuple[str, str, str], ...] = ()
 
 
 # Append only: a released step is never edited, a change is a new step.
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "create timer_schedules with its indexes", _create_table_v1),
+    Migration(
+        2,
+        "command positions: timer_schedules.command_position and timer_tombstones",
+        _command_order_v2,
+        columns=((TABLE, "command_position", "INTEGER"),),
+    ),
 )
 assert [m.version for m in MIGRATIONS] == list(range(1, SCHEMA_VERSION + 1))
 
@@ -131,6 +161,7 @@ def timer_schedules_table(metadata: sa.MetaData, *, mode: StoreMode = "standalon
         sa.Column("registered_at", sa.Text, nullable=False),
         sa.Column("reached_at", sa.Text, nullable=True),
         sa.Column("state", sa.Text, nullable=False, server_default=sa.text("'Scheduled'")),
+        sa.Column("command_position", sa.Integer, nullable=True),
         sa.PrimaryKeyConstraint("tenant_id", "service_call_id", name="pk_timer_schedules"),
     ]
     if mode == "shared":
@@ -149,6 +180,20 @@ def timer_schedules_table(metadata: sa.MetaData, *, mode: StoreMode = "standalon
         else:
             args.append(sa.Index(name, *columns, sqlite_where=sa.text(where)))
     table = sa.Table(TABLE, metadata, *args, sqlite_strict=True)
+    sa.Table(
+        TOMBSTONES,
+        metadata,
+        sa.Column("tenant_id", sa.Text, nullable=False),
+        sa.Column("service_call_id", sa.Text, nullable=False),
+        sa.Column("command_position", sa.Integer, nullable=False),
+        sa.Column("cancelled_at", sa.Text, nullable=False),
+        sa.PrimaryKeyConstraint("tenant_id", "service_call_id", name="pk_timer_tombstones"),
+        sa.CheckConstraint(
+            f"cancelled_at GLOB '{_TIMESTAMP_GLOB}'", name="ck_timer_tombstones_cancelled_at_format"
+        ),
+        sa.Index("idx_timer_tombstones_cancelled_at", "cancelled_at"),
+        sqlite_strict=True,
+    )
     # Part of the metadata so a host's Alembic autogenerate does not plan to drop it.
     sa.Table(
         VERSION_TABLE,
@@ -270,6 +315,12 @@ def migrate_connection(connection: sa.Connection, *, mode: StoreMode, where: str
         for migration in MIGRATIONS:
             if migration.version <= current:
                 continue
+            for table, column, declaration in migration.columns:
+                present = connection.exec_driver_sql(f"PRAGMA table_xinfo({table})").all()
+                if all(row[1] != column for row in present):
+                    connection.exec_driver_sql(
+                        f"ALTER TABLE {table} ADD COLUMN {column} {declaration}"
+                    )
             for statement in migration.statements(mode):
                 connection.exec_driver_sql(statement)
             connection.execute(

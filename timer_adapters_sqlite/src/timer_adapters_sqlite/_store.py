@@ -28,6 +28,7 @@ import sqlalchemy.orm
 from timer_adapters_sqlite._errors import translate_error
 from timer_adapters_sqlite._schema import (
     TABLE,
+    TOMBSTONES,
     StoreMode,
     Synchronous,
     create_sqlite_engine,
@@ -38,6 +39,7 @@ from timer_core import (
     CommandOutcome,
     CorrelationId,
     DueCursor,
+    PositionedOperation,
     RemoteScheduleCallback,
     ScheduleTimer,
     ServiceCallId,
@@ -63,19 +65,43 @@ T = TypeVar("T")
 _COLUMNS = "tenant_id, service_call_id, correlation_id, due_at, registered_at, state, reached_at"
 
 # ADR-0003 section 5: a Reached timer is never re-armed, so the update is guarded by state.
-_UPSERT = f"""
-INSERT INTO {TABLE} (tenant_id, service_call_id, correlation_id, due_at, registered_at, state)
-VALUES (?, ?, ?, ?, ?, 'Scheduled')
+# Command order (a PositionedOperation's position, the 6th value, NULL without one): a
+# schedule older than the key's tombstone is not inserted, one older than the stored
+# timer's position does not update it, and an unpositioned one keeps the stored position.
+_ORDERED_UPDATE = f"""
 ON CONFLICT (tenant_id, service_call_id) DO UPDATE SET
     due_at = excluded.due_at,
     correlation_id = excluded.correlation_id,
-    registered_at = excluded.registered_at
+    registered_at = excluded.registered_at,
+    command_position = coalesce(excluded.command_position, {TABLE}.command_position)
 WHERE {TABLE}.state = 'Scheduled'
+  AND (excluded.command_position IS NULL OR {TABLE}.command_position IS NULL
+       OR {TABLE}.command_position <= excluded.command_position)
 """
+_UPSERT = f"""
+INSERT INTO {TABLE}
+    (tenant_id, service_call_id, correlation_id, due_at, registered_at, state, command_position)
+SELECT ?1, ?2, ?3, ?4, ?5, 'Scheduled', ?6
+WHERE ?6 IS NULL OR NOT EXISTS (
+    SELECT 1 FROM {TOMBSTONES} AS c
+    WHERE c.tenant_id = ?1 AND c.service_call_id = ?2 AND c.command_position > ?6)
+{_ORDERED_UPDATE}"""
 _CANCEL = f"""
 DELETE FROM {TABLE} WHERE tenant_id = ? AND service_call_id = ? AND state = 'Scheduled'
 """
-_STATE = f"SELECT state FROM {TABLE} WHERE tenant_id = ? AND service_call_id = ?"
+# (state, position) of the key's timer and its tombstone's position; NULLs where absent.
+_POSITIONS = f"""
+SELECT (SELECT state FROM {TABLE} WHERE tenant_id = ?1 AND service_call_id = ?2),
+       (SELECT command_position FROM {TABLE} WHERE tenant_id = ?1 AND service_call_id = ?2),
+       (SELECT command_position FROM {TOMBSTONES} WHERE tenant_id = ?1 AND service_call_id = ?2)
+"""
+_TOMBSTONE = f"""
+INSERT INTO {TOMBSTONES} (tenant_id, service_call_id, command_position, cancelled_at)
+VALUES (?, ?, ?, ?)
+ON CONFLICT (tenant_id, service_call_id) DO UPDATE SET
+    command_position = max(command_position, excluded.command_position),
+    cancelled_at = excluded.cancelled_at
+"""
 _MARK_REACHED = f"""
 UPDATE {TABLE} SET state = 'Reached', reached_at = ?
 WHERE tenant_id = ? AND service_call_id = ? AND state = 'Scheduled' AND due_at = ?
@@ -85,16 +111,22 @@ WHERE tenant_id = ? AND service_call_id = ? AND state = 'Scheduled' AND due_at =
 # another thread busy each of those waits up to a switch interval (5 ms) for it (measured:
 # 0.3-3k upserts/s that way, 8k/s as one statement, the event loop running on meanwhile).
 _UPSERT_JSON = f"""
-INSERT INTO {TABLE} (tenant_id, service_call_id, correlation_id, due_at, registered_at, state)
-SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]'), json_extract(value, '$[2]'),
-       json_extract(value, '$[3]'), json_extract(value, '$[4]'), 'Scheduled'
-FROM json_each(?) WHERE true ORDER BY key
-ON CONFLICT (tenant_id, service_call_id) DO UPDATE SET
-    due_at = excluded.due_at,
-    correlation_id = excluded.correlation_id,
-    registered_at = excluded.registered_at
-WHERE {TABLE}.state = 'Scheduled'
-"""
+INSERT INTO {TABLE}
+    (tenant_id, service_call_id, correlation_id, due_at, registered_at, state, command_position)
+SELECT tenant_id, service_call_id, correlation_id, due_at, registered_at, 'Scheduled', position
+FROM (
+    SELECT key, json_extract(value, '$[0]') AS tenant_id,
+           json_extract(value, '$[1]') AS service_call_id,
+           json_extract(value, '$[2]') AS correlation_id, json_extract(value, '$[3]') AS due_at,
+           json_extract(value, '$[4]') AS registered_at, json_extract(value, '$[5]') AS position
+    FROM json_each(?)
+) AS v
+WHERE position IS NULL OR NOT EXISTS (
+    SELECT 1 FROM {TOMBSTONES} AS c
+    WHERE c.tenant_id = v.tenant_id AND c.service_call_id = v.service_call_id
+      AND c.command_position > v.position)
+ORDER BY key
+{_ORDERED_UPDATE}"""
 _MARK_REACHED_JSON = f"""
 UPDATE {TABLE} INDEXED BY idx_timer_schedules_scheduled_due
 SET state = 'Reached', reached_at = marks.reached_at
@@ -164,6 +196,12 @@ _PURGE_REACHED = sa.text(
     f"SELECT tenant_id, service_call_id FROM {TABLE} INDEXED BY idx_timer_schedules_reached_at "
     "WHERE state = 'Reached' AND reached_at < :before ORDER BY reached_at LIMIT :limit)"
 )
+_PURGE_TOMBSTONES = sa.text(
+    f"DELETE FROM {TOMBSTONES} WHERE (tenant_id, service_call_id) IN ("
+    f"SELECT tenant_id, service_call_id FROM {TOMBSTONES} "
+    "INDEXED BY idx_timer_tombstones_cancelled_at "
+    "WHERE cancelled_at < :before ORDER BY cancelled_at LIMIT :limit)"
+)
 
 # The stored text is always format_timestamp's `YYYY-MM-DDTHH:MM:SS.sssZ` (a CHECK enforces
 # it), which datetime.fromisoformat reads in C: half the cost of parse_timestamp per row.
@@ -208,10 +246,11 @@ def _entry(row: Sequence[Any]) -> TimerEntry:
     )
 
 
-# An operation as the writer runs it: its SQL parameters. A schedule has five (the upsert's),
-# a cancel two (the key), so the length alone tells them apart.
+# An operation as the writer runs it: its SQL parameters. A schedule has six (the upsert's,
+# the last its command position or None), a cancel two (the key) or, with a position, four
+# (key, position, time): the length alone tells them apart.
 _Op = tuple[Any, ...]
-_SCHEDULE_SIZE = 5
+_SCHEDULE_SIZE = 6
 _SCHEDULED = TimerState.SCHEDULED
 
 
@@ -222,6 +261,17 @@ def _as_ops(operations: Sequence[TimerOperation]) -> list[_Op]:
     registered: datetime | None = None
     registered_text = ""
     for operation in operations:
+        position: int | None = None
+        if isinstance(operation, PositionedOperation):
+            position = operation.position
+            if type(position) is not int or position < 0:
+                raise ValueError(f"a command position is a non-negative int, got {position!r}")
+            if not isinstance(operation.operation, TimerEntry):
+                tenant_id, service_call_id = operation.operation
+                at = _write_timestamp(require_utc(operation.at, "at"))
+                ops.append((TenantId(tenant_id), ServiceCallId(service_call_id), position, at))
+                continue
+            operation = operation.operation
         if isinstance(operation, TimerEntry):
             if operation.state is not _SCHEDULED:
                 raise ValueError(f"only Scheduled entries can be scheduled, got {operation}")
@@ -235,12 +285,16 @@ def _as_ops(operations: Sequence[TimerOperation]) -> list[_Op]:
                     operation.correlation_id,
                     _write_timestamp(operation.due_at),
                     registered_text,
+                    position,
                 )
             )
         elif isinstance(operation, tuple) and len(operation) == 2:
             ops.append((TenantId(operation[0]), ServiceCallId(operation[1])))
         else:
-            raise TypeError(f"expected a TimerEntry or TimerKey, got {type(operation).__name__}")
+            raise TypeError(
+                "expected a TimerEntry, TimerKey or PositionedOperation, "
+                f"got {type(operation).__name__}"
+            )
     return ops
 
 
@@ -259,15 +313,31 @@ def _write_ops(driver: sqlite3.Connection, ops: list[_Op]) -> list[CommandOutcom
         params = ops[start:end]
         if size == _SCHEDULE_SIZE:
             outcomes += _schedule_run(cursor, params)
-        else:
+        elif size == 2:
             # Cancels run one by one: each needs its own row count for its outcome.
             for key in params:
                 cursor.execute(_CANCEL, key)
                 outcomes.append(
                     CommandOutcome.CANCELLED if cursor.rowcount == 1 else CommandOutcome.CANCEL_NOOP
                 )
+        else:
+            outcomes += [_positioned_cancel(cursor, op) for op in params]
         start = end
     return outcomes
+
+
+def _positioned_cancel(cursor: sqlite3.Cursor, op: _Op) -> CommandOutcome:
+    """A cancel at a command position: stale, or applied and remembered by a tombstone."""
+    tenant_id, service_call_id, position, _ = op
+    _, stored, tombstone = cursor.execute(_POSITIONS, (tenant_id, service_call_id)).fetchone()
+    if (stored is not None and stored > position) or (
+        tombstone is not None and tombstone > position
+    ):
+        return CommandOutcome.STALE
+    cursor.execute(_CANCEL, (tenant_id, service_call_id))
+    cancelled = cursor.rowcount == 1
+    cursor.execute(_TOMBSTONE, op)
+    return CommandOutcome.CANCELLED if cancelled else CommandOutcome.CANCEL_NOOP
 
 
 def _schedule_run(cursor: sqlite3.Cursor, params: list[tuple[Any, ...]]) -> list[CommandOutcome]:
@@ -277,16 +347,25 @@ def _schedule_run(cursor: sqlite3.Cursor, params: list[tuple[Any, ...]]) -> list
         cursor.executemany(_UPSERT, params)
     if cursor.rowcount == len(params):
         return [CommandOutcome.SCHEDULED] * len(params)
-    # Some upserts hit a Reached timer. Within a run of upserts a Reached key stays
-    # Reached and every other key ends Scheduled, so the state now tells which.
+    # Some upserts hit a Reached timer or were older than the key's position. Within a run
+    # of upserts a Reached key stays Reached, every other key ends Scheduled (or absent,
+    # behind a newer tombstone) with the highest position applied to it, so what is stored
+    # now tells which. (One superseded by a newer one of the same run is reported stale
+    # too: it is older than one applied.)
     outcomes = []
     for row in params:
-        (state,) = cursor.execute(_STATE, row[:2]).fetchone()
-        outcomes.append(
-            CommandOutcome.IGNORED_REACHED
-            if state == TimerState.REACHED
-            else CommandOutcome.SCHEDULED
-        )
+        state, stored, tombstone = cursor.execute(_POSITIONS, row[:2]).fetchone()
+        position = row[5]
+        if position is not None and (
+            state is None
+            or (stored is not None and stored > position)
+            or (tombstone is not None and tombstone > position)
+        ):
+            outcomes.append(CommandOutcome.STALE)
+        elif state == TimerState.REACHED:
+            outcomes.append(CommandOutcome.IGNORED_REACHED)
+        else:
+            outcomes.append(CommandOutcome.SCHEDULED)
     return outcomes
 
 
@@ -937,7 +1016,11 @@ class SqliteTimerStore(TimerStore):
         params = {"before": before, "limit": limit}
 
         def purge(connection: sa.Connection) -> int:
-            return connection.execute(_PURGE_REACHED, params).rowcount
+            deleted = connection.execute(_PURGE_REACHED, params).rowcount
+            if deleted < limit:
+                rest = {"before": before, "limit": limit - deleted}
+                deleted += connection.execute(_PURGE_TOMBSTONES, rest).rowcount
+            return deleted
 
         return await self._write(purge)
 

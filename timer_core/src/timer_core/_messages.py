@@ -86,6 +86,10 @@ class MessageEnvelope(Generic[P]):
         default=None, converter=_optional_correlation
     )
     causation_id: CausationId | None = attrs.field(default=None, converter=_optional_causation)
+    position: int | None = attrs.field(default=None, eq=False, kw_only=True)
+    """Where the message sits in its source's order (the JetStream stream sequence of a
+    command a :class:`~timer_core.ports.CommandSource` delivered), or None. Not on the wire;
+    commands of one timer apply in this order (older ones are ``STALE``)."""
 
     @property
     def type(self) -> str:
@@ -101,6 +105,25 @@ class MessageEnvelope(Generic[P]):
     def metadata(self) -> MessageMetadata:
         """The tracing fields of this envelope."""
         return MessageMetadata(self.correlation_id, self.causation_id)
+
+    def at_position(self, position: int | None) -> MessageEnvelope[P]:
+        """This envelope with :attr:`position` set (a command source calls it per command).
+
+        A copy made field by field: every value is already valid, so the converters are not
+        run again (once per command received).
+        """
+        if position is not None and (type(position) is not int or position < 0):
+            raise ValueError(f"position must be a non-negative int or None, got {position!r}")
+        copy: MessageEnvelope[P] = object.__new__(MessageEnvelope)
+        for name in _ENVELOPE_FIELDS:
+            object.__setattr__(copy, name, getattr(self, name))
+        object.__setattr__(copy, "position", position)
+        return copy
+
+
+_ENVELOPE_FIELDS = tuple(
+    field.name for field in attrs.fields(MessageEnvelope) if field.name != "position"
+)
 
 
 def _unchecked_due_event(
@@ -129,4 +152,5 @@ def _unchecked_due_event(
     put(envelope, "aggregate_id", service_call_id)
     put(envelope, "correlation_id", correlation_id)
     put(envelope, "causation_id", None)
+    put(envelope, "position", None)
     return envelope

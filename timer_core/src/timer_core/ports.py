@@ -15,6 +15,8 @@ from datetime import UTC, datetime
 from types import TracebackType
 from typing import NamedTuple, Protocol, Self, runtime_checkable
 
+import attrs
+
 from timer_core._entry import TimerEntry, TimerKey
 from timer_core._ids import CorrelationId, EnvelopeId, ServiceCallId, TenantId
 from timer_core._messages import Command, DueTimeReached, MessageEnvelope
@@ -31,6 +33,7 @@ __all__ = [
     "EnvelopeIdGenerator",
     "EventPublisher",
     "RemoteScheduleCallback",
+    "PositionedOperation",
     "SystemClock",
     "TimerOperation",
     "TimerScheduler",
@@ -50,6 +53,9 @@ class CommandOutcome(enum.StrEnum):
     """A ``CancelTimer`` removed a ``Scheduled`` timer."""
     CANCEL_NOOP = "cancel_noop"
     """A ``CancelTimer`` for a ``Reached`` or unknown timer: nothing changed."""
+    STALE = "stale"
+    """A command older (by :attr:`PositionedOperation.position`) than one already applied to
+    the same timer, e.g. redelivered after a broker crash: nothing changed."""
 
 
 class DueCursor(NamedTuple):
@@ -65,9 +71,32 @@ class DueCursor(NamedTuple):
         return cls(entry.due_at, entry.tenant_id, entry.service_call_id)
 
 
+@attrs.frozen(slots=True)
+class PositionedOperation:
+    """A schedule or cancel at its command's position in an ordered source.
+
+    ``position`` orders the commands of one timer key: a JetStream stream sequence, for the
+    commands a :class:`CommandSource` delivers. The store remembers, per key, the highest
+    position applied (a cancel leaves a *tombstone* with it); an operation whose position is
+    lower is ``STALE`` and changes nothing. ``at`` is when the command was applied (the
+    tombstone's time, for retention). Operations without a position (a plain
+    :class:`TimerEntry` or :class:`TimerKey`, e.g. scheduled in process) are always applied.
+    """
+
+    operation: TimerEntry | TimerKey
+    position: int
+    at: datetime
+
+    @property
+    def key(self) -> TimerKey:
+        """The key of the timer the operation is for."""
+        operation = self.operation
+        return operation.key if isinstance(operation, TimerEntry) else TimerKey(*operation)
+
+
 #: A write the store applies: a :class:`TimerEntry` schedules (upsert), a :class:`TimerKey`
-#: cancels.
-TimerOperation = TimerEntry | TimerKey
+#: cancels; either may come wrapped in a :class:`PositionedOperation`.
+TimerOperation = TimerEntry | TimerKey | PositionedOperation
 
 #: What :meth:`TimerStore.watch_remote_schedules` calls: the due time of a timer scheduled
 #: by another writer of the same storage. Runs on the event loop; must not block.
@@ -128,6 +157,14 @@ class TimerStore(AsyncResource, abc.ABC):
         deleted (``CANCELLED``); a ``Reached`` or unknown key is a no-op (``CANCEL_NOOP``).
         Later operations see the effects of earlier ones. Returns one outcome per operation,
         in order, only after all of them are committed durably; on error none is applied.
+
+        A :class:`PositionedOperation` is first held to command order: its key's position is
+        the highest position applied to it so far (by a schedule, stored with the timer, or
+        a cancel, kept as a tombstone even where there is no timer to delete); an operation
+        with a lower position changes nothing (``STALE``). Otherwise it is applied as above
+        and its position becomes the key's (the same position again is the same command
+        redelivered, applied again). Operations without a position are always applied and
+        leave the key's position as it is.
         """
 
     async def schedule(self, entry: TimerEntry) -> CommandOutcome:
@@ -225,6 +262,8 @@ class TimerStore(AsyncResource, abc.ABC):
         """Delete up to ``limit`` ``Reached`` timers fired before ``reached_before``.
 
         Retention: returns how many were deleted; ``Scheduled`` timers are never deleted.
+        Cancel tombstones (see :meth:`apply`) written before ``reached_before`` are deleted
+        too, within the same ``limit`` and count.
         """
 
     def watch_remote_schedules(self, callback: RemoteScheduleCallback | None) -> bool:

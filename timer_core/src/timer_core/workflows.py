@@ -29,6 +29,7 @@ from timer_core.ports import (
     DueCursor,
     EnvelopeIdGenerator,
     EventPublisher,
+    PositionedOperation,
     TimerOperation,
     TimerStore,
     Uuid7EnvelopeIds,
@@ -52,6 +53,12 @@ _DEFAULT_IDS = Uuid7EnvelopeIds()
 
 
 def _operation(envelope: MessageEnvelope[Command], now: datetime) -> TimerOperation:
+    operation = _unpositioned(envelope, now)
+    position = envelope.position
+    return operation if position is None else PositionedOperation(operation, position, now)
+
+
+def _unpositioned(envelope: MessageEnvelope[Command], now: datetime) -> TimerEntry | TimerKey:
     command = envelope.payload
     if isinstance(command, ScheduleTimer):
         correlation_id = envelope.correlation_id
@@ -84,8 +91,10 @@ async def handle_commands(
 ) -> list[CommandOutcome]:
     """Apply a batch of decoded commands in order, in one store transaction.
 
-    Returns once every command is durably applied (the caller may then ack them all);
-    raises :class:`~timer_core.errors.StoreError` if none could be.
+    An envelope with a :attr:`~timer_core.MessageEnvelope.position` is applied as a
+    :class:`~timer_core.ports.PositionedOperation`: older than what its timer already saw,
+    it changes nothing (``STALE``). Returns once every command is durably applied (the caller
+    may then ack them all); raises :class:`~timer_core.errors.StoreError` if none could be.
     """
     if not envelopes:
         return []

@@ -22,12 +22,14 @@ __all__ = ["PrometheusInstrumentation"]
 log = logging.getLogger("timer_service.events")
 
 #: The ``outcome`` label of ``timer_commands_received_total`` for each command outcome:
-#: ``stored`` when the store changed, else ``ignored``.
+#: ``stored`` when the store changed, ``stale`` for a command older than one already applied
+#: to its timer, else ``ignored``.
 _COUNTED_AS: dict[str, str] = {
     CommandOutcome.SCHEDULED: "stored",
     CommandOutcome.CANCELLED: "stored",
     CommandOutcome.IGNORED_REACHED: "ignored",
     CommandOutcome.CANCEL_NOOP: "ignored",
+    CommandOutcome.STALE: "stale",
 }
 
 _LATENESS_BUCKETS = (
@@ -59,7 +61,7 @@ class PrometheusInstrumentation(Instrumentation):
         self.registry = registry or CollectorRegistry()
         self.commands = Counter(
             "timer_commands_received",
-            "Commands received, by outcome (stored, ignored, rejected).",
+            "Commands received, by outcome (stored, ignored, stale, rejected).",
             ["outcome"],
             registry=self.registry,
         )
@@ -100,7 +102,7 @@ class PrometheusInstrumentation(Instrumentation):
             "Unix time of the last completed worker pass.",
             registry=self.registry,
         )
-        for outcome in ("stored", "ignored", "rejected"):
+        for outcome in ("stored", "ignored", "stale", "rejected"):
             self.commands.labels(outcome)
 
     def command_handled(self, envelope: MessageEnvelope[Command], outcome: str) -> None:

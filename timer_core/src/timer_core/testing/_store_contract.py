@@ -12,7 +12,13 @@ import pytest_asyncio
 from timer_core._entry import TimerEntry, TimerKey, TimerState
 from timer_core._ids import CorrelationId, ServiceCallId, TenantId
 from timer_core.errors import StoreUnavailable
-from timer_core.ports import CommandOutcome, DueCursor, TimerOperation, TimerStore
+from timer_core.ports import (
+    CommandOutcome,
+    DueCursor,
+    PositionedOperation,
+    TimerOperation,
+    TimerStore,
+)
 
 __all__ = ["TimerStoreContract"]
 
@@ -42,6 +48,18 @@ def entry(
         registered_at=registered if isinstance(registered, datetime) else at(registered),
         correlation_id=correlation,
     )
+
+
+def positioned(
+    operation: TimerEntry | TimerKey, position: int, applied: float = 0
+) -> PositionedOperation:
+    """``operation`` at command position ``position``, applied ``applied`` seconds in."""
+    return PositionedOperation(operation, position, at(applied))
+
+
+def cancel(tenant: str, call: str) -> TimerKey:
+    """The cancel of a timer."""
+    return TimerKey(TenantId(tenant), ServiceCallId(call))
 
 
 def keys(entries: list[TimerEntry]) -> list[tuple[str, str]]:
@@ -531,6 +549,160 @@ class TimerStoreContract:
         assert await store.purge_reached(at(1000), 0) == 0
         assert await store.purge_reached(at(1000), 100) == 2
         assert await store.count_scheduled() == 2
+
+    # -- command order (PositionedOperation) -------------------------------------------------
+
+    async def test_older_schedule_after_a_cancel_does_not_rearm(self, store: TimerStore) -> None:
+        """A schedule redelivered after a newer cancel of its timer is stale: nothing re-arms."""
+        first = entry("tenant-a", "k", 10)
+        assert await store.apply(
+            [positioned(first, 5), positioned(cancel("tenant-a", "k"), 6)]
+        ) == [
+            CommandOutcome.SCHEDULED,
+            CommandOutcome.CANCELLED,
+        ]
+        assert await store.apply([positioned(first, 5)]) == [CommandOutcome.STALE]
+        assert await store.get(A, ServiceCallId("k")) is None
+        assert await store.count_scheduled() == 0
+
+    async def test_older_schedule_after_a_reschedule_keeps_the_newer(
+        self, store: TimerStore
+    ) -> None:
+        """A schedule older than the reschedule already applied leaves the newer due time."""
+        await store.apply([positioned(entry("tenant-a", "k", 10), 5)])
+        await store.apply([positioned(entry("tenant-a", "k", 20, registered=1), 8)])
+        assert await store.apply([positioned(entry("tenant-a", "k", 10, registered=2), 5)]) == [
+            CommandOutcome.STALE
+        ]
+        assert await store.get(A, ServiceCallId("k")) == entry("tenant-a", "k", 20, registered=1)
+
+    async def test_older_cancel_after_a_schedule_keeps_the_timer(self, store: TimerStore) -> None:
+        """A cancel older than the schedule already applied to its timer changes nothing."""
+        await store.apply([positioned(entry("tenant-a", "k", 10), 9)])
+        assert await store.apply([positioned(cancel("tenant-a", "k"), 4)]) == [CommandOutcome.STALE]
+        assert await store.get(A, ServiceCallId("k")) == entry("tenant-a", "k", 10)
+
+    async def test_cancel_of_an_unknown_timer_still_orders_its_key(self, store: TimerStore) -> None:
+        """A positioned cancel with nothing to delete still makes older schedules stale."""
+        assert await store.apply([positioned(cancel("tenant-a", "k"), 7)]) == [
+            CommandOutcome.CANCEL_NOOP
+        ]
+        assert await store.apply([positioned(entry("tenant-a", "k", 10), 6)]) == [
+            CommandOutcome.STALE
+        ]
+        assert await store.apply([positioned(entry("tenant-a", "k", 10), 8)]) == [
+            CommandOutcome.SCHEDULED
+        ]
+        assert await store.get(A, ServiceCallId("k")) == entry("tenant-a", "k", 10)
+
+    async def test_same_position_again_is_the_same_command_applied_again(
+        self, store: TimerStore
+    ) -> None:
+        """A command redelivered at its own position is applied again (no change), not stale."""
+        again = positioned(entry("tenant-a", "k", 10), 5)
+        assert await store.apply([again]) == [CommandOutcome.SCHEDULED]
+        assert await store.apply([again]) == [CommandOutcome.SCHEDULED]
+        assert await store.get(A, ServiceCallId("k")) == entry("tenant-a", "k", 10)
+
+    async def test_stale_command_in_the_same_batch(self, store: TimerStore) -> None:
+        """Order holds within one apply: a command older than one before it is stale."""
+        first = entry("tenant-a", "k", 10)
+        outcomes = await store.apply(
+            [positioned(first, 5), positioned(cancel("tenant-a", "k"), 6), positioned(first, 5)]
+        )
+        assert outcomes == [
+            CommandOutcome.SCHEDULED,
+            CommandOutcome.CANCELLED,
+            CommandOutcome.STALE,
+        ]
+        assert await store.get(A, ServiceCallId("k")) is None
+
+    async def test_positions_are_per_key(self, store: TimerStore) -> None:
+        """A high position on one timer does not make another tenant's or call's command stale."""
+        await store.apply(
+            [positioned(entry("tenant-a", "k", 10), 100), positioned(cancel("tenant-a", "x"), 100)]
+        )
+        assert await store.apply(
+            [
+                positioned(entry("tenant-b", "k", 10), 1),
+                positioned(entry("tenant-a", "other", 10), 2),
+            ]
+        ) == [CommandOutcome.SCHEDULED, CommandOutcome.SCHEDULED]
+
+    async def test_unpositioned_operations_always_apply(self, store: TimerStore) -> None:
+        """Schedules and cancels without a position apply whatever position the key has seen."""
+        await store.apply([positioned(cancel("tenant-a", "k"), 50)])
+        assert await store.schedule(entry("tenant-a", "k", 10)) is CommandOutcome.SCHEDULED
+        assert await store.apply([positioned(entry("tenant-a", "k", 30), 49)]) == [
+            CommandOutcome.STALE
+        ]
+        assert await store.cancel(A, ServiceCallId("k")) is CommandOutcome.CANCELLED
+        await store.apply([positioned(entry("tenant-a", "k", 10), 60)])
+        assert await store.schedule(entry("tenant-a", "k", 40)) is CommandOutcome.SCHEDULED
+        # The in-process reschedule kept the key's position: the old command is still stale.
+        assert await store.apply([positioned(entry("tenant-a", "k", 30), 59)]) == [
+            CommandOutcome.STALE
+        ]
+        assert await store.get(A, ServiceCallId("k")) == entry("tenant-a", "k", 40)
+
+    async def test_stale_schedule_of_a_reached_timer_changes_nothing(
+        self, store: TimerStore
+    ) -> None:
+        """A Reached timer stays Reached under old and new positioned commands alike."""
+        timer = entry("tenant-a", "k", 1)
+        await store.apply([positioned(timer, 5)])
+        await store.mark_reached([timer.reach(at(2))])
+        assert await store.apply([positioned(timer, 4)]) == [CommandOutcome.STALE]
+        assert await store.apply([positioned(entry("tenant-a", "k", 9), 6)]) == [
+            CommandOutcome.IGNORED_REACHED
+        ]
+        assert await store.get(A, ServiceCallId("k")) == timer.reach(at(2))
+
+    async def test_replaying_every_older_command_changes_nothing(self, store: TimerStore) -> None:
+        """Commands replayed after newer ones (a broker that forgot its acks): 0 stale re-arms."""
+        history: list[PositionedOperation] = []
+        position = 0
+        for i in range(40):
+            call = f"k{i}"
+            steps: list[TimerEntry | TimerKey] = [entry("tenant-a", call, 100 + i)]
+            if i % 4 != 0:
+                steps.append(entry("tenant-a", call, 200 + i, registered=1))
+            if i % 2 == 1:
+                steps.append(cancel("tenant-a", call))
+            if i % 8 == 7:
+                steps.append(entry("tenant-a", call, 300 + i, registered=2))
+            for step in steps:
+                position += 1
+                history.append(positioned(step, position, applied=position))
+        await store.apply(history)
+        before = await store.list_for_tenant(A)
+        # Everything again, newest first, in small batches: every command is older than (or
+        # the same as) the last one applied to its timer.
+        replay = list(reversed(history))
+        outcomes: list[CommandOutcome] = []
+        for start in range(0, len(replay), 7):
+            outcomes += await store.apply(replay[start : start + 7])
+        assert await store.list_for_tenant(A) == before
+        assert await store.count_scheduled() == len([e for e in before if e.is_scheduled])
+        assert CommandOutcome.STALE in outcomes
+
+    async def test_purge_deletes_old_tombstones(self, store: TimerStore) -> None:
+        """Retention purges cancel tombstones written before the cutoff, counting them."""
+        await store.apply(
+            [
+                positioned(cancel("tenant-a", "old"), 5, applied=1),
+                positioned(cancel("tenant-a", "new"), 5, applied=100),
+            ]
+        )
+        assert await store.purge_reached(at(50), 10) == 1
+        assert await store.purge_reached(at(50), 10) == 0
+        # The old tombstone is gone, so the old key's position is forgotten; the other's holds.
+        assert await store.apply(
+            [
+                positioned(entry("tenant-a", "old", 10), 4),
+                positioned(entry("tenant-a", "new", 10), 4),
+            ]
+        ) == [CommandOutcome.SCHEDULED, CommandOutcome.STALE]
 
     # -- concurrency and durability ----------------------------------------------------------
 

@@ -91,10 +91,11 @@ class TimerClient:
         creds_file: Path | str | None = None,
         nkey_seed_file: Path | str | None = None,
         token: str | None = None,
+        inbox_prefix: str = "_INBOX",
     ) -> AsyncIterator[TimerClient]:
         """Connect to ``url`` (reconnecting once connected), yield a client, then close.
 
-        The TLS and authentication arguments mean what they mean on
+        The TLS, authentication and inbox arguments mean what they mean on
         :class:`~timer_adapters_nats.NatsSettings` (``**settings.security_options()`` passes
         a settings object's). Raises :class:`~timer_adapters_nats.BrokerUnavailable` naming
         the URL (its secrets redacted) when the server cannot be reached within
@@ -110,6 +111,7 @@ class TimerClient:
             creds_file=creds_file,
             nkey_seed_file=nkey_seed_file,
             token=token,
+            inbox_prefix=inbox_prefix,
         )
         try:
             yield cls(

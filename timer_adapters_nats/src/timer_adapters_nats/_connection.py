@@ -38,6 +38,7 @@ async def connect(
     creds_file: Path | str | None = None,
     nkey_seed_file: Path | str | None = None,
     token: str | None = None,
+    inbox_prefix: str = "_INBOX",
 ) -> Client:
     """A connected client that reconnects forever; :class:`BrokerUnavailable` within the timeout.
 
@@ -87,6 +88,7 @@ async def connect(
         nc.connect(
             servers=servers,
             name=name,
+            inbox_prefix=inbox_prefix,
             connect_timeout=connect_timeout_s,  # type: ignore[arg-type]
             reconnect_time_wait=reconnect_wait_s,  # type: ignore[arg-type]
             max_reconnect_attempts=-1,

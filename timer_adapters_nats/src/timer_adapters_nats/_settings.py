@@ -146,6 +146,10 @@ class NatsSettings:
     """A file holding a user's NKey seed (``SU...``), for servers that list NKey users."""
     token: str | None = attrs.field(default=None, repr=_shown_secret)
     """An authentication token (never shown in ``repr``, logs or errors)."""
+    inbox_prefix: str = attrs.field(default="_INBOX", validator=_prefix)
+    """Subject prefix of this connection's reply inboxes. Give each user of a server with
+    per-user permissions its own (``_INBOX.timer-service``) and allow it to subscribe only
+    there, so no other user can read its replies (see docs/operations.md, Securing Timer)."""
 
     def __attrs_post_init__(self) -> None:
         if (self.tls_cert_file is None) != (self.tls_key_file is None):
@@ -163,8 +167,8 @@ class NatsSettings:
             raise ValueError("token must not be empty (None for no token)")
 
     def security_options(self) -> dict[str, Any]:
-        """The TLS and authentication keyword arguments of :func:`~timer_adapters_nats.connect`
-        (and :meth:`~timer_adapters_nats.TimerClient.connect`) these settings ask for."""
+        """The TLS, authentication and inbox arguments that these settings give to
+        :func:`~timer_adapters_nats.connect` and ``TimerClient.connect``."""
         return {
             "tls_ca_file": self.tls_ca_file,
             "tls_cert_file": self.tls_cert_file,
@@ -172,6 +176,7 @@ class NatsSettings:
             "creds_file": self.creds_file,
             "nkey_seed_file": self.nkey_seed_file,
             "token": self.token,
+            "inbox_prefix": self.inbox_prefix,
         }
 
     @property

@@ -65,6 +65,7 @@ class Settings:
     broker_creds_file: Path | None = None
     broker_nkey_seed_file: Path | None = None
     broker_token: str | None = attrs.field(default=None, repr=_shown_secret)
+    broker_inbox_prefix: str = "_INBOX"
 
     @property
     def broker_security(self) -> dict[str, Any]:
@@ -76,6 +77,7 @@ class Settings:
             "creds_file": self.broker_creds_file,
             "nkey_seed_file": self.broker_nkey_seed_file,
             "token": self.broker_token,
+            "inbox_prefix": self.broker_inbox_prefix,
         }
 
     @property
@@ -195,6 +197,16 @@ def _secret(variable: str, raw: str) -> str:
     return value
 
 
+_SUBJECT_PREFIX = re.compile(r"[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*")
+
+
+def _subject_prefix(variable: str, raw: str) -> str:
+    value = raw.strip()
+    if _SUBJECT_PREFIX.fullmatch(value) is None:
+        raise SettingsError(variable, "dot-separated tokens of [A-Za-z0-9_-]", raw)
+    return value
+
+
 def _token(variable: str, raw: str) -> str:
     try:
         return str(TenantId(raw.strip()))
@@ -283,4 +295,5 @@ ENVIRONMENT: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "TIMER_BROKER_CREDS_FILE": ("broker_creds_file", _file),
     "TIMER_BROKER_NKEY_SEED_FILE": ("broker_nkey_seed_file", _file),
     "TIMER_BROKER_TOKEN": ("broker_token", _secret),
+    "TIMER_BROKER_INBOX_PREFIX": ("broker_inbox_prefix", _subject_prefix),
 }

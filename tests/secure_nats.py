@@ -8,16 +8,28 @@ authorization recipe's test.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import attrs
 import nkeys
+import pytest
 import trustme
 
 from timer_adapters_nats.embedded import NatsServerProcess
 
-__all__ = ["NKeyUser", "Pki", "make_pki", "new_nkey_user", "start_configured_server"]
+__all__ = [
+    "DEPLOY_NATS",
+    "NKeyUser",
+    "Pki",
+    "make_pki",
+    "new_nkey_user",
+    "start_configured_server",
+    "start_server_from_file",
+]
+
+#: The nats-server configurations the docs show (docs/operations.md, Securing Timer).
+DEPLOY_NATS = Path(__file__).resolve().parents[1] / "deploy" / "nats"
 
 
 @attrs.frozen
@@ -105,4 +117,17 @@ def start_configured_server(
         store_dir / "js", host="127.0.0.1", extra_args=["-c", str(config_file), *extra_args]
     )
     server.start()
+    return server
+
+
+def start_server_from_file(
+    store_dir: Path, config_file: Path, environment: Mapping[str, str]
+) -> NatsServerProcess:
+    """Start a JetStream ``nats-server`` on a free 127.0.0.1 port from a configuration file
+    that reads ``$VARIABLES`` from its environment (the deploy/ recipes do)."""
+    with pytest.MonkeyPatch.context() as patch:
+        for key, value in environment.items():
+            patch.setenv(key, value)
+        server = NatsServerProcess(store_dir, host="127.0.0.1", extra_args=["-c", str(config_file)])
+        server.start()
     return server

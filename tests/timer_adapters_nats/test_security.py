@@ -12,11 +12,13 @@ from typing import Any
 import pytest
 
 from tests.secure_nats import (
+    DEPLOY_NATS,
     NKeyUser,
     Pki,
     make_pki,
     new_nkey_user,
     start_configured_server,
+    start_server_from_file,
     tls_block,
 )
 from timer_adapters_nats import BrokerUnavailable, NatsBroker, NatsSettings, TimerClient
@@ -44,7 +46,18 @@ class Servers:
             "  ]\n}\n"
         )
         self.tls = self._start(root / "tls", tls_block(self.pki) + users)
-        self.mtls = self._start(root / "mtls", tls_block(self.pki, verify_clients=True))
+        # The recipe docs/operations.md shows: mutual TLS and NKey users.
+        self.mtls = start_server_from_file(
+            root / "mtls",
+            DEPLOY_NATS / "tls.conf",
+            {
+                "NATS_TLS_CERT_FILE": str(self.pki.server_cert_file),
+                "NATS_TLS_KEY_FILE": str(self.pki.server_key_file),
+                "NATS_TLS_CA_FILE": str(self.pki.ca_file),
+                "TIMER_SERVICE_NKEY": self.nkey_user.public_key,
+            },
+        )
+        self.servers.append(self.mtls)
         self.token = self._start(root / "token", f'authorization {{ token: "{TOKEN}" }}\n')
 
     def _start(self, store: Path, config: str) -> NatsServerProcess:
@@ -115,14 +128,16 @@ class TestWorkingConnections:
             )
         )
 
-    async def test_mutual_tls(self, servers: Servers) -> None:
-        """A client certificate signed by the server's CA is accepted by a verifying server."""
+    async def test_mutual_tls_with_nkey(self, servers: Servers) -> None:
+        """The documented recipe: a client certificate signed by the server's CA and an NKey
+        user get a command acked."""
         await round_trip(
             NatsSettings(
                 url=f"tls://{hostport(servers.mtls)}",
                 tls_ca_file=servers.pki.ca_file,
                 tls_cert_file=servers.pki.client_cert_file,
                 tls_key_file=servers.pki.client_key_file,
+                nkey_seed_file=servers.nkey_user.seed_file,
             )
         )
 
@@ -190,8 +205,26 @@ class TestWrongCredentials:
 
     async def test_missing_client_certificate(self, servers: Servers) -> None:
         """A server that verifies clients turns away a client without a certificate."""
-        message = await refused(f"tls://{hostport(servers.mtls)}", tls_ca_file=servers.pki.ca_file)
+        message = await refused(
+            f"tls://{hostport(servers.mtls)}",
+            tls_ca_file=servers.pki.ca_file,
+            nkey_seed_file=servers.nkey_user.seed_file,
+        )
         assert "requires a client certificate" in message
+
+    async def test_client_certificate_from_another_ca(
+        self, servers: Servers, tmp_path: Path
+    ) -> None:
+        """A client certificate the server's CA did not sign is turned away."""
+        stranger = make_pki(tmp_path / "stranger")
+        message = await refused(
+            f"tls://{hostport(servers.mtls)}",
+            tls_ca_file=servers.pki.ca_file,
+            tls_cert_file=stranger.client_cert_file,
+            tls_key_file=stranger.client_key_file,
+            nkey_seed_file=servers.nkey_user.seed_file,
+        )
+        assert "TLS" in message
 
     async def test_wrong_token(self, servers: Servers) -> None:
         """A wrong token is refused and not shown."""

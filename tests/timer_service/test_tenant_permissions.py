@@ -15,13 +15,12 @@ from pathlib import Path
 import pytest
 from nats.js.api import ConsumerConfig
 
+from tests.secure_nats import DEPLOY_NATS, start_server_from_file
 from tests.timer_service.process import ServiceProcess, free_port
 from timer_adapters_nats import NatsBroker, NatsSettings, TimerClient
-from timer_adapters_nats.embedded import NatsServerProcess
 from timer_core import PublishError, encode_envelope
 
-ROOT = Path(__file__).resolve().parents[2]
-RECIPE = ROOT / "deploy" / "nats" / "tenants.conf"
+RECIPE = DEPLOY_NATS / "tenants.conf"
 PASSWORDS = {
     "timer-service": "service-pw-1",
     "tenant-a": "tenant-a-pw-2",
@@ -41,14 +40,7 @@ class Deployment:
             "TENANT_A_PASSWORD": PASSWORDS["tenant-a"],
             "TENANT_B_PASSWORD": PASSWORDS["tenant-b"],
         }
-        # nats-server reads the passwords the recipe names from its environment.
-        with pytest.MonkeyPatch.context() as patch:
-            for key, value in environment.items():
-                patch.setenv(key, value)
-            self.server = NatsServerProcess(
-                root / "nats", host="127.0.0.1", extra_args=["-c", str(RECIPE)]
-            )
-            self.server.start()
+        self.server = start_server_from_file(root / "nats", RECIPE, environment)
         env = {k: v for k, v in os.environ.items() if not k.startswith("TIMER_")}
         env.update(
             TIMER_DB_PATH=str(root / "timer.db"),

@@ -253,6 +253,15 @@ class TestMalformedAndMisuse:
             async with broker.due_events("nobody", settings=settings):
                 pass
 
+    async def test_unchangeable_setting_is_a_clear_error(self, broker: NatsBroker) -> None:
+        """Asking an existing consumer for another deliver policy names it and the way out."""
+        async with broker.due_events("host", settings=FAST):
+            pass
+        new_only = DueEventConsumerSettings(deliver_policy="new")
+        with pytest.raises(TimerError, match=r"consumer host .*delete the consumer"):
+            async with broker.due_events("host", settings=new_only):
+                pass
+
     def test_bad_names_are_refused(self, broker: NatsBroker) -> None:
         """A consumer name with a dot or a tenant id with a space is refused before any I/O."""
         with pytest.raises(ValueError, match="consumer name"):

@@ -17,12 +17,12 @@ from nats.js.api import (
 )
 from nats.js.client import JetStreamContext
 
-from timer_adapters_nats._connection import BrokerUnavailable, connect
+from timer_adapters_nats._connection import JETSTREAM_MISSING, connect, jetstream_unavailable
 from timer_adapters_nats._events import DueEventConsumer, DueEventConsumerSettings
 from timer_adapters_nats._publisher import NatsEventPublisher
 from timer_adapters_nats._settings import NatsSettings
 from timer_adapters_nats._source import NatsCommandSource
-from timer_core import NO_INSTRUMENTATION, AsyncResource, Instrumentation, redact_url
+from timer_core import NO_INSTRUMENTATION, AsyncResource, Instrumentation
 
 __all__ = ["NatsBroker"]
 
@@ -141,15 +141,8 @@ class NatsBroker(AsyncResource):
             await self._ensure_stream(settings.events_stream, subjects.events_filter)
             await self._ensure_stream(settings.dlq_stream, subjects.dlq_filter)
             await self.jetstream.add_consumer(settings.commands_stream, self.consumer_config())
-        except nats.js.errors.ServiceUnavailableError as exc:
-            raise BrokerUnavailable(
-                f"JetStream is not enabled on the NATS server at {redact_url(settings.url)}: {exc}"
-            ) from exc
-        except (nats.errors.NoRespondersError, nats.errors.TimeoutError) as exc:
-            raise BrokerUnavailable(
-                f"JetStream at {redact_url(settings.url)} did not answer (is it enabled?): "
-                f"{type(exc).__name__}"
-            ) from exc
+        except JETSTREAM_MISSING as exc:
+            raise jetstream_unavailable(exc, settings.url) from exc
 
     def stream_config(self, name: str, subject: str) -> StreamConfig:
         """The configuration provisioning gives a stream: file storage, limits retention."""

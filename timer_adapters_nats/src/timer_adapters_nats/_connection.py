@@ -10,11 +10,12 @@ from pathlib import Path
 from typing import Any
 
 import nats
+import nats.js.errors
 from nats.aio.client import Client
 
 from timer_core import TimerError, redact_url
 
-__all__ = ["BrokerUnavailable", "connect"]
+__all__ = ["JETSTREAM_MISSING", "BrokerUnavailable", "connect", "jetstream_unavailable"]
 
 log = logging.getLogger(__name__)
 
@@ -23,6 +24,25 @@ _AUTHORIZATION = "Authorization Violation"
 
 class BrokerUnavailable(TimerError, ConnectionError):
     """The NATS server could not be reached (or JetStream is not enabled on it) at start."""
+
+
+#: What a JetStream API call raises when JetStream is off or does not answer.
+JETSTREAM_MISSING = (
+    nats.js.errors.ServiceUnavailableError,
+    nats.errors.NoRespondersError,
+    nats.errors.TimeoutError,
+)
+
+
+def jetstream_unavailable(exc: BaseException, url: str) -> BrokerUnavailable:
+    """The :class:`BrokerUnavailable` for one of :data:`JETSTREAM_MISSING` from ``url``."""
+    if isinstance(exc, nats.js.errors.ServiceUnavailableError):
+        return BrokerUnavailable(
+            f"JetStream is not enabled on the NATS server at {redact_url(url)}: {exc}"
+        )
+    return BrokerUnavailable(
+        f"JetStream at {redact_url(url)} did not answer (is it enabled?): {type(exc).__name__}"
+    )
 
 
 async def connect(

@@ -21,7 +21,7 @@ import nats.js.errors
 from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
-from timer_adapters_nats._connection import BrokerUnavailable
+from timer_adapters_nats._connection import JETSTREAM_MISSING, jetstream_unavailable
 from timer_adapters_nats._pull import PullBatches
 from timer_adapters_nats._settings import at_least_one, check_name, doubling_delay, positive
 from timer_core import (
@@ -283,7 +283,7 @@ class DueEventConsumer:
 
         Raises :class:`TimerError` when the events stream or (with provisioning off) the
         consumer does not exist or the consumer's configuration cannot be changed to this
-        one, :class:`BrokerUnavailable` when JetStream does not answer, and
+        one, :class:`~timer_adapters_nats.BrokerUnavailable` when JetStream does not answer, and
         :class:`RuntimeError` when the broker is not started.
         """
         if self._puller is not None:
@@ -298,19 +298,14 @@ class DueEventConsumer:
                 f"cannot read DueTimeReached: stream {self._stream} or its consumer {self.name} "
                 f"does not exist ({exc.description or exc})"
             ) from exc
-        except nats.js.errors.ServiceUnavailableError as exc:
-            raise BrokerUnavailable(f"JetStream is not enabled on the NATS server: {exc}") from exc
+        except JETSTREAM_MISSING as exc:
+            raise jetstream_unavailable(exc, self._broker.settings.url) from exc
         except nats.js.errors.APIError as exc:
             # e.g. a deliver policy an existing durable consumer cannot change to
             raise TimerError(
                 f"cannot provision consumer {self.name} on {self._stream}: "
                 f"{exc.description or exc} (delete the consumer to change that setting, "
                 "or use another name)"
-            ) from exc
-        except (nats.errors.NoRespondersError, nats.errors.TimeoutError) as exc:
-            raise BrokerUnavailable(
-                f"JetStream did not answer for consumer {self.name} on {self._stream} "
-                f"(is it enabled?): {type(exc).__name__}"
             ) from exc
         self.ack_wait_s = info.config.ack_wait or self.settings.ack_wait_s
         self._stop.clear()

@@ -136,6 +136,33 @@ class TestReadAhead:
                 # Back at once (nak'd), not after the 5 s ack wait of the test settings.
                 await wait_until(lambda: successor.stored == calls[2:], within=3.0, what="the rest")
 
+    async def test_commands_waiting_in_the_subscription_are_kept_alive(
+        self, settings: NatsSettings
+    ) -> None:
+        """Commands delivered to the open long poll while a slow batch is stored wait there,
+        unfetched, for several ack waits without being redelivered: everything in hand gets
+        in-progress acks, not only the batch in the handler."""
+        slow_polls = attrs.evolve(settings, fetch_batch=5, ack_wait_s=0.6, fetch_timeout_s=3.0)
+        async with NatsBroker(slow_polls) as broker:
+            client = TimerClient(broker)
+            handler = Handler()
+            handler.release.clear()
+            async with consuming(broker.command_source(), handler):
+                # The first long poll is open: the first command ends its fetch, the next
+                # ones are delivered to the same request while that command is being stored.
+                await wait_until(lambda: _waiting(broker), what="the long poll")
+                await client.schedule("tenant-a", "call-0", DUE)
+                await asyncio.wait_for(handler.entered.wait(), 10)
+                for n in range(1, 5):
+                    await client.schedule("tenant-a", f"call-{n}", DUE)
+                await wait_until(lambda: _ack_pending(broker, 5), what="all five delivered")
+                await asyncio.sleep(2.0)  # the slow store itself: over three ack waits
+                handler.release.set()
+                await wait_until(lambda: _ack_pending(broker, 0), what="everything acked")
+                info = await consumer(broker)
+            assert handler.stored == [f"call-{n}" for n in range(5)]
+            assert info.num_redelivered == 0  # type: ignore[attr-defined]
+
     async def test_a_stored_batch_is_acked_once_the_next_is_handed_over(
         self, settings: NatsSettings
     ) -> None:
@@ -170,3 +197,8 @@ class TestReadAhead:
 async def _ack_pending(broker: NatsBroker, count: int) -> bool:
     info = await consumer(broker)
     return info.num_ack_pending == count  # type: ignore[attr-defined]
+
+
+async def _waiting(broker: NatsBroker) -> bool:
+    info = await consumer(broker)
+    return bool(info.num_waiting)  # type: ignore[attr-defined]

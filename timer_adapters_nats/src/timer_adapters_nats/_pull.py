@@ -79,6 +79,10 @@ class PullBatches:
         """Messages delivered to an open request and not fetched yet."""
         return len(self._box)
 
+    def held_messages(self) -> list[Msg]:
+        """Messages delivered but not yet fetched (a copy; they stay held)."""
+        return list(self._box)
+
     def leftovers(self) -> list[Msg]:
         """Messages delivered but not yet fetched; the caller settles them."""
         taken = list(self._box)

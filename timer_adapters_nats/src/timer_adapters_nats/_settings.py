@@ -110,9 +110,13 @@ class NatsSettings:
     """Most commands fetched (and handed to the handler) at once."""
     fetch_timeout_s: float = attrs.field(default=1.0, validator=positive)
     """Long-poll time of one fetch; also the longest ``stop()`` waits for an idle fetch."""
-    ack_wait_s: float = attrs.field(default=30.0, validator=positive)
-    """Time the server gives a fetched command before redelivering it (kept alive while the
-    handler runs): what a crashed consumer costs its in-flight commands."""
+    ack_wait_s: float = attrs.field(default=3.0, validator=positive)
+    """Time the server gives a fetched command before redelivering it: what a crashed
+    consumer costs its in-flight commands (they are re-applied about this long after its
+    death). A live consumer keeps every command it holds alive with an in-progress ack three
+    times per ack wait, however long decoding and storing take; an event loop stalled for
+    most of it would see commands redelivered while still in hand (applied twice, harmless).
+    Provisioning updates an existing consumer to this value."""
     max_deliver: int = attrs.field(default=100, validator=_max_deliver)
     """Deliveries of one command before it is given up (dead-lettered); -1 is unlimited."""
     nak_delay_s: float = attrs.field(default=1.0, validator=positive)

@@ -79,7 +79,10 @@ class NatsCommandSource(CommandSource):
       large to go out beside the headers is cut to fit and marked ``Timer-Truncated``.
     - Valid commands of one fetch go to the handler as one batch in stream order, each with
       its stream sequence as :attr:`~timer_core.MessageEnvelope.position`, and are
-      acked when it returns; while it runs they are kept from redelivery (in-progress acks).
+      acked when it returns. Every command in hand, from its delivery to its ack (decoded,
+      stored, read ahead, or waiting in the pull subscription), is kept from redelivery by
+      in-progress acks three times per ack wait, so a short ack wait only costs the commands
+      a dead instance held: they come back that long after its death.
     - When the handler raises, each is nak'd with a delay that doubles per delivery, and
       fetching pauses that long so later commands do not overtake them. On its last
       allowed delivery (``max_deliver``) a command is dead-lettered instead of dropped.
@@ -110,6 +113,11 @@ class NatsCommandSource(CommandSource):
         self._barrier: tuple[int, float, float] | None = None
         # Whether the last batch handed over was stored: only then is the next read ahead.
         self._stored_last = True
+        # Messages fetched and not settled yet, by id(): kept alive by in-progress acks.
+        self._in_hand: dict[int, Msg] = {}
+        self._puller: PullBatches | None = None
+        # The consumer's ack wait as the server has it (provisioning may be off).
+        self._ack_wait = broker.settings.ack_wait_s
 
     @property
     def running(self) -> bool:
@@ -138,6 +146,7 @@ class NatsCommandSource(CommandSource):
         settings = self._settings
         failures = 0
         puller: PullBatches | None = None
+        keep_alive = asyncio.create_task(self._keep_alive())
         try:
             while not self._stop.is_set():
                 try:
@@ -149,7 +158,10 @@ class NatsCommandSource(CommandSource):
                             consumer=settings.consumer_name,
                         )
                         await puller.start()
-                    messages = await puller.fetch(settings.fetch_batch, settings.fetch_timeout_s)
+                        self._puller = puller
+                    messages = self._hold(
+                        await puller.fetch(settings.fetch_batch, settings.fetch_timeout_s)
+                    )
                 except Exception as exc:  # a disconnect or a server error: back off, go on
                     failures += 1
                     delay = min(10.0, 0.1 * 2 ** min(failures - 1, 10))
@@ -191,9 +203,15 @@ class NatsCommandSource(CommandSource):
                     log.exception(
                         "unexpected error on %d commands; they will be redelivered", len(messages)
                     )
+                    self._in_hand.clear()  # no longer kept alive: redelivered after the ack wait
                     await self._pause(1.0)
         finally:
+            keep_alive.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await keep_alive
             await self._finish(puller)
+            self._in_hand.clear()
+            self._puller = None
 
     async def _unsettled_at_start(self) -> tuple[int, float, float] | None:
         """The barrier for commands a predecessor may have left in hand, or None."""
@@ -201,9 +219,9 @@ class NatsCommandSource(CommandSource):
         info = await self._broker.jetstream.consumer_info(
             settings.commands_stream, settings.consumer_name
         )
+        ack_wait = self._ack_wait = info.config.ack_wait or settings.ack_wait_s
         if not info.num_ack_pending or info.delivered is None:
             return None
-        ack_wait = info.config.ack_wait or settings.ack_wait_s
         log.warning(
             "%d commands up to seq %d were delivered before this start and are unsettled; "
             "later commands wait for them (up to %.0fs)",
@@ -304,8 +322,6 @@ class NatsCommandSource(CommandSource):
         try:
             if not batch.envelopes:
                 return None, ()
-            kept_alive = list(batch.messages)
-            keep_alive = asyncio.create_task(self._keep_alive(kept_alive))
             handling = asyncio.ensure_future(handler(batch.envelopes))
             if stored:
                 await asyncio.sleep(0)  # the handler builds and queues its write first
@@ -315,21 +331,16 @@ class NatsCommandSource(CommandSource):
         try:
             if puller is not None and self._stored_last and not self._stop.is_set():
                 ahead = await self._read_ahead(puller)
-                kept_alive += ahead.messages
             try:
                 await handling
             except Exception as exc:  # StoreError and the like: redeliver later, keep running
                 self._stored_last = False
-                keep_alive.cancel()
                 await self._retry_later(batch.messages, exc, behind=ahead.messages if ahead else ())
                 return None, ()
         finally:
             if not handling.done():  # the read-ahead failed: the batch in hand still finishes
                 with contextlib.suppress(Exception):
                     await handling
-            keep_alive.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await keep_alive
         self._stored_last = True
         if ahead is not None and self._stop.is_set():
             # Read ahead before stop: hand them straight back for another consumer.
@@ -344,8 +355,10 @@ class NatsCommandSource(CommandSource):
         try:
             # Only what is there now, and not waiting long for it: the batch in hand is acked
             # after this. A late answer still lands in the puller for the next fetch.
-            messages = await puller.fetch_now(
-                settings.fetch_batch, min(settings.fetch_timeout_s, _READ_AHEAD_WAIT_S)
+            messages = self._hold(
+                await puller.fetch_now(
+                    settings.fetch_batch, min(settings.fetch_timeout_s, _READ_AHEAD_WAIT_S)
+                )
             )
         except Exception as exc:  # the loop's next fetch reports and backs off
             log.debug("reading the next commands ahead failed: %s", exc)
@@ -452,17 +465,38 @@ class NatsCommandSource(CommandSource):
         # Later commands must not overtake these: fetch again only once they are back.
         await self._pause(longest * 1.1 + 0.05 if longest else 0.0)
 
-    async def _keep_alive(self, messages: Sequence[Msg]) -> None:
-        """Tell the server the batch is still being worked on, so it is not redelivered."""
-        interval = max(0.2, self._settings.ack_wait_s / 3)
+    async def _keep_alive(self) -> None:
+        """Every message in hand (fetched, decoded, being stored, read ahead, or delivered to
+        an open pull request and not fetched yet) gets an in-progress ack three times per
+        ack wait, so the server redelivers only what a dead instance held."""
         while True:
-            await asyncio.sleep(interval)
-            for message in messages:
-                with contextlib.suppress(Exception):
-                    await message.in_progress()
+            await asyncio.sleep(self._progress_interval())
+            in_hand = list(self._in_hand.values())
+            waiting = [] if self._puller is None else self._puller.held_messages()
+            for message in in_hand:
+                if id(message) in self._in_hand:  # not settled meanwhile
+                    await self._progress(message)
+            for message in waiting:
+                if not message.is_acked:
+                    await self._progress(message)
+
+    @staticmethod
+    async def _progress(message: Msg) -> None:
+        with contextlib.suppress(nats.errors.Error, OSError):
+            await message.in_progress()
+
+    def _progress_interval(self) -> float:
+        return max(0.05, self._ack_wait / 3)
+
+    def _hold(self, messages: Sequence[Msg]) -> list[Msg]:
+        """Note ``messages`` as in hand (kept alive until settled); returns them."""
+        for message in messages:
+            self._in_hand[id(message)] = message
+        return list(messages)
 
     async def _settle(self, message: Msg, how: str, *, delay: float | None = None) -> None:
         """Ack, nak or term; a failure only means the server redelivers it later."""
+        self._in_hand.pop(id(message), None)
         action: Callable[[], Awaitable[None]]
         if how == "ack":
             action = message.ack

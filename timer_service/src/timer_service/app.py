@@ -115,6 +115,7 @@ class TimerService:
                 consumer_name=settings.consumer_name,
                 provision=settings.provision,
                 stream_replicas=settings.stream_replicas,
+                ack_wait_s=settings.ack_wait_s,
                 # The same lever for both directions: commands stored per transaction, as
                 # timers fired per pass (bench/README.md measures the trade-off).
                 fetch_batch=settings.batch_size,

@@ -55,6 +55,7 @@ class Settings:
     consumer_name: str = "timer-service"
     stream_replicas: int = 1
     lease_s: float = 30.0
+    ack_wait_s: float = 3.0
     instance_id: str | None = None
     sqlite_synchronous: Literal["NORMAL", "FULL"] = "NORMAL"
     log_level: str = "INFO"
@@ -285,6 +286,7 @@ ENVIRONMENT: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "TIMER_CONSUMER_NAME": ("consumer_name", _token),
     "TIMER_STREAM_REPLICAS": ("stream_replicas", _int(1, 5, "an integer between 1 and 5")),
     "TIMER_LEASE": ("lease_s", _positive_duration),
+    "TIMER_ACK_WAIT": ("ack_wait_s", _positive_duration),
     "TIMER_INSTANCE_ID": ("instance_id", _instance_id),
     "TIMER_SQLITE_SYNCHRONOUS": ("sqlite_synchronous", _choice("NORMAL", "FULL")),
     "TIMER_LOG_LEVEL": ("log_level", _choice("DEBUG", "INFO", "WARNING", "ERROR")),

@@ -10,7 +10,7 @@ import os
 import random
 import time
 from collections import Counter
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Iterable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -25,8 +25,10 @@ from tests.chaos.rig import (
     AckLog,
     ChaosService,
     Event,
+    at_least,
     count_messages,
     db_rows,
+    duplicates,
     read_events,
     read_stream,
     report,
@@ -36,6 +38,7 @@ from tests.chaos.rig import (
 from timer_adapters_nats import TimerClient
 from timer_adapters_nats.embedded import NatsServerProcess
 from timer_core import MessageEnvelope, ceil_ms, encode_envelope
+from timer_service.settings import Settings
 
 pytestmark = pytest.mark.chaos
 
@@ -47,6 +50,12 @@ TICK_S = 0.1
 #: A cancel counts as binding only when the service had acked it this long before the due
 #: time; a cancel still in flight at the due time may legitimately lose to the firing.
 CANCEL_MARGIN = timedelta(milliseconds=100)
+#: The service's default ack wait: how long after its death a killed instance's commands
+#: come back.
+ACK_WAIT_S = Settings().ack_wait_s
+#: What storing a fetched batch and firing a due timer may take on a busy machine, on top
+#: of the mechanism's own delays (redelivery after the ack wait, the restart).
+SLACK_S = 2.0
 
 
 @attrs.define
@@ -176,14 +185,16 @@ class TestCrashes:
                 stop_driver.set()
                 await driver
                 moments += await crash_repeatedly(service, kill_rng, 1)
+                restarted_at = datetime.now(UTC)
                 await asyncio.to_thread(service.wait_healthy, 60)
+                ready_s = (datetime.now(UTC) - restarted_at).total_seconds()
                 kill_phase_s = time.monotonic() - started
 
                 async def all_acked() -> bool:
                     info = await js.consumer_info("TIMER_COMMANDS", "timer-service")
                     return info.num_pending == 0 and info.num_ack_pending == 0
 
-                # In-flight commands of a killed instance come back after the ack wait (30 s).
+                # In-flight commands of a killed instance come back after the ack wait.
                 await wait_until(all_acked, within=90, what="every command to be acked")
             finally:
                 stop_driver.set()
@@ -248,6 +259,16 @@ class TestCrashes:
             max(delivered for _, _, delivered in settled) > 1 for settled in acks.settled.values()
         )
         lateness = max((e.reached_at - e.due_at).total_seconds() for e in events)
+        # Timers due after the last restart wait at most for the commands the dead instance
+        # held (the ack wait) and for the restart itself.
+        after_restart = [
+            (e.reached_at - e.due_at).total_seconds() for e in events if e.due_at >= restarted_at
+        ]
+        late_after_restart = max(after_restart, default=0.0)
+        assert late_after_restart <= ready_s + ACK_WAIT_S + SLACK_S, (
+            f"timers due after the last restart fired up to {late_after_restart:.1f}s late "
+            f"(the restart took {ready_s:.1f}s, the ack wait is {ACK_WAIT_S}s)"
+        )
         report(
             "crash",
             seed=seed,
@@ -267,6 +288,9 @@ class TestCrashes:
             redelivered_commands=redelivered,
             starts_waiting_for_a_dead_instance=service.count_lines("are unsettled"),
             max_lateness_s=round(lateness, 1),
+            due_after_last_restart=len(after_restart),
+            max_lateness_due_after_last_restart_s=round(late_after_restart, 1),
+            last_restart_ready_s=round(ready_s, 1),
             kill_phase_s=round(kill_phase_s, 1),
             time_to_drain_s=round(drain_s, 1),
             peak_rss_mb=service.watch.peak_rss_mb,
@@ -336,3 +360,116 @@ class TestCrashMidBatch:
 
 async def _equals(value: Awaitable[object], expected: object) -> bool:
     return await value == expected
+
+
+class TestRecoveryAfterKill:
+    async def test_commands_held_by_a_killed_instance_are_reapplied_within_the_ack_wait(
+        self,
+        tmp_path: Path,
+        make_service: ServiceFactory,
+        broker: NatsServerProcess,
+        nc: Client,
+        js: JetStreamContext,
+    ) -> None:
+        """SIGKILLed with 200 commands in hand and restarted at once, the service re-applies
+        them about one ack wait after the kill, and timers due after the restart (theirs and
+        one scheduled just after it) fire on time once their command is applied."""
+        service = make_service(TIMER_POLLING_INTERVAL=500)
+        service.start()
+        await asyncio.to_thread(service.wait_healthy, 60)
+        acks = await AckLog().start(nc)
+        sent: dict[tuple[str, str], int] = {}
+        due: dict[tuple[str, str], datetime] = {}
+
+        async def in_hand() -> int:
+            info = await js.consumer_info("TIMER_COMMANDS", "timer-service")
+            return int(info.num_ack_pending or 0)
+
+        async with (
+            write_lock(tmp_path / "timer.db") as release,
+            TimerClient.connect(broker.url) as client,
+        ):
+            # 200 commands reach the service, which cannot store them (another process holds
+            # the write lock): a batch in the handler, the next read ahead, the rest queued.
+            soon = datetime.now(UTC) + timedelta(seconds=6)
+            envelopes = []
+            for n in range(200):
+                key = (f"tenant-{n % 4}", f"held-{n}")
+                due[key] = ceil_ms(soon + timedelta(milliseconds=10 * n))
+                envelopes.append(client.schedule_envelope(*key, due[key]))
+            assert await client.send_many(envelopes) == [None] * len(envelopes)
+            await wait_until(
+                lambda: at_least(in_hand(), 100), within=10, what="commands in the service's hand"
+            )
+            info = await js.consumer_info("TIMER_COMMANDS", "timer-service")
+            assert info.delivered is not None
+            for msg in await read_stream(js, "TIMER_COMMANDS"):
+                payload = json.loads(msg.data)["payload"]
+                sent[(payload["tenantId"], payload["serviceCallId"])] = msg.metadata.sequence.stream
+            held = {key: seq for key, seq in sent.items() if seq <= info.delivered.stream_seq}
+            killed_at = datetime.now(UTC)
+            service.kill()
+            await release()
+            service.start()
+            restarted_at = datetime.now(UTC)
+            # Scheduled just after the restart, due 2 s later, by a tenant of the held ones.
+            fresh: dict[tuple[str, str], int] = {}
+            for n in range(5):
+                key = (f"tenant-{n % 4}", f"fresh-{n}")
+                due[key] = ceil_ms(restarted_at + timedelta(seconds=2, milliseconds=100 * n))
+                fresh[key] = await send(js, client, client.schedule_envelope(*key, due[key]))
+        await asyncio.to_thread(service.wait_healthy, 60)
+        ready_s = (datetime.now(UTC) - restarted_at).total_seconds()
+        every = {**sent, **fresh}
+        await wait_until(
+            lambda: all(acks.first(seq) is not None for seq in every.values()),
+            within=60,
+            what="every command acked",
+        )
+        await wait_until(
+            lambda: at_least(count_messages(js, "TIMER_EVENTS"), len(due)),
+            within=60,
+            what="every timer fired",
+        )
+        await acks.stop()
+        events = await read_events(js)
+        assert service.terminate() == 0
+
+        def acked_after(seqs: Iterable[int], moment: datetime) -> float:
+            return max((acks.first(seq) or moment) - moment for seq in seqs).total_seconds()
+
+        assert {event.key for event in events} == set(due)
+        assert duplicates(events) == 0
+        assert all(e.reached_at >= e.due_at for e in events)
+        held_acked_s = acked_after(held.values(), killed_at)
+        queued_acked_s = acked_after(sent.values(), restarted_at)
+        fresh_acked_s = acked_after(fresh.values(), restarted_at)
+        # Held commands come back one ack wait after the kill (or once the restarted instance
+        # is up, if that is later); later commands are held back until then, not longer.
+        assert held_acked_s <= max(ACK_WAIT_S, ready_s) + SLACK_S
+        assert queued_acked_s <= max(ACK_WAIT_S, ready_s) + SLACK_S
+        assert fresh_acked_s <= max(ACK_WAIT_S, ready_s) + SLACK_S
+        # A timer fires as soon as it is due and its command applied.
+        applied = {key: acks.first(seq) for key, seq in every.items()}
+        late = {
+            e.key: (e.reached_at - max(e.due_at, applied[e.key] or e.due_at)).total_seconds()
+            for e in events
+        }
+        assert max(late.values()) <= SLACK_S, sorted(late.items(), key=lambda kv: -kv[1])[:3]
+        lateness = [(e.reached_at - e.due_at).total_seconds() for e in events]
+        report(
+            "recovery-after-kill",
+            ack_wait_s=ACK_WAIT_S,
+            commands=len(sent),
+            held_commands=len(held),
+            restart_ready_s=round(ready_s, 1),
+            held_acked_after_kill_s=round(held_acked_s, 1),
+            held_acked_after_restart_s=round(acked_after(held.values(), restarted_at), 1),
+            all_acked_after_restart_s=round(queued_acked_s, 1),
+            fresh_acked_after_restart_s=round(fresh_acked_s, 1),
+            max_lateness_s=round(max(lateness), 1),
+            fresh_max_lateness_s=round(
+                max(lateness[i] for i, e in enumerate(events) if e.key in fresh), 1
+            ),
+            starts_waiting_for_a_dead_instance=service.count_lines("are unsettled"),
+        )

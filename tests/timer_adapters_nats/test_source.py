@@ -11,6 +11,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import attrs
+import nats
 import pytest
 from nats.js.api import StorageType, StreamConfig
 
@@ -398,3 +399,36 @@ class TestLifecycle:
         """run() on a broker that was never started raises instead of retrying forever."""
         with pytest.raises(RuntimeError, match="not started"):
             await NatsBroker(settings).command_source().run(Recorder())
+
+
+class TestPredecessorCrash:
+    """Commands a dead instance held come back after the ack wait, before later ones."""
+
+    async def test_later_commands_wait_in_hand_for_the_dead_instances_ones(
+        self, settings: NatsSettings
+    ) -> None:
+        """The commands a dead consumer fetched are applied first, once redelivered; the later
+        ones are held back in hand meanwhile, not handed back: each is delivered only once."""
+        async with NatsBroker(attrs.evolve(settings, ack_wait_s=1.0)) as broker:
+            client = TimerClient(broker)
+            held = [await client.schedule("tenant-a", f"call-{i}", DUE) for i in range(3)]
+            # The dead instance: it fetches the first three and vanishes without settling.
+            dead = await nats.connect(broker.settings.url)
+            try:
+                pull = await dead.jetstream().pull_subscribe_bind(
+                    "timer-service", stream="TIMER_COMMANDS"
+                )
+                assert len(await pull.fetch(3, timeout=5)) == 3
+            finally:
+                await dead.close()
+            # A cancel of the first one, and more, sent before the successor starts.
+            later = [await client.cancel("tenant-a", "call-0")]
+            later += [await client.schedule("tenant-b", f"call-{i}", DUE) for i in range(3)]
+            recorder = Recorder()
+            async with consuming(broker.command_source(), recorder):
+                await wait_until(lambda: len(recorder.ids) == 7, what="every command")
+                await wait_until(lambda: settled(broker), what="every command acked")
+                info = await broker.jetstream.consumer_info("TIMER_COMMANDS", "timer-service")
+        assert recorder.ids == held + later
+        # Deliveries: the dead instance's three, their redelivery, and one of each later one.
+        assert info.delivered.consumer_seq == 3 + 3 + 4

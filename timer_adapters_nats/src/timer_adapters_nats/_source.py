@@ -45,6 +45,8 @@ headers: the original length in bytes (the whole command stays in the commands s
 _MAX_REASON = 1000
 # How long a read-ahead waits for the server's answer (a local one answers in a millisecond).
 _READ_AHEAD_WAIT_S = 0.05
+# The longest later commands are held back for unsettled earlier ones (at least 3 ack waits).
+_BARRIER_GIVE_UP_S = 30.0
 
 
 def _headers_size(headers: dict[str, str]) -> int:
@@ -87,10 +89,11 @@ class NatsCommandSource(CommandSource):
       fetching pauses that long so later commands do not overtake them. On its last
       allowed delivery (``max_deliver``) a command is dead-lettered instead of dropped.
     - Commands another instance fetched and never settled (it crashed with them in hand)
-      come back only after the ack wait, behind later ones. So when the consumer has
-      unsettled commands at start, later commands are handed back (nak'd until that ack wait
-      is over) until every command delivered before the start is settled: a CancelTimer is
-      never overtaken by the ScheduleTimer it cancels.
+      come back only after the ack wait, while later ones are delivered at once. So when
+      the consumer has unsettled commands at start, later commands are held back (in hand,
+      kept alive) until every command delivered before the start is settled, then applied
+      in order: a CancelTimer is never overtaken by the ScheduleTimer it cancels, and
+      nothing waits longer than the dead instance's commands take to come back.
     - Fetch errors and disconnects are logged and retried with backoff; :meth:`run` only
       returns after :meth:`stop`. A stopped source stays stopped.
     """
@@ -107,10 +110,11 @@ class NatsCommandSource(CommandSource):
         self._done.set()
         self._run_task: asyncio.Task[None] | None = None
         self._dlq: AckedPublisher | None = None
-        # (last stream sequence delivered before this source started, loop time by which
-        # everything delivered then is redeliverable, loop time to give up waiting for it),
-        # while any of those is unsettled.
-        self._barrier: tuple[int, float, float] | None = None
+        # (last stream sequence delivered before this source started, loop time to give up
+        # waiting for it), while any of those is unsettled; and the later commands held back
+        # (in hand, kept alive) until then.
+        self._barrier: tuple[int, float] | None = None
+        self._held_back: list[Msg] = []
         # Whether the last batch handed over was stored: only then is the next read ahead.
         self._stored_last = True
         # Messages fetched and not settled yet, by id(): kept alive by in-progress acks.
@@ -175,7 +179,7 @@ class NatsCommandSource(CommandSource):
                     await self._pause(delay)
                     continue
                 failures = 0
-                if not messages:
+                if not messages and not self._held_back:
                     continue
                 if self._stop.is_set():
                     # Fetched after stop: hand them straight back for another consumer.
@@ -185,8 +189,9 @@ class NatsCommandSource(CommandSource):
                 try:
                     if self._barrier is not None:
                         messages = await self._behind_barrier(messages, handler)
-                        if messages:
-                            await self._process(messages, handler)
+                        for start in range(0, len(messages), settings.fetch_batch):
+                            chunk = messages[start : start + settings.fetch_batch]
+                            await self._process(chunk, handler)
                         continue
                     batch: _Batch | None = await self._prepare(messages)
                     stored: Sequence[Msg] = ()
@@ -203,7 +208,9 @@ class NatsCommandSource(CommandSource):
                     log.exception(
                         "unexpected error on %d commands; they will be redelivered", len(messages)
                     )
-                    self._in_hand.clear()  # no longer kept alive: redelivered after the ack wait
+                    # No longer kept alive: they come back after the ack wait.
+                    self._in_hand.clear()
+                    self._held_back.clear()
                     await self._pause(1.0)
         finally:
             keep_alive.cancel()
@@ -213,7 +220,7 @@ class NatsCommandSource(CommandSource):
             self._in_hand.clear()
             self._puller = None
 
-    async def _unsettled_at_start(self) -> tuple[int, float, float] | None:
+    async def _unsettled_at_start(self) -> tuple[int, float] | None:
         """The barrier for commands a predecessor may have left in hand, or None."""
         settings = self._settings
         info = await self._broker.jetstream.consumer_info(
@@ -222,55 +229,70 @@ class NatsCommandSource(CommandSource):
         ack_wait = self._ack_wait = info.config.ack_wait or settings.ack_wait_s
         if not info.num_ack_pending or info.delivered is None:
             return None
+        give_up = max(3 * ack_wait, _BARRIER_GIVE_UP_S)
         log.warning(
             "%d commands up to seq %d were delivered before this start and are unsettled; "
-            "later commands wait for them (up to %.0fs)",
+            "later commands wait for them (the ack wait is %.1fs, at most %.0fs)",
             info.num_ack_pending,
             info.delivered.stream_seq,
             ack_wait,
+            give_up,
         )
-        now = asyncio.get_running_loop().time()
-        return info.delivered.stream_seq, now + ack_wait + 1.0, now + 3 * ack_wait
+        return info.delivered.stream_seq, asyncio.get_running_loop().time() + give_up
 
     async def _behind_barrier(
         self, messages: Sequence[Msg], handler: CommandBatchHandler
     ) -> list[Msg]:
-        """Handle those from before the start; the later ones, once the barrier is gone."""
+        """Handle those from before the start; hold the later ones back (in hand, kept alive)
+        and hand them out, in order, once every earlier one is settled.
+
+        A dead predecessor's commands come back after the ack wait, redelivered ahead of new
+        ones and in stream order; holding the later ones (rather than handing them back)
+        lets them be applied the moment the earlier ones are, not after a guessed delay.
+        The server redelivers expired commands even when the consumer is at its
+        max_ack_pending, so the held ones never stall it.
+        """
         assert self._barrier is not None
-        last, redelivered_by, give_up_at = self._barrier
+        last, give_up_at = self._barrier
         earlier = [m for m in messages if m.metadata.sequence.stream <= last]
-        later = [m for m in messages if m.metadata.sequence.stream > last]
+        self._held_back += [m for m in messages if m.metadata.sequence.stream > last]
         if earlier:
             await self._process(earlier, handler)
-        loop = asyncio.get_running_loop()
-        if not later or await self._settled_up_to(last) or loop.time() > give_up_at:
-            if later:
-                self._barrier = None
-                log.info("commands delivered before this start are settled; going on")
-            return later
-        # Back until the earlier ones are surely redeliverable; the server hands out expired
-        # commands in stream order, so the earlier ones then come first.
-        delay = max(redelivered_by - loop.time(), self._settings.nak_delay(1))
-        for message in later:
-            await self._settle(message, "nak", delay=delay)
-        await self._pause(delay)
-        return []
+        if not self._held_back:
+            return []
+        if await self._settled_up_to(last, tries=5 if earlier else 1):
+            log.info("commands delivered before this start are settled; going on")
+        elif asyncio.get_running_loop().time() > give_up_at:
+            log.warning(
+                "commands up to seq %d are still unsettled; not holding later ones any longer",
+                last,
+            )
+        else:
+            return []
+        self._barrier = None
+        held_back, self._held_back = self._held_back, []
+        return held_back
 
-    async def _settled_up_to(self, seq: int) -> bool:
-        """Whether every command up to stream sequence ``seq`` is acked or terminated."""
+    async def _settled_up_to(self, seq: int, *, tries: int) -> bool:
+        """Whether every command up to stream sequence ``seq`` is acked or terminated; asks
+        up to ``tries`` times, as acks just sent take a moment to show in the ack floor."""
         settings = self._settings
         await self._broker.client.flush()
-        for _ in range(5):  # acks just sent take a moment to show in the ack floor
+        for attempt in range(tries):
+            if attempt:
+                await asyncio.sleep(0.1)
             info = await self._broker.jetstream.consumer_info(
                 settings.commands_stream, settings.consumer_name
             )
             if info.ack_floor is not None and info.ack_floor.stream_seq >= seq:
                 return True
-            await asyncio.sleep(0.1)
         return False
 
     async def _finish(self, puller: PullBatches | None) -> None:
         """Hand back what was delivered but not fetched, send the last acks out, unsubscribe."""
+        held_back, self._held_back = self._held_back, []
+        for message in held_back:
+            await self._settle(message, "nak")
         if puller is not None:
             for message in await puller.finish():
                 await self._settle(message, "nak")

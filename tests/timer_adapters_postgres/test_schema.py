@@ -15,9 +15,9 @@ from timer_adapters_postgres import MIGRATIONS, SCHEMA_VERSION, PostgresTimerSto
 from timer_core import (
     CommandOutcome,
     PositionedOperation,
+    SchemaNotFound,
     SchemaVersionError,
     ServiceCallId,
-    StoreError,
     StoreUnavailable,
     TenantId,
     TimerEntry,
@@ -82,8 +82,8 @@ class TestMigrations:
     async def test_migrate_false_refuses_an_unmigrated_database(
         self, fresh_postgres_url: str
     ) -> None:
-        """With migrate=False, a database without the current schema is an error, not changed."""
-        with pytest.raises(StoreError, match="migrations are turned off"):
+        """With migrate=False, a database without the Timer schema is an error, not changed."""
+        with pytest.raises(SchemaNotFound, match="no Timer schema in postgresql"):
             await PostgresTimerStore(fresh_postgres_url, listen=False, migrate=False).start()
         with connect(fresh_postgres_url) as conn:
             assert conn.execute("SELECT to_regclass('timer_schedules')").fetchone() == (None,)

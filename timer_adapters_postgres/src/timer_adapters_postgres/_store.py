@@ -33,6 +33,7 @@ from timer_core import (
     PositionedOperation,
     RemoteScheduleCallback,
     ScheduleTimer,
+    SchemaNotFound,
     SchemaVersionError,
     ServiceCallId,
     StoreError,
@@ -562,6 +563,10 @@ class PostgresTimerStore(TimerStore):
                 found = schema_version(conn)
         except sqlalchemy.exc.SQLAlchemyError as exc:
             raise translate_error(exc, "prepare the timer schema") from exc
+        if found == 0:
+            raise SchemaNotFound(
+                f"no Timer schema in {self._url.render_as_string(hide_password=True)}"
+            )
         if found > SCHEMA_VERSION:
             raise SchemaVersionError(
                 f"the database has Timer schema version {found}, newer than {SCHEMA_VERSION}"

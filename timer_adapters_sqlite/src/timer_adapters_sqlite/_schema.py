@@ -6,17 +6,20 @@ describes the same schema for hosts that fold the table into their own Alembic h
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
+import sqlite3
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Literal
 
 import attrs
 import sqlalchemy as sa
 
 from timer_adapters_sqlite._errors import translate_error
-from timer_core import SchemaVersionError, StoreError
+from timer_core import SchemaNotFound, SchemaVersionError, StoreError
 
 __all__ = [
     "MIGRATIONS",
@@ -24,6 +27,7 @@ __all__ = [
     "Migration",
     "StoreMode",
     "Synchronous",
+    "check_schema",
     "create_sqlite_engine",
     "metadata",
     "migrate",
@@ -339,6 +343,44 @@ def migrate_connection(connection: sa.Connection, *, mode: StoreMode, where: str
         connection.rollback()
         raise
     return SCHEMA_VERSION
+
+
+def check_schema(path: str | os.PathLike[str]) -> int:
+    """Check, reading only, that ``path`` holds the current Timer schema; returns its version.
+
+    Nothing is created or changed, not even the file: raises :class:`SchemaNotFound` when
+    the file or its Timer schema is missing, :class:`SchemaVersionError` when it is newer
+    than this package, and :class:`StoreError` when it is older (it needs migrating).
+    """
+    where = os.fspath(path)
+    if not os.path.isfile(where):
+        raise SchemaNotFound(f"no Timer schema in {where}: no such database file")
+    uri = Path(where).absolute().as_uri() + "?mode=ro"
+    try:
+        with contextlib.closing(sqlite3.connect(uri, uri=True, timeout=5)) as connection:
+            found = connection.execute(
+                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (VERSION_TABLE,)
+            ).fetchone()
+            version = 0
+            if found is not None:
+                (version,) = connection.execute(
+                    f"SELECT coalesce(max(version), 0) FROM {VERSION_TABLE}"
+                ).fetchone()
+    except sqlite3.Error as exc:
+        raise translate_error(exc, where) from exc
+    if version == 0:
+        raise SchemaNotFound(f"no Timer schema in {where}")
+    if version > SCHEMA_VERSION:
+        raise SchemaVersionError(
+            f"database {where} has Timer schema version {version}, but this "
+            f"timer_adapters_sqlite only knows versions up to {SCHEMA_VERSION}"
+        )
+    if version < SCHEMA_VERSION:
+        raise StoreError(
+            f"database {where} has Timer schema version {version}, not {SCHEMA_VERSION}, "
+            "and migrations are turned off"
+        )
+    return int(version)
 
 
 def _table_exists(connection: sa.Connection, name: str) -> bool:

@@ -31,6 +31,7 @@ from timer_adapters_sqlite._schema import (
     TOMBSTONES,
     StoreMode,
     Synchronous,
+    check_schema,
     create_sqlite_engine,
     migrate_connection,
 )
@@ -391,6 +392,7 @@ class _OpenJob:
 
     mode: StoreMode
     future: asyncio.Future[Any]
+    migrate: bool = True
 
 
 _Job = _ApplyJob | _CallJob | _OpenJob
@@ -669,7 +671,8 @@ class _Writer:
             driver = self._driver = _driver_of(connection)
             driver.execute(f"PRAGMA wal_autocheckpoint = {_WRITER_AUTOCHECKPOINT_PAGES}")
             driver.execute(f"PRAGMA journal_size_limit = {_WAL_SIZE_LIMIT_BYTES}")
-            migrate_connection(connection, mode=job.mode, where=self._where)
+            if job.migrate:
+                migrate_connection(connection, mode=job.mode, where=self._where)
             return job.future, None, None
         except Exception as exc:
             self._close()
@@ -788,6 +791,9 @@ class SqliteTimerStore(TimerStore):
     worker's poll stays the safety net either way.
 
     Nothing is opened before :meth:`start`, which also applies the migrations.
+    ``migrate=False`` (for read-only tools) creates and changes nothing at start: it
+    refuses a missing file or one whose schema is not current
+    (:class:`~timer_core.errors.SchemaNotFound` when there is none).
     """
 
     def __init__(
@@ -801,6 +807,7 @@ class SqliteTimerStore(TimerStore):
         max_group_operations: int = 10_000,
         on_remote_schedule: Callable[[datetime], None] | None = None,
         watch_interval_s: float | None = 0.1,
+        migrate: bool = True,
     ) -> None:
         if mode not in ("standalone", "shared"):
             raise ValueError(f"mode must be 'standalone' or 'shared', got {mode!r}")
@@ -823,6 +830,7 @@ class SqliteTimerStore(TimerStore):
         committed (see the class notes)."""
         self._watch_interval_s = watch_interval_s
         self._watch: asyncio.Task[None] | None = None
+        self._migrate = migrate
         self._engine: sa.Engine | None = None
         self._writer: _Writer | None = None
         self._reader: _Reader | None = None
@@ -867,6 +875,9 @@ class SqliteTimerStore(TimerStore):
         async with self._lifecycle:
             if self._writer is not None:
                 return
+            if not self._migrate:
+                # Checked reading only, before any connection could create or convert it.
+                await asyncio.to_thread(check_schema, self.path)
             engine = create_sqlite_engine(
                 self.path,
                 synchronous=self._synchronous,
@@ -880,7 +891,7 @@ class SqliteTimerStore(TimerStore):
             try:
                 loop = asyncio.get_running_loop()
                 opened: asyncio.Future[None] = loop.create_future()
-                writer.submit(_OpenJob(self.mode, opened))
+                writer.submit(_OpenJob(self.mode, opened, self._migrate))
                 await opened
                 # The first read opens the reader's connection: fail now, not at the first poll.
                 reader_opened: asyncio.Future[None] = loop.create_future()

@@ -9,6 +9,7 @@ __all__ = [
     "InvalidIdentifier",
     "InvalidTimestamp",
     "PublishError",
+    "SchemaNotFound",
     "SchemaVersionError",
     "StoreError",
     "StoreUnavailable",
@@ -59,6 +60,11 @@ class StoreUnavailable(StoreError):
 
 class SchemaVersionError(StoreError):
     """The database was written by a newer Timer than this one; refusing to touch it."""
+
+
+class SchemaNotFound(StoreError):
+    """The database holds no Timer schema, and the store was opened not to create one
+    (``migrate=False``, as read-only tools open it)."""
 
 
 class PublishError(TimerError):

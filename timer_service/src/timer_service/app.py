@@ -48,11 +48,12 @@ def broker_url_file(settings: Settings) -> Path:
     return settings.nats_store_dir / "url"
 
 
-def build_store(settings: Settings, *, listen: bool = True) -> TimerStore:
+def build_store(settings: Settings, *, read_only: bool = False) -> TimerStore:
     """The store the settings ask for: PostgreSQL with a URL, else the SQLite file.
 
-    ``listen=False`` leaves out PostgreSQL's ``LISTEN`` connection, for commands that only
-    read (``inspect``) and so have no worker to wake.
+    ``read_only=True``, for commands that only read (``inspect``): nothing is created or
+    migrated (a database without the Timer schema raises ``SchemaNotFound``), and
+    PostgreSQL's ``LISTEN`` connection is left out, as there is no worker to wake.
     """
     if settings.database_url is not None:
         from timer_adapters_postgres import PostgresTimerStore
@@ -61,7 +62,8 @@ def build_store(settings: Settings, *, listen: bool = True) -> TimerStore:
             settings.database_url,
             owner_id=settings.owner_id,
             lease_s=settings.lease_s,
-            listen=listen,
+            listen=not read_only,
+            migrate=not read_only,
         )
     from timer_adapters_sqlite import SqliteTimerStore
 
@@ -72,6 +74,7 @@ def build_store(settings: Settings, *, listen: bool = True) -> TimerStore:
         settings.db_path,
         synchronous=settings.sqlite_synchronous,
         pragmas={"cache_size": -32768},
+        migrate=not read_only,
     )
 
 

@@ -15,6 +15,7 @@ from timer_core import (
     CorrelationId,
     InvalidIdentifier,
     InvalidTimestamp,
+    SchemaNotFound,
     ServiceCallId,
     TenantId,
     TimerEntry,
@@ -231,15 +232,16 @@ async def _inspect(settings: Settings, args: argparse.Namespace) -> int:
         correlation = None if args.correlation_id is None else CorrelationId(args.correlation_id)
     except InvalidIdentifier as exc:
         raise UsageError(str(exc)) from None
-    if settings.database_url is None and not settings.db_path.exists():
-        raise UsageError(f"TIMER_DB_PATH={settings.db_path}: no such database")
-    store = build_store(settings, listen=False)
+    what = "TIMER_DATABASE_URL" if settings.database_url else f"TIMER_DB_PATH={settings.db_path}"
+    # A read-only command: it never creates the file, the schema, nor migrates it.
+    store = build_store(settings, read_only=True)
     try:
         await store.start()
+    except SchemaNotFound as exc:
+        raise UsageError(
+            f"{what}: {redact_url(str(exc))}; run the service first (`timer-service run` creates it)"
+        ) from None
     except Exception as exc:
-        what = (
-            "TIMER_DATABASE_URL" if settings.database_url else f"TIMER_DB_PATH={settings.db_path}"
-        )
         raise StartupError(f"{what}: cannot open: {redact_url(str(exc))}") from exc
     try:
         if call is not None:

@@ -239,7 +239,8 @@ async def _inspect(settings: Settings, args: argparse.Namespace) -> int:
         await store.start()
     except SchemaNotFound as exc:
         raise UsageError(
-            f"{what}: {redact_url(str(exc))}; run the service first (`timer-service run` creates it)"
+            f"{what}: {redact_url(str(exc))}; "
+            "run the service first (`timer-service run` creates it)"
         ) from None
     except Exception as exc:
         raise StartupError(f"{what}: cannot open: {redact_url(str(exc))}") from exc

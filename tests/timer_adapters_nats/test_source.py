@@ -95,8 +95,13 @@ async def settled(broker: NatsBroker) -> bool:
     return info.num_pending == 0 and info.num_ack_pending == 0
 
 
-async def _dead_lettered_and_settled(broker: NatsBroker) -> bool:
-    return bool(await dead_letters(broker)) and await settled(broker)
+async def dead_lettered(broker: NatsBroker, count: int = 1) -> bool:
+    """Whether ``count`` dead letters are stored and the consumer settled.
+
+    Settled alone is not enough: a dead-letter publish that timed out under load naks the
+    command, which then counts as neither pending nor unacked a moment.
+    """
+    return len(await dead_letters(broker)) >= count and await settled(broker)
 
 
 async def dead_letters(broker: NatsBroker) -> list[StoredMessage]:
@@ -225,7 +230,9 @@ class TestDeadLetters:
             recorder = Recorder()
             async with consuming(broker.command_source(), recorder):
                 await wait_until(lambda: len(recorder.ids) == len(good), what="good commands")
-                await wait_until(lambda: settled(broker), what="all settled")
+                await wait_until(
+                    lambda: dead_lettered(broker, len(BAD_COMMANDS)), what="all dead-lettered"
+                )
             held = await dead_letters(broker)
         assert recorder.ids == good
         assert len(held) == len(BAD_COMMANDS)
@@ -247,7 +254,7 @@ class TestDeadLetters:
         body = encode_envelope(TimerClient(broker).schedule_envelope("tenant-a", "c", DUE))
         await broker.jetstream.publish("timer.commands.tenant-a.extra", body)
         async with consuming(broker.command_source(), Recorder()):
-            await wait_until(lambda: settled(broker), what="the command settled")
+            await wait_until(lambda: dead_lettered(broker), what="the command dead-lettered")
         (held,) = await dead_letters(broker)
         assert held.subject == "timer.dlq._"
         assert held.data == body
@@ -259,11 +266,7 @@ class TestDeadLetters:
         await broker.jetstream.publish("timer.commands.tenant-a", encode_envelope(envelope))
         recorder = Recorder()
         async with consuming(broker.command_source(), recorder):
-            # Settled alone is not enough: a dead-letter publish that timed out under load
-            # naks the command, which then counts as neither pending nor unacked a moment.
-            await wait_until(
-                lambda: _dead_lettered_and_settled(broker), what="the command dead-lettered"
-            )
+            await wait_until(lambda: dead_lettered(broker), what="the command dead-lettered")
         assert recorder.calls == 0
         (held,) = await dead_letters(broker)
         assert held.subject == "timer.dlq.tenant-a"
@@ -290,7 +293,7 @@ class TestDeadLetters:
                         name="TIMER_DLQ", subjects=["timer.dlq.>"], storage=StorageType.FILE
                     )
                 )
-                await wait_until(lambda: settled(broker), what="the command settled")
+                await wait_until(lambda: dead_lettered(broker), what="the command dead-lettered")
             (held,) = await dead_letters(broker)
         assert held.data == b"garbage"
         assert recorder.calls == 0
@@ -318,7 +321,7 @@ class TestHandlerFailures:
             envelope_id = await TimerClient(broker).schedule("tenant-a", "doomed", DUE)
             recorder = Recorder(failures=1000)
             async with consuming(broker.command_source(), recorder):
-                await wait_until(lambda: settled(broker), what="the command settled")
+                await wait_until(lambda: dead_lettered(broker), what="the command dead-lettered")
             (held,) = await dead_letters(broker)
         assert recorder.calls == 3
         assert json.loads(held.data)["id"] == envelope_id

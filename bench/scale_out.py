@@ -33,11 +33,10 @@ from datetime import UTC, datetime, timedelta
 from importlib.metadata import version
 from pathlib import Path
 
-# bench/nats.py would shadow the nats package: keep this directory off the import path, and
-# put the repository on it for the tests' own helpers (the throwaway PostgreSQL cluster and
-# the service subprocess).
+# The repository goes on the import path for the tests' own helpers (the throwaway
+# PostgreSQL cluster and the service subprocess).
 _HERE = Path(__file__).resolve().parent
-sys.path[:] = [str(_HERE.parent)] + [p for p in sys.path if Path(p or ".").resolve() != _HERE]
+sys.path.insert(0, str(_HERE.parent))
 
 import attrs  # noqa: E402
 import nats  # noqa: E402

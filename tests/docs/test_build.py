@@ -28,7 +28,7 @@ class TestBuild:
         for page in ("operations", "deployment", "design", "benchmarks", "architecture", "faq"):
             assert (site / page / "index.html").is_file()
         benchmarks = (site / "benchmarks" / "index.html").read_text()
-        assert "bench/nats.py" in benchmarks
+        assert "bench/publish.py" in benchmarks
         # The log of bench/README.md sits below the summary, one collapsed note per section.
         assert benchmarks.count('<details class="note">') == (
             ROOT / "bench" / "README.md"

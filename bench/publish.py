@@ -6,10 +6,10 @@ them (``encode_event``, equal to the codec's bytes), each with a fresh envelope 
 sequential ``js.publish`` (one acked round trip at a time, the baseline), sequential
 ``NatsEventPublisher.publish``, ``publish_many`` in batches of 100 (the worker's default)
 and 1,000, and core NATS publish without JetStream as the upper bound. Prints a table and
-writes it into the "NATS (bench/nats.py)" section of bench/README.md.
+writes it into the "NATS (bench/publish.py)" section of bench/README.md.
 
-    uv run --all-packages python bench/nats.py            # full run (about a minute)
-    uv run --all-packages python bench/nats.py --quick    # small counts, README untouched
+    uv run --all-packages python bench/publish.py            # full run (about a minute)
+    uv run --all-packages python bench/publish.py --quick    # small counts, README untouched
 """
 
 from __future__ import annotations
@@ -29,29 +29,24 @@ from datetime import UTC, datetime, timedelta
 from importlib.metadata import version
 from pathlib import Path
 
-from _readme import write_section  # this script's directory, before it leaves the path
+from _readme import write_section
 
-# This script is named like the ``nats`` package it benchmarks: keep its own directory off
-# the import path, or ``import nats`` inside the adapter would import this file.
-_HERE = Path(__file__).resolve().parent
-sys.path[:] = [entry for entry in sys.path if Path(entry or ".").resolve() != _HERE]
-
-from timer_adapters_nats import (  # noqa: E402
+from timer_adapters_nats import (
     NatsBroker,
     NatsServerProcess,
     NatsSettings,
     find_nats_server,
 )
-from timer_core import (  # noqa: E402
+from timer_core import (
     DueTimeReached,
     MessageEnvelope,
     TimerEntry,
     build_due_event,
 )
-from timer_core import encode_envelope as encode_event  # noqa: E402 - the publisher's encoder
+from timer_core import encode_envelope as encode_event  # the publisher's encoder
 
 README = Path(__file__).with_name("README.md")
-SECTION = "## NATS (bench/nats.py)"
+SECTION = "## NATS (bench/publish.py)"
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
 Event = MessageEnvelope[DueTimeReached]
 Row = tuple[str, int, list[float]]  # path, messages per round, msg/s of each round
@@ -221,7 +216,8 @@ def main() -> None:
             "Acked publishes of `DueTimeReached` envelopes (encoded as the publisher does, "
             "fresh id, `Nats-Msg-Id` header) to `TIMER_EVENTS` (file storage) on a local "
             f"`nats-server` started by the script; median of {args.repeat} rounds, each "
-            "running every row in turn. Reproduce: `uv run --all-packages python bench/nats.py`.",
+            "running every row in turn. Reproduce: "
+            "`uv run --all-packages python bench/publish.py`.",
             table(results, window),
             f"Machine: {where}. The machine is shared with other work, so absolute numbers "
             "move between runs; the rows of one run are comparable.",

@@ -37,7 +37,7 @@ def counted(metrics: PrometheusInstrumentation) -> dict[str, float]:
             "timer_commands_received_total", {"outcome": outcome}
         )
         or 0.0
-        for outcome in ("stored", "ignored", "rejected")
+        for outcome in ("stored", "ignored", "stale", "rejected")
     }
 
 
@@ -56,7 +56,7 @@ class TestCommandCounts:
         metrics = PrometheusInstrumentation()
         metrics.commands_handled([command(i) for i in range(5)], OUTCOMES)
         metrics.command_rejected("timer.commands.t", "bad")
-        assert counted(metrics) == {"stored": 3.0, "ignored": 2.0, "rejected": 1.0}
+        assert counted(metrics) == {"stored": 3.0, "ignored": 2.0, "stale": 0.0, "rejected": 1.0}
 
     @pytest.mark.parametrize("outcome", list(CommandOutcome))
     def test_every_outcome_is_counted_under_a_label(self, outcome: CommandOutcome) -> None:
@@ -70,7 +70,7 @@ class TestCommandCounts:
         metrics = PrometheusInstrumentation()
         outcomes = [CommandOutcome.IGNORED_REACHED, CommandOutcome.CANCEL_NOOP]
         metrics.commands_handled([command(0), command(1)], outcomes)
-        assert counted(metrics) == {"stored": 0.0, "ignored": 2.0, "rejected": 0.0}
+        assert counted(metrics) == {"stored": 0.0, "ignored": 2.0, "stale": 0.0, "rejected": 0.0}
 
     @pytest.mark.parametrize("level", [logging.INFO, logging.DEBUG])
     def test_batches_and_single_commands_count_alike(

@@ -80,10 +80,6 @@ _FOREIGN_KEY = (
     "REFERENCES service_calls (tenant_id, service_call_id) ON DELETE CASCADE"
 )
 
-SCHEMA_VERSION = 2
-"""The schema version this package writes; a database at a higher version is refused."""
-
-
 def _create_table_v1(mode: StoreMode) -> list[str]:
     lines = [
         "tenant_id TEXT NOT NULL",
@@ -148,7 +144,10 @@ MIGRATIONS: tuple[Migration, ...] = (
         columns=((TABLE, "command_position", "INTEGER"),),
     ),
 )
-assert [m.version for m in MIGRATIONS] == list(range(1, SCHEMA_VERSION + 1))
+assert [m.version for m in MIGRATIONS] == list(range(1, len(MIGRATIONS) + 1))
+
+SCHEMA_VERSION = MIGRATIONS[-1].version
+"""The schema version this package writes; a database at a higher version is refused."""
 
 
 def timer_schedules_table(metadata: sa.MetaData, *, mode: StoreMode = "standalone") -> sa.Table:

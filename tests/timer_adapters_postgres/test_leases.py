@@ -14,7 +14,6 @@ from timer_adapters_memory import MemoryEventBus
 from timer_adapters_postgres import PostgresTimerStore
 from timer_core import (
     CommandOutcome,
-    DueCursor,
     DueTimeReached,
     EventPublisher,
     MessageEnvelope,
@@ -60,37 +59,8 @@ async def claim_until_found(store: PostgresTimerStore, limit: int = 10) -> list[
 
 
 class TestClaiming:
-    """find_due claims: concurrent stores never receive the same timer."""
-
-    async def test_concurrent_claims_never_share_a_timer(
-        self, make_started_store: MakeStore
-    ) -> None:
-        """Three stores claiming the same backlog at once get disjoint sets covering it all."""
-        stores = [await make_started_store(owner_id=f"owner-{i}") for i in range(3)]
-        await stores[0].apply([timer(f"call-{i:04d}", -i) for i in range(600)])
-
-        async def drain(store: PostgresTimerStore) -> list[str]:
-            mine: list[str] = []
-            while batch := await store.find_due(datetime.now(UTC), 25):
-                mine.extend(entry.service_call_id for entry in batch)
-                now = datetime.now(UTC)
-                assert await store.mark_reached([entry.reach(now) for entry in batch]) == len(batch)
-            return mine
-
-        claimed = await asyncio.gather(*(drain(store) for store in stores))
-        everything = [call for calls in claimed for call in calls]
-        assert len(everything) == len(set(everything)) == 600
-        assert await stores[0].count_scheduled() == 0
-
-    async def test_simultaneous_single_claims_are_disjoint(
-        self, make_started_store: MakeStore
-    ) -> None:
-        """Claims issued at the same moment, without marking, split the due timers."""
-        stores = [await make_started_store(owner_id=f"owner-{i}") for i in range(4)]
-        await stores[0].apply([timer(f"call-{i:03d}", -i) for i in range(100)])
-        claims = await asyncio.gather(*(s.find_due(datetime.now(UTC), 40) for s in stores))
-        calls = [entry.service_call_id for batch in claims for entry in batch]
-        assert len(calls) == len(set(calls)) == 100
+    """find_due claims, seen in the lease columns; the lease promise itself is the shipped
+    TimerStoreLeaseContract, bound in test_contract.py."""
 
     async def test_a_store_claims_its_own_timers_again(
         self, make_started_store: MakeStore, postgres_sql: psycopg.Connection[Any]
@@ -102,14 +72,6 @@ class TestClaiming:
         assert lease_of(postgres_sql, "call-1") == ("Scheduled", "me", 1)
         assert await store.find_due(datetime.now(UTC), 10) == [timer("call-1")]
         assert lease_of(postgres_sql, "call-1") == ("Scheduled", "me", 2)
-
-    async def test_claims_honour_the_keyset_cursor(self, make_started_store: MakeStore) -> None:
-        """With after, only timers strictly after the cursor are claimed and leased."""
-        first, second = await make_started_store(), await make_started_store()
-        await first.apply([timer("a", -3), timer("b", -2), timer("c", -1)])
-        claimed = await first.find_due(datetime.now(UTC), 10, after=DueCursor.of(timer("a", -3)))
-        assert [e.service_call_id for e in claimed] == ["b", "c"]
-        assert [e.service_call_id for e in await second.find_due(datetime.now(UTC), 10)] == ["a"]
 
     async def test_a_crashed_owners_claims_are_taken_over_after_the_lease(
         self, make_started_store: MakeStore, postgres_sql: psycopg.Connection[Any]
@@ -142,60 +104,6 @@ class TestClaiming:
         assert lease_of(postgres_sql, "call-1") == ("Scheduled", "fast", 2)
         assert await fast.mark_reached([theirs.reach(datetime.now(UTC))]) == 1
         assert lease_of(postgres_sql, "call-1") == ("Reached", None, 2)
-
-    async def test_a_late_mark_under_an_expired_but_untaken_claim_counts(
-        self, make_started_store: MakeStore
-    ) -> None:
-        """If nobody claimed the timer since, the owner's mark after its lease still records it."""
-        store = await make_started_store(lease_s=0.05)
-        await store.schedule(timer("call-1"))
-        (claimed,) = await store.find_due(datetime.now(UTC), 10)
-        await asyncio.sleep(0.1)  # let the lease run out on the database clock
-        assert await store.mark_reached([claimed.reach(datetime.now(UTC))]) == 1
-
-    async def test_release_lets_another_store_claim_at_once(
-        self, make_started_store: MakeStore
-    ) -> None:
-        """Released claims are claimable by other stores without waiting for the lease."""
-        owner, other = await make_started_store(), await make_started_store()
-        await owner.apply([timer("call-1"), timer("call-2")])
-        claimed = await owner.find_due(datetime.now(UTC), 10)
-        assert await other.find_due(datetime.now(UTC), 10) == []
-        await owner.release_claims(claimed[:1])
-        assert [e.service_call_id for e in await other.find_due(datetime.now(UTC), 10)] == [
-            "call-1"
-        ]
-
-    async def test_reschedule_drops_the_lease(self, make_started_store: MakeStore) -> None:
-        """A rescheduled timer can be claimed at once; the old claim can no longer mark it."""
-        owner, other = await make_started_store(), await make_started_store()
-        await owner.schedule(timer("call-1", -10))
-        (old,) = await owner.find_due(datetime.now(UTC), 10)
-        moved = timer("call-1", -5)
-        await other.schedule(moved)
-        assert await other.find_due(datetime.now(UTC), 10) == [moved]
-        assert await owner.mark_reached([old.reach(datetime.now(UTC))]) == 0
-
-    async def test_unclaimed_mark_waits_for_no_live_lease(
-        self, make_started_store: MakeStore
-    ) -> None:
-        """A store marking a timer it never claimed cannot overwrite another's live claim."""
-        owner, other = await make_started_store(), await make_started_store()
-        await owner.schedule(timer("call-1"))
-        (claimed,) = await owner.find_due(datetime.now(UTC), 10)
-        assert await other.mark_reached([timer("call-1").reach(datetime.now(UTC))]) == 0
-        await owner.release_claims([claimed])
-        assert await other.mark_reached([timer("call-1").reach(datetime.now(UTC))]) == 1
-
-    async def test_next_due_at_skips_timers_others_hold(
-        self, make_started_store: MakeStore
-    ) -> None:
-        """next_due_at leaves out timers leased by another store, not the store's own."""
-        owner, other = await make_started_store(), await make_started_store()
-        await owner.apply([timer("held", -10), timer("later", 3600)])
-        await owner.find_due(datetime.now(UTC), 10)
-        assert await owner.next_due_at() == timer("held", -10).due_at
-        assert await other.next_due_at() == timer("later", 3600).due_at
 
 
 class StallingPublisher(EventPublisher):

@@ -80,6 +80,7 @@ _FOREIGN_KEY = (
     "REFERENCES service_calls (tenant_id, service_call_id) ON DELETE CASCADE"
 )
 
+
 def _create_table_v1(mode: StoreMode) -> list[str]:
     lines = [
         "tenant_id TEXT NOT NULL",

@@ -117,7 +117,7 @@ class TimerStoreLeaseContract:
     ) -> None:
         """Three instances claiming and marking one backlog at once share none of it."""
         stores = [await instances() for _ in range(3)]
-        await stores[0].apply([timer(f"call-{i:04d}", -i) for i in range(300)])
+        await stores[0].apply([timer(f"call-{i:04d}", -i) for i in range(600)])
 
         async def drain(store: TimerStore) -> list[str]:
             mine: list[str] = []
@@ -128,7 +128,7 @@ class TimerStoreLeaseContract:
 
         claimed = await asyncio.gather(*(drain(store) for store in stores))
         everything = [call for mine in claimed for call in mine]
-        assert len(everything) == len(set(everything)) == 300
+        assert len(everything) == len(set(everything)) == 600
         assert await stores[0].count_scheduled() == 0
 
     async def test_a_store_claims_its_own_timers_again(

@@ -15,6 +15,7 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import attrs
@@ -142,8 +143,32 @@ def _chown_to_server_user(path: Path) -> None:
         os.chown(path, entry.pw_uid, entry.pw_gid)
 
 
-def start_cluster(root: Path, settings: dict[str, str] | None = None) -> PostgresCluster:
-    """``initdb`` into ``root/data`` and start ``postgres`` on a free loopback port."""
+def _install_tls(data: Path, cert_file: Path, key_file: Path, ca_file: Path) -> dict[str, str]:
+    """Copy the server's certificate, key and client CA into the data directory, owned by
+    the server's user (PostgreSQL refuses a key others can read); the settings that use them."""
+    names = {"ssl_cert_file": "server.crt", "ssl_key_file": "server.key", "ssl_ca_file": "ca.crt"}
+    for name, source in zip(names.values(), (cert_file, key_file, ca_file), strict=True):
+        target = data / name
+        shutil.copyfile(source, target)
+        target.chmod(0o600)
+        _chown_to_server_user(target)
+    return {"ssl": "on", **names}
+
+
+def start_cluster(
+    root: Path,
+    settings: dict[str, str] | None = None,
+    *,
+    tls: tuple[Path, Path, Path] | None = None,
+    hba: Sequence[str] = (),
+) -> PostgresCluster:
+    """``initdb`` into ``root/data`` and start ``postgres`` on a free loopback port.
+
+    ``tls``: (server certificate, its key, CA of client certificates) PEM files: the server
+    then accepts SSL. ``hba``: ``pg_hba.conf`` lines put before the default ones (which
+    trust every local and loopback connection), so they take precedence for the users
+    they name. The ``postgres`` superuser keeps its trusted connections either way.
+    """
     bin_dir = postgres_bin_dir()
     data, sockets = root / "data", root / "sockets"
     sockets.mkdir()
@@ -172,7 +197,11 @@ def start_cluster(root: Path, settings: dict[str, str] | None = None) -> Postgre
         cwd=root,
         **drop,  # type: ignore[arg-type]
     )
-    options = {**_SPEED_SETTINGS, **(settings or {})}
+    if hba:
+        hba_file = data / "pg_hba.conf"
+        hba_file.write_text("\n".join(hba) + "\n" + hba_file.read_text())
+    tls_settings = _install_tls(data, *tls) if tls is not None else {}
+    options = {**_SPEED_SETTINGS, **tls_settings, **(settings or {})}
     last_error = ""
     for _attempt in range(3):  # the free port may be taken between probing and binding
         port = _free_port()

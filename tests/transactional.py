@@ -3,7 +3,8 @@ schedules or cancels a timer, which exists if and only if that transaction commi
 
 A store's test module subclasses :class:`TransactionalSchedulingTests`, names its adapter
 ``package`` and provides the ``store`` fixture (started, schema migrated) and the
-``host_url`` fixture (the SQLAlchemy URL of the same database, for the host's engine).
+``host_url`` and ``async_host_url`` fixtures (the SQLAlchemy URLs of the same database, for
+the host's engine and for a host on SQLAlchemy's asyncio API).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Any, ClassVar
 import pytest
 import sqlalchemy as sa
 import sqlalchemy.orm
+from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 
 from timer_adapters_memory import MemoryEventBus
 from timer_core import (
@@ -237,3 +239,25 @@ class TransactionalSchedulingTests:
         with host_engine.begin() as connection:
             outcome = self.cancel_in_transaction(connection, CancelTimer(A, CALL))
         assert outcome is CommandOutcome.CANCEL_NOOP
+
+    async def test_an_async_host_schedules_through_run_sync(
+        self, store: TimerStore, host_engine: sa.Engine, async_host_url: str
+    ) -> None:
+        """A host on SQLAlchemy's asyncio API calls the functions through ``run_sync``: the
+        timer commits with its AsyncConnection, and a cancel in a rolled back AsyncSession
+        changes nothing."""
+        engine = create_async_engine(async_host_url, poolclass=sa.NullPool)
+        try:
+            async with engine.begin() as connection:
+                await connection.execute(sa.text("INSERT INTO orders VALUES ('order-17')"))
+                outcome = await connection.run_sync(
+                    self.schedule_in_transaction, ScheduleTimer(A, CALL, T0), now=T0
+                )
+            async with AsyncSession(engine) as session:
+                cancelled = await session.run_sync(self.cancel_in_transaction, CancelTimer(A, CALL))
+                await session.rollback()
+        finally:
+            await engine.dispose()
+        assert (outcome, cancelled) == (CommandOutcome.SCHEDULED, CommandOutcome.CANCELLED)
+        assert await store.get(A, CALL) is not None
+        assert order_rows(host_engine) == 1

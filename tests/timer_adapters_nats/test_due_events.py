@@ -137,16 +137,17 @@ class TestDeliveries:
     async def test_long_handling_is_kept_from_redelivery(self, broker: NatsBroker) -> None:
         """An event handled for longer than the ack wait is not handed to another reader."""
         await publish(broker, due_event())
-        settings = DueEventConsumerSettings(ack_wait_s=0.6, fetch_timeout_s=0.2)
+        # Keep-alives every half second: a stall of the loop up to a second is tolerated.
+        settings = DueEventConsumerSettings(ack_wait_s=1.5, fetch_timeout_s=0.2)
         async with (
             broker.due_events("host", settings=settings) as events,
             broker.due_events("host", settings=settings) as other_reader,
         ):
             delivery = await next_delivery(events)
             async with delivery:
-                # The handling lasts two and a half ack waits while another reader asks.
+                # The handling lasts over two ack waits while another reader asks.
                 with pytest.raises(TimeoutError):
-                    await asyncio.wait_for(anext(other_reader), 1.5)
+                    await asyncio.wait_for(anext(other_reader), 3.5)
             info = await broker.jetstream.consumer_info(broker.settings.events_stream, "host")
             assert info.num_redelivered == 0
             await wait_until(lambda: settled_everything(broker, "host"), what="the ack")

@@ -25,3 +25,8 @@ class TestPostgresTransactionalScheduling(TransactionalSchedulingTests):
     def host_url(self, fresh_postgres_url: str) -> str:
         """The host's own engine URL for the same database."""
         return fresh_postgres_url
+
+    @pytest.fixture
+    def async_host_url(self, fresh_postgres_url: str) -> str:
+        """The same database through psycopg's asyncio connection."""
+        return fresh_postgres_url

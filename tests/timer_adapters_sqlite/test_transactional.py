@@ -29,6 +29,11 @@ class TestSqliteTransactionalScheduling(TransactionalSchedulingTests):
         """The host's own engine URL for the same file (plain pysqlite settings)."""
         return f"sqlite:///{db_path}"
 
+    @pytest.fixture
+    def async_host_url(self, db_path: Path) -> str:
+        """The same file through aiosqlite, for a host on SQLAlchemy's asyncio API."""
+        return f"sqlite+aiosqlite:///{db_path}"
+
 
 class TestMisuse:
     async def test_autocommit_connection_is_refused(self, db_path: Path) -> None:

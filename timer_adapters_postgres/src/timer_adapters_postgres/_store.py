@@ -828,11 +828,12 @@ def schedule_in_transaction(
     The timer exists if and only if that transaction commits. A ``NOTIFY`` on
     ``notify_channel`` (the stores' ``notify_channel``) goes out in the same transaction, so
     PostgreSQL delivers it on commit only: every listening :class:`PostgresTimerStore` then
-    calls ``on_remote_schedule`` and its worker wakes. ``now`` is the caller's clock reading
-    (the timer's ``registered_at``); adapters never read the clock. ``connection`` is a
-    SQLAlchemy :class:`~sqlalchemy.Connection` or ORM :class:`~sqlalchemy.orm.Session` on
-    the stores' database (a transaction is begun if none is); the timer schema must be there
-    (start a store once, or call :func:`migrate`).
+    reports it (``watch_remote_schedules``) and its worker wakes. ``now`` is the caller's
+    clock reading (the timer's ``registered_at``); adapters never read the clock.
+    ``connection`` is a SQLAlchemy :class:`~sqlalchemy.Connection` or ORM
+    :class:`~sqlalchemy.orm.Session` on the stores' database (a transaction is begun if none
+    is; on SQLAlchemy's asyncio API, call this through ``run_sync``); the timer schema must
+    be there (start a store once, or call :func:`migrate`).
 
     Returns ``SCHEDULED``, or ``IGNORED_REACHED`` when the timer already fired (it is never
     re-armed). The timer's row stays locked until the transaction ends. Raises

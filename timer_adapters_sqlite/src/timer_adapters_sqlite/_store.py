@@ -19,10 +19,11 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from functools import partial
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import attrs
 import sqlalchemy as sa
+import sqlalchemy.exc
 import sqlalchemy.orm
 
 from timer_adapters_sqlite._errors import translate_error
@@ -299,12 +300,49 @@ def _as_ops(operations: Sequence[TimerOperation]) -> list[_Op]:
     return ops
 
 
-def _write_ops(driver: sqlite3.Connection, ops: list[_Op]) -> list[CommandOutcome]:
-    """Run ``ops`` in order in the transaction open on ``driver``; runs of schedules are one
+class _Cursor(Protocol):
+    """What :func:`_write_ops` needs of a cursor: a sqlite3 one, or :class:`_HostCursor`."""
+
+    @property
+    def rowcount(self) -> int: ...
+
+    def execute(self, sql: str, parameters: Any = (), /) -> Any: ...
+
+    def executemany(self, sql: str, parameters: Any, /) -> Any: ...
+
+    def fetchone(self) -> Any: ...
+
+
+class _HostCursor:
+    """A cursor over a host's SQLAlchemy connection: statements run through the connection
+    (its events and logging see them), whatever the SQLite driver, sync or under
+    ``run_sync`` of SQLAlchemy's asyncio API."""
+
+    def __init__(self, connection: sa.Connection) -> None:
+        self._connection = connection
+        self._result: sa.CursorResult[Any] | None = None
+
+    @property
+    def rowcount(self) -> int:
+        return -1 if self._result is None else self._result.rowcount
+
+    def execute(self, sql: str, parameters: Any = (), /) -> _HostCursor:
+        self._result = self._connection.exec_driver_sql(sql, tuple(parameters))
+        return self
+
+    def executemany(self, sql: str, parameters: Any, /) -> _HostCursor:
+        self._result = self._connection.exec_driver_sql(sql, list(parameters))
+        return self
+
+    def fetchone(self) -> Any:
+        return None if self._result is None else self._result.fetchone()
+
+
+def _write_ops(cursor: _Cursor, ops: list[_Op]) -> list[CommandOutcome]:
+    """Run ``ops`` in order in the transaction open under ``cursor``; runs of schedules are one
     statement. The writer's transactions and a host's own (see :func:`schedule_in_transaction`)
     write timers through this one function."""
     outcomes: list[CommandOutcome] = []
-    cursor = driver.cursor()
     start, count = 0, len(ops)
     while start < count:
         size = len(ops[start])
@@ -327,7 +365,7 @@ def _write_ops(driver: sqlite3.Connection, ops: list[_Op]) -> list[CommandOutcom
     return outcomes
 
 
-def _positioned_cancel(cursor: sqlite3.Cursor, op: _Op) -> CommandOutcome:
+def _positioned_cancel(cursor: _Cursor, op: _Op) -> CommandOutcome:
     """A cancel at a command position: stale, or applied and remembered by a tombstone."""
     tenant_id, service_call_id, position, _ = op
     _, stored, tombstone = cursor.execute(_POSITIONS, (tenant_id, service_call_id)).fetchone()
@@ -341,7 +379,7 @@ def _positioned_cancel(cursor: sqlite3.Cursor, op: _Op) -> CommandOutcome:
     return CommandOutcome.CANCELLED if cancelled else CommandOutcome.CANCEL_NOOP
 
 
-def _schedule_run(cursor: sqlite3.Cursor, params: list[tuple[Any, ...]]) -> list[CommandOutcome]:
+def _schedule_run(cursor: _Cursor, params: list[tuple[Any, ...]]) -> list[CommandOutcome]:
     if _JSON_STATEMENTS:
         cursor.execute(_UPSERT_JSON, (json.dumps(params),))
     else:
@@ -746,7 +784,7 @@ class _Writer:
         """Apply ``ops`` in order in one transaction of their own."""
         driver.execute("BEGIN IMMEDIATE")
         try:
-            outcomes = _write_ops(driver, ops)
+            outcomes = _write_ops(driver.cursor(), ops)
             driver.execute("COMMIT")
         except BaseException:
             self._rollback(driver)
@@ -1155,11 +1193,13 @@ def schedule_in_transaction(
 
     The timer exists if and only if that transaction commits; a running
     :class:`SqliteTimerStore` on the same file notices the commit within its
-    ``watch_interval_s`` and wakes its worker through ``on_remote_schedule``. ``now`` is the
+    ``watch_interval_s`` and wakes its worker (see ``watch_remote_schedules``). ``now`` is the
     caller's clock reading (the timer's ``registered_at``); adapters never read the clock.
     ``connection`` is a SQLAlchemy :class:`~sqlalchemy.Connection` or ORM
-    :class:`~sqlalchemy.orm.Session` on the store's SQLite file (a transaction is begun if
-    none is); the timer schema must be there (start the store once, or call :func:`migrate`).
+    :class:`~sqlalchemy.orm.Session` on the store's SQLite file, with any driver (a
+    transaction is begun if none is; on SQLAlchemy's asyncio API, call this through
+    ``run_sync``); the timer schema must be there (start the store once, or call
+    :func:`migrate`).
 
     Returns ``SCHEDULED``, or ``IGNORED_REACHED`` when the timer already fired (it is never
     re-armed). Raises ``ValueError`` when the connection runs without transactions, and
@@ -1193,9 +1233,13 @@ def _write_in_transaction(
         )
     if not connection.in_transaction():
         connection.begin()
-    driver = _driver_of(connection)
     where = str(connection.engine.url.database)
-    if not driver.in_transaction and driver.isolation_level is None:
+    # The driver's own view (sqlite3 or aiosqlite): SQLAlchemy's transaction is only a
+    # promise when the driver runs without transactions (isolation_level=None).
+    driver = connection.connection.driver_connection
+    if not getattr(driver, "in_transaction", True) and (
+        getattr(driver, "isolation_level", "") is None
+    ):
         raise ValueError(
             f"the connection to {where} runs without transactions (its sqlite3 connection has "
             "isolation_level=None, as SqliteTimerStore.engine's do) and none is open, so the "
@@ -1203,9 +1247,9 @@ def _write_in_transaction(
             "(sqlalchemy.create_engine('sqlite:///...')) or open one with BEGIN first"
         )
     try:
-        return _write_ops(driver, ops)
-    except sqlite3.Error as exc:
+        return _write_ops(_HostCursor(connection), ops)
+    except sqlalchemy.exc.DBAPIError as exc:
         error = translate_error(exc, where)
-        if "no such table" in str(exc):
+        if "no such table" in str(exc.orig):
             error = StoreError(f"{error} (start a SqliteTimerStore on it once, or call migrate())")
         raise error from exc

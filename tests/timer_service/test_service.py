@@ -130,6 +130,7 @@ class TestBadSettings:
             ("TIMER_HTTP_PORT", "70000"),
             ("TIMER_BROKER_URL", "localhost:4222"),
             ("TIMER_SUBJECT_PREFIX", "a.b"),
+            ("TIMER_RETENTION", "0"),
         ],
     )
     def test_bad_value_names_the_variable(self, tmp_path: Path, variable: str, value: str) -> None:

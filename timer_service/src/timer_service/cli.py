@@ -12,6 +12,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from timer_core import (
+    ComponentFailed,
     CorrelationId,
     InvalidIdentifier,
     InvalidTimestamp,
@@ -156,7 +157,11 @@ async def _run(settings: Settings) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    await serve(settings, stop)
+    try:
+        await serve(settings, stop)
+    except ComponentFailed as exc:  # logged with its traceback; the rest shut down cleanly
+        print(f"timer-service: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 

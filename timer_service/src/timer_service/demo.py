@@ -98,7 +98,6 @@ async def _demo(tmp: Path, timers: int, tenants: int, spread_s: float, plain: bo
         service_task.result()
         return 1
     service = ready.result()
-    assert service.broker_url is not None
     console.print(
         f"[bold]Timer demo[/bold]: database {settings.db_path}, embedded broker "
         f"{service.broker_url}; scheduling {timers} timers across {tenants} tenants due over "

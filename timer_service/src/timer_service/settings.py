@@ -281,7 +281,7 @@ ENVIRONMENT: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "TIMER_SUBJECT_PREFIX": ("subject_prefix", _token),
     "TIMER_HTTP_HOST": ("http_host", _str_parse),
     "TIMER_HTTP_PORT": ("http_port", _int(0, 65535, "a port between 0 and 65535 (0 = off)")),
-    "TIMER_RETENTION": ("retention_s", parse_duration),
+    "TIMER_RETENTION": ("retention_s", _positive_duration),
     "TIMER_PROVISION": ("provision", _bool),
     "TIMER_CONSUMER_NAME": ("consumer_name", _token),
     "TIMER_STREAM_REPLICAS": ("stream_replicas", _int(1, 5, "an integer between 1 and 5")),

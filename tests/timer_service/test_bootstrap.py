@@ -1,0 +1,58 @@
+"""The composition root builds without I/O; the service it builds surfaces a failed part."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from timer_adapters_memory import MemoryEventBus, MemoryTimerStore
+from timer_adapters_nats import NatsBroker
+from timer_core import CommandBatchHandler, CommandSource, ComponentFailed, Timer
+from timer_service.bootstrap import bootstrap, nats_settings
+from timer_service.metrics import PrometheusInstrumentation
+from timer_service.service import TimerService
+from timer_service.settings import Settings
+
+
+class DyingSource(CommandSource):
+    """A command source whose loop dies at once, as one whose consumer was deleted would."""
+
+    async def run(self, handler: CommandBatchHandler) -> None:
+        raise RuntimeError("consumer timer-service was deleted")
+
+    async def stop(self) -> None:
+        pass
+
+
+class TestBootstrap:
+    def test_builds_every_part_and_opens_nothing(self, tmp_path: Path) -> None:
+        """bootstrap() makes the broker, the timer and the endpoint without touching a file,
+        a socket or the broker."""
+        db_path = tmp_path / "not-yet" / "timer.db"
+        settings = Settings(db_path=db_path, broker_url="nats://127.0.0.1:4222")
+        service = bootstrap(settings, "nats://127.0.0.1:4222")
+        assert not db_path.parent.exists()
+        assert not service.broker.is_connected
+        assert service.broker_url == "nats://127.0.0.1:4222"
+        health = service.timer.health()
+        assert (health.running, health.components) == (False, {})
+        assert service.health() == (False, {"last_poll_age_s": None, "broker_connected": False})
+
+
+class TestFailedPart:
+    async def test_run_raises_when_a_part_of_the_timer_dies(
+        self, tmp_path: Path, nats_url: str
+    ) -> None:
+        """A command loop that dies ends run() with ComponentFailed, and /healthz turns 503."""
+        settings = Settings(db_path=tmp_path / "timer.db", broker_url=nats_url, http_port=0)
+        instrumentation = PrometheusInstrumentation()
+        broker = NatsBroker(nats_settings(settings, nats_url), instrumentation=instrumentation)
+        timer = Timer(MemoryTimerStore(), MemoryEventBus(), commands=DyingSource())
+        service = TimerService(settings, broker, timer, instrumentation)
+        async with service:
+            with pytest.raises(ComponentFailed, match="consumer timer-service was deleted"):
+                await asyncio.wait_for(service.run(asyncio.Event()), 10)
+            healthy, _ = service.health()
+        assert not healthy

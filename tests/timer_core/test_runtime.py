@@ -15,7 +15,9 @@ from timer_core import (
     CommandOutcome,
     CommandSource,
     ComponentFailed,
+    DecodeError,
     EnvelopeId,
+    InvalidTimestamp,
     MessageEnvelope,
     RemoteScheduleCallback,
     ScheduleTimer,
@@ -28,6 +30,9 @@ from timer_core import (
     TimerState,
     TimerWorker,
     ValidationError,
+    decode_command,
+    encode_envelope,
+    format_timestamp,
     to_epoch_ms,
 )
 
@@ -383,3 +388,14 @@ class TestBadInput:
             with pytest.raises(ValidationError, match="9999-12-31"):
                 await timer.schedule("tenant-a", "call-1", last)
             assert await timer.store.count_scheduled() == 0
+
+    def test_the_last_microsecond_of_9999_is_refused_by_the_message_and_the_codec(self) -> None:
+        """ScheduleTimer and the wire codec both turn the overflow into a ValidationError."""
+        last = datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=UTC)
+        with pytest.raises(InvalidTimestamp, match="9999-12-31"):
+            ScheduleTimer("tenant-a", "call-1", last)
+        wire = encode_envelope(schedule_command("call-1", at(1))).replace(
+            format_timestamp(at(1)).encode(), b"9999-12-31T23:59:59.9999995Z"
+        )
+        with pytest.raises(DecodeError, match="dueAt"):
+            decode_command(wire)

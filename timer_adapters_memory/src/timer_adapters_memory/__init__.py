@@ -1,4 +1,5 @@
-"""In-memory Timer adapters (store, event bus, command source) and a hand-driven ``FakeClock``.
+"""In-memory Timer adapters (store, event bus, command source), a hand-driven ``FakeClock``,
+and ``MemoryTimerClient``, a ``TimerClient`` stand-in for a host's tests.
 
 They are real adapters: thread-safe, raising :mod:`timer_core.errors` like any other, and
 passing the conformance suite in :mod:`timer_core.testing`; tests and demos wire them in
@@ -6,6 +7,7 @@ place of SQLite and NATS.
 """
 
 from timer_adapters_memory._bus import MemoryEventBus, MemorySubscription
+from timer_adapters_memory._client import MemoryTimerClient
 from timer_adapters_memory._clock import FakeClock
 from timer_adapters_memory._commands import MemoryCommandSource
 from timer_adapters_memory._store import MemoryTimerStore
@@ -14,6 +16,7 @@ __all__ = [
     "FakeClock",
     "MemoryCommandSource",
     "MemoryEventBus",
+    "MemoryTimerClient",
     "MemoryTimerStore",
     "MemorySubscription",
 ]

@@ -27,8 +27,8 @@ from timer_core import (
     SystemClock,
     TenantId,
     Uuid7EnvelopeIds,
+    command_envelope,
     encode_envelope,
-    to_epoch_ms,
 )
 
 __all__ = ["TimerClient"]
@@ -48,8 +48,9 @@ class TimerClient:
     ``aggregateId`` (the service call id), and returns the envelope id once JetStream acked
     the command. The correlation id defaults to that envelope id, starting a new trace. A
     failed or unacknowledged send raises :class:`~timer_core.errors.PublishError`; invalid
-    ids or a naive ``due_at`` raise :class:`~timer_core.errors.ValidationError` before
-    anything is sent.
+    ids or a naive or out-of-range ``due_at`` raise
+    :class:`~timer_core.errors.ValidationError` before anything is sent. It implements
+    :class:`timer_core.TimerScheduler`, as ``MemoryTimerClient`` does for a host's tests.
     """
 
     def __init__(
@@ -156,13 +157,11 @@ class TimerClient:
         correlation_id: str | None,
         causation_id: str | None,
     ) -> MessageEnvelope[_C]:
-        envelope_id = self._ids.new_id()
-        return MessageEnvelope(
-            id=envelope_id,
-            payload=payload,
-            timestamp_ms=to_epoch_ms(self._clock.now()),
-            aggregate_id=payload.service_call_id,
-            correlation_id=correlation_id if correlation_id is not None else envelope_id,
+        return command_envelope(
+            payload,
+            self._ids.new_id(),
+            self._clock.now(),
+            correlation_id=correlation_id,
             causation_id=causation_id,
         )
 

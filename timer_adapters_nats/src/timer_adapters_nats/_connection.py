@@ -13,6 +13,7 @@ import nats
 import nats.js.errors
 from nats.aio.client import Client
 
+from timer_adapters_nats._settings import server_urls
 from timer_core import TimerError, redact_url
 
 __all__ = ["JETSTREAM_MISSING", "BrokerUnavailable", "connect", "jetstream_unavailable"]
@@ -70,7 +71,7 @@ async def connect(
     redacted (:func:`timer_core.redact_url`).
     """
     shown = redact_url(url)
-    servers = [part.strip() for part in url.split(",") if part.strip()]
+    servers = server_urls(url)
     tls_wanted = (
         tls_ca_file is not None
         or tls_cert_file is not None

@@ -9,7 +9,7 @@ from typing import Any
 
 import attrs
 
-from timer_core import REDACTED, ServiceCallId, TenantId, redact_url
+from timer_core import REDACTED, ServiceCallId, TenantId, ValidationError, redact_url
 
 __all__ = ["NatsSettings", "Subjects"]
 
@@ -63,6 +63,23 @@ def _optional_path(value: str | os.PathLike[str] | None) -> Path | None:
     return None if value is None else Path(value)
 
 
+def server_urls(url: str) -> list[str]:
+    """The servers of a comma-separated URL list; :class:`ValidationError` when there is none
+    (nats-py would retry an empty list forever without yielding, past any timeout)."""
+    if not isinstance(url, str):
+        raise ValidationError(f"the NATS url must be a string, got {type(url).__name__}")
+    servers = [part.strip() for part in url.split(",") if part.strip()]
+    if not servers:
+        raise ValidationError(
+            f"the NATS url must name at least one server, like nats://127.0.0.1:4222; got {url!r}"
+        )
+    return servers
+
+
+def _servers(instance: Any, attribute: attrs.Attribute[Any], value: str) -> None:
+    server_urls(value)
+
+
 def _shown_url(url: str) -> str:
     return repr(redact_url(url))
 
@@ -79,7 +96,7 @@ class NatsSettings:
     local or nearby server.
     """
 
-    url: str = attrs.field(repr=_shown_url)
+    url: str = attrs.field(repr=_shown_url, validator=_servers)
     """Server URL(s), comma-separated for a cluster, e.g. ``nats://127.0.0.1:4222``.
 
     ``tls://host:port`` asks for TLS (so does any ``tls_*`` setting); a user and password or

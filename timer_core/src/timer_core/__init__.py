@@ -14,6 +14,7 @@ from timer_core._messages import (
     MessageEnvelope,
     MessageMetadata,
     ScheduleTimer,
+    command_envelope,
 )
 from timer_core._redact import REDACTED, redact_url
 from timer_core._runtime import Timer, TimerHealth
@@ -136,6 +137,7 @@ __all__ = [
     "ValidationError",
     "build_due_event",
     "cancel_timer",
+    "command_envelope",
     "ceil_ms",
     "decode_command",
     "decode_envelope",

@@ -9,6 +9,7 @@ import attrs
 
 from timer_core._entry import _due, _instant, _optional_correlation
 from timer_core._ids import CausationId, CorrelationId, EnvelopeId, ServiceCallId, TenantId
+from timer_core._time import to_epoch_ms
 
 __all__ = [
     "CancelTimer",
@@ -18,6 +19,7 @@ __all__ = [
     "MessageEnvelope",
     "MessageMetadata",
     "ScheduleTimer",
+    "command_envelope",
 ]
 
 
@@ -154,3 +156,27 @@ def _unchecked_due_event(
     put(envelope, "causation_id", None)
     put(envelope, "position", None)
     return envelope
+
+
+C = TypeVar("C", ScheduleTimer, CancelTimer, Command)
+
+
+def command_envelope(
+    payload: C,
+    envelope_id: EnvelopeId,
+    now: datetime,
+    *,
+    correlation_id: str | None = None,
+    causation_id: str | None = None,
+) -> MessageEnvelope[C]:
+    """A command as a producer sends it: ``aggregateId`` is the service call, ``timestampMs``
+    is ``now``, and the correlation id, when none is given, the envelope's own id (a new
+    trace)."""
+    return MessageEnvelope(
+        id=envelope_id,
+        payload=payload,
+        timestamp_ms=to_epoch_ms(now),
+        aggregate_id=payload.service_call_id,
+        correlation_id=correlation_id if correlation_id is not None else envelope_id,
+        causation_id=causation_id,
+    )

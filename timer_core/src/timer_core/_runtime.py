@@ -20,6 +20,7 @@ from timer_core._messages import CancelTimer, Command, MessageEnvelope, Schedule
 from timer_core.errors import ComponentFailed
 from timer_core.instrumentation import NO_INSTRUMENTATION, Instrumentation
 from timer_core.ports import (
+    AsyncResource,
     Clock,
     CommandOutcome,
     CommandSource,
@@ -158,17 +159,17 @@ class Timer:
     # -- lifecycle -----------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Start the store, the publisher, the worker and the command loop, in that order.
+        """Start the store, the publisher and the command source, then the worker and the
+        command loop.
 
-        If the store or the publisher fails to start, what was started is closed again and
-        the error raised.
+        If one of them fails to start, those started are closed again and the error raised.
         """
         if self._state is not _State.NEW:
             raise RuntimeError(f"this Timer is {self._state.value}; a Timer runs only once")
         self._state = _State.RUNNING
-        opened: list[TimerStore | EventPublisher] = []
+        opened: list[AsyncResource] = []
         try:
-            for resource in (self._store, self._publisher):
+            for resource in self._resources():
                 await resource.start()
                 opened.append(resource)
         except BaseException:
@@ -185,7 +186,8 @@ class Timer:
         )
 
     async def aclose(self) -> None:
-        """Stop the command loop, then the worker, then close the publisher and the store.
+        """Stop the command loop, then the worker; then close the command source, the
+        publisher and the store.
 
         Idempotent. Raises :class:`~timer_core.errors.ComponentFailed` if a component had
         stopped on its own (unless :meth:`wait` raised it already), else the first error
@@ -214,7 +216,7 @@ class Timer:
             for task in self._tasks.values():
                 task.cancel()  # only those left running by a cancelled close
             self._store.watch_remote_schedules(None)
-            await _close_all([self._publisher, self._store], errors)
+            await _close_all(self._resources()[::-1], errors)
             self._state = _State.CLOSED
             self._finished.set()
         if self._failure is not None and not self._failure_raised:
@@ -302,6 +304,13 @@ class Timer:
             self._worker.notify_scheduled(min(scheduled))
         return outcomes
 
+    def _resources(self) -> list[AsyncResource]:
+        """What is started in this order, and closed in the reverse one."""
+        resources: list[AsyncResource] = [self._store, self._publisher]
+        if self._commands is not None:
+            resources.append(self._commands)
+        return resources
+
     def _spawn(self, name: str, run: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(run, name=f"timer {name}")
         task.add_done_callback(functools.partial(self._component_done, name))
@@ -345,9 +354,7 @@ class Timer:
         return error
 
 
-async def _close_all(
-    resources: Sequence[TimerStore | EventPublisher], errors: list[BaseException]
-) -> None:
+async def _close_all(resources: Sequence[AsyncResource], errors: list[BaseException]) -> None:
     """Close each resource in the given order even if one fails; collect the failures."""
     for resource in resources:
         try:

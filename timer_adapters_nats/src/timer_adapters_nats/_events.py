@@ -22,7 +22,7 @@ from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from timer_adapters_nats._connection import JETSTREAM_MISSING, jetstream_unavailable
-from timer_adapters_nats._pull import PullBatches
+from timer_adapters_nats._pull import PullBatches, Settlement, settle
 from timer_adapters_nats._settings import at_least_one, check_name, doubling_delay, positive
 from timer_core import (
     DecodeError,
@@ -113,7 +113,7 @@ class DueEventDelivery:
         self._keep_alive: asyncio.Task[None] | None = None
         self.envelope = envelope
         """The decoded envelope: id, timestamp, correlation id and the event."""
-        self.settled: Literal["ack", "nak", "term"] | None = None
+        self.settled: Settlement | None = None
         """How it was settled, or None while it is not."""
 
     @property
@@ -206,7 +206,7 @@ class DueEventDelivery:
             await asyncio.sleep(interval)
             await self.in_progress()
 
-    async def _settle(self, how: Literal["ack", "nak", "term"], delay: float | None = None) -> None:
+    async def _settle(self, how: Settlement, delay: float | None = None) -> None:
         if self.settled is not None:
             return
         self.settled = how
@@ -429,21 +429,5 @@ class DueEventConsumer:
                 with contextlib.suppress(nats.errors.Error, OSError):
                     await message.in_progress()
 
-    async def _settle(
-        self, message: Msg, how: Literal["ack", "nak", "term"], delay: float | None = None
-    ) -> None:
-        """Ack, nak or term; a failure only means the server redelivers it later."""
-        try:
-            if how == "ack":
-                await message.ack()
-            elif how == "term":
-                await message.term()
-            else:
-                await message.nak(delay=delay or None)
-        except (nats.errors.Error, OSError) as exc:
-            log.warning(
-                "%s of DueTimeReached seq %s failed (%s); it will be redelivered",
-                how,
-                message.metadata.sequence.stream,
-                exc or type(exc).__name__,
-            )
+    async def _settle(self, message: Msg, how: Settlement, delay: float | None = None) -> None:
+        await settle(message, how, delay=delay or None, what="DueTimeReached")

@@ -13,12 +13,14 @@ import itertools
 import json
 import logging
 from collections import deque
+from typing import Literal
 
+import nats.errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
-__all__ = ["PullBatches", "PullError"]
+__all__ = ["PullBatches", "PullError", "Settlement", "settle"]
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +31,30 @@ _HEARTBEAT = "100"
 _END_OF_REQUEST = frozenset(("404", "408"))
 # The server's own answer comes this much before the client gives up on a long poll.
 _EXPIRY_MARGIN_S = 0.05
+
+
+#: How a delivered message is settled with JetStream.
+Settlement = Literal["ack", "nak", "term"]
+
+
+async def settle(message: Msg, how: Settlement, *, delay: float | None = None, what: str) -> None:
+    """Ack, nak (after ``delay`` seconds; None: at once) or term ``message``; a failure is
+    logged, naming it as ``what``, and only means the server redelivers it later."""
+    try:
+        if how == "ack":
+            await message.ack()
+        elif how == "term":
+            await message.term()
+        else:
+            await message.nak(delay=delay)
+    except (nats.errors.Error, OSError) as exc:
+        log.warning(
+            "%s of %s seq %s failed (%s); it will be redelivered",
+            how,
+            what,
+            message.metadata.sequence.stream,
+            exc or type(exc).__name__,
+        )
 
 
 class PullError(Exception):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import attrs
@@ -13,7 +13,7 @@ import nats.errors
 from nats.aio.msg import Msg
 
 from timer_adapters_nats._publisher import AckedPublisher, Outgoing
-from timer_adapters_nats._pull import PullBatches
+from timer_adapters_nats._pull import PullBatches, Settlement, settle
 from timer_core import (
     NO_INSTRUMENTATION,
     Command,
@@ -516,28 +516,10 @@ class NatsCommandSource(CommandSource):
             self._in_hand[id(message)] = message
         return list(messages)
 
-    async def _settle(self, message: Msg, how: str, *, delay: float | None = None) -> None:
+    async def _settle(self, message: Msg, how: Settlement, *, delay: float | None = None) -> None:
         """Ack, nak or term; a failure only means the server redelivers it later."""
         self._in_hand.pop(id(message), None)
-        action: Callable[[], Awaitable[None]]
-        if how == "ack":
-            action = message.ack
-        elif how == "term":
-            action = message.term
-        else:
-
-            async def action() -> None:
-                await message.nak(delay=delay)
-
-        try:
-            await action()
-        except (nats.errors.Error, OSError) as exc:
-            log.warning(
-                "%s of command seq %s failed (%s); it will be redelivered",
-                how,
-                message.metadata.sequence.stream,
-                exc or type(exc).__name__,
-            )
+        await settle(message, how, delay=delay, what="command")
 
     async def _pause(self, seconds: float) -> None:
         if seconds > 0:

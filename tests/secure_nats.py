@@ -7,7 +7,11 @@ authorization recipe's test.
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import json
 import os
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -26,6 +30,8 @@ __all__ = [
     "new_nkey_user",
     "start_configured_server",
     "start_server_from_file",
+    "OperatorMode",
+    "make_operator_mode",
 ]
 
 #: The nats-server configurations the docs show (docs/operations.md, Securing Timer).
@@ -131,3 +137,113 @@ def start_server_from_file(
         server = NatsServerProcess(store_dir, host="127.0.0.1", extra_args=["-c", str(config_file)])
         server.start()
     return server
+
+
+def _b64url(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+def _new_key(prefix: int) -> nkeys.KeyPair:
+    return nkeys.from_seed(bytearray(nkeys.encode_seed(os.urandom(32), prefix)))
+
+
+def _public(key: nkeys.KeyPair) -> str:
+    return str(key.public_key.decode())
+
+
+def encode_jwt(issuer: nkeys.KeyPair, subject: str, name: str, nats: dict[str, object]) -> str:
+    """A NATS JWT (``ed25519-nkey``) for ``subject`` signed by ``issuer``: what ``nsc`` makes.
+
+    The ``jti`` is the base32 SHA-512/256 of the claims without it, as the Go library does.
+    """
+    claims: dict[str, object] = {
+        "jti": "",
+        "iat": int(time.time()),
+        "iss": _public(issuer),
+        "name": name,
+        "sub": subject,
+        "nats": {**nats, "version": 2},
+    }
+    digest = hashlib.new("sha512_256", json.dumps(claims).encode()).digest()
+    claims["jti"] = base64.b32encode(digest).rstrip(b"=").decode()
+    header = _b64url(json.dumps({"typ": "JWT", "alg": "ed25519-nkey"}).encode())
+    body = _b64url(json.dumps(claims).encode())
+    signature = _b64url(issuer.sign(f"{header}.{body}".encode()))
+    return f"{header}.{body}.{signature}"
+
+
+def _creds(jwt: str, seed: bytes) -> str:
+    return (
+        f"-----BEGIN NATS USER JWT-----\n{jwt}\n------END NATS USER JWT------\n\n"
+        f"-----BEGIN USER NKEY SEED-----\n{seed.decode()}\n------END USER NKEY SEED------\n"
+    )
+
+
+_UNLIMITED_ACCOUNT = {
+    "limits": {
+        "subs": -1,
+        "data": -1,
+        "payload": -1,
+        "imports": -1,
+        "exports": -1,
+        "wildcards": True,
+        "conn": -1,
+        "leaf": -1,
+        "mem_storage": -1,
+        "disk_storage": -1,
+        "streams": -1,
+        "consumer": -1,
+    },
+    "type": "account",
+}
+_UNLIMITED_USER = {"pub": {}, "sub": {}, "subs": -1, "data": -1, "payload": -1, "type": "user"}
+
+
+@attrs.frozen
+class OperatorMode:
+    """An operator-mode server's configuration (memory resolver, JetStream account) and the
+    ``.creds`` files of a user of its account and of a user of an account it does not know."""
+
+    config: str
+    creds_file: Path
+    stranger_creds_file: Path
+    user_seed: str
+    stranger_seed: str
+
+
+def make_operator_mode(directory: Path) -> OperatorMode:
+    """Operator, system account, a JetStream-enabled account and its user, as ``nsc`` would."""
+    directory.mkdir(parents=True, exist_ok=True)
+    operator = _new_key(nkeys.PREFIX_BYTE_OPERATOR)
+    system = _new_key(nkeys.PREFIX_BYTE_ACCOUNT)
+    account = _new_key(nkeys.PREFIX_BYTE_ACCOUNT)
+    stranger_account = _new_key(nkeys.PREFIX_BYTE_ACCOUNT)
+    operator_jwt = encode_jwt(
+        operator,
+        _public(operator),
+        "timer-operator",
+        {"type": "operator", "system_account": _public(system)},
+    )
+    system_jwt = encode_jwt(operator, _public(system), "SYS", {"type": "account"})
+    account_jwt = encode_jwt(operator, _public(account), "timer", _UNLIMITED_ACCOUNT)
+    creds = {}
+    for name, issuer in (("service", account), ("stranger", stranger_account)):
+        seed = nkeys.encode_seed(os.urandom(32), nkeys.PREFIX_BYTE_USER)
+        user = _public(nkeys.from_seed(bytearray(seed)))
+        jwt = encode_jwt(issuer, user, name, _UNLIMITED_USER)
+        path = directory / f"{name}.creds"
+        path.write_text(_creds(jwt, seed))
+        path.chmod(0o600)
+        creds[name] = (path, seed.decode())
+    config = (
+        f'operator: "{operator_jwt}"\n'
+        f"system_account: {_public(system)}\n"
+        "resolver: MEMORY\n"
+        "resolver_preload: {\n"
+        f'  {_public(system)}: "{system_jwt}"\n'
+        f'  {_public(account)}: "{account_jwt}"\n'
+        "}\n"
+    )
+    return OperatorMode(
+        config, creds["service"][0], creds["stranger"][0], creds["service"][1], creds["stranger"][1]
+    )

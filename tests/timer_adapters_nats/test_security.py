@@ -15,6 +15,7 @@ from tests.secure_nats import (
     DEPLOY_NATS,
     NKeyUser,
     Pki,
+    make_operator_mode,
     make_pki,
     new_nkey_user,
     start_configured_server,
@@ -59,6 +60,9 @@ class Servers:
         )
         self.servers.append(self.mtls)
         self.token = self._start(root / "token", f'authorization {{ token: "{TOKEN}" }}\n')
+        # Operator mode (JWT accounts, memory resolver), as NGS/Synadia Cloud run it.
+        self.operator = make_operator_mode(root / "operator")
+        self.jwt = self._start(root / "jwt", self.operator.config)
 
     def _start(self, store: Path, config: str) -> NatsServerProcess:
         server = start_configured_server(store, config)
@@ -141,6 +145,10 @@ class TestWorkingConnections:
             )
         )
 
+    async def test_creds_file_in_operator_mode(self, servers: Servers) -> None:
+        """A .creds file (user JWT + NKey seed) of the server's account gets a command acked."""
+        await round_trip(NatsSettings(url=servers.jwt.url, creds_file=servers.operator.creds_file))
+
     async def test_token_setting(self, servers: Servers) -> None:
         """The token setting authenticates against a token server."""
         await round_trip(NatsSettings(url=servers.token.url, token=TOKEN))
@@ -186,6 +194,12 @@ class TestWrongCredentials:
         )
         assert "refused the credentials" in message
         assert servers.stranger.seed not in message
+
+    async def test_creds_of_an_unknown_account(self, servers: Servers) -> None:
+        """A user JWT signed by an account the operator never issued is refused."""
+        message = await refused(servers.jwt.url, creds_file=servers.operator.stranger_creds_file)
+        assert "refused the credentials" in message
+        assert servers.operator.stranger_seed not in message
 
     async def test_untrusted_ca(self, servers: Servers) -> None:
         """A server certificate from a CA the client does not trust fails verification."""

@@ -17,6 +17,7 @@ from tests.pg import PostgresCluster
 from tests.secure_nats import (
     NKeyUser,
     Pki,
+    make_operator_mode,
     make_pki,
     new_nkey_user,
     start_configured_server,
@@ -64,14 +65,23 @@ class Brokers:
         self.token: NatsServerProcess = start_configured_server(
             root / "token", f'authorization {{ token: "{NATS_TOKEN}" }}\n'
         )
+        self.operator = make_operator_mode(root / "operator")
+        self.jwt: NatsServerProcess = start_configured_server(root / "jwt", self.operator.config)
 
     @property
     def secrets(self) -> tuple[str, ...]:
-        return (*SECRETS, self.nkey_user.seed, self.stranger.seed)
+        return (
+            *SECRETS,
+            self.nkey_user.seed,
+            self.stranger.seed,
+            self.operator.user_seed,
+            self.operator.stranger_seed,
+        )
 
     def stop(self) -> None:
         self.tls.stop()
         self.token.stop()
+        self.jwt.stop()
 
 
 @pytest.fixture(scope="module")
@@ -173,6 +183,16 @@ class TestFailurePaths:
             TIMER_BROKER_URL=f"tls://{hostport(brokers.tls)}",
             TIMER_BROKER_TLS_CA_FILE=str(brokers.pki.ca_file),
             TIMER_BROKER_NKEY_SEED_FILE=str(brokers.stranger.seed_file),
+        )
+        assert "refused the credentials" in line
+
+    def test_refused_creds_file(self, brokers: Brokers, tmp_path: Path) -> None:
+        """A .creds file of an account the operator does not know is refused, seed unshown."""
+        line = failing_run(
+            brokers,
+            tmp_path,
+            TIMER_BROKER_URL=brokers.jwt.url,
+            TIMER_BROKER_CREDS_FILE=str(brokers.operator.stranger_creds_file),
         )
         assert "refused the credentials" in line
 

@@ -564,9 +564,7 @@ class PostgresTimerStore(TimerStore):
         except sqlalchemy.exc.SQLAlchemyError as exc:
             raise translate_error(exc, "prepare the timer schema") from exc
         if found == 0:
-            raise SchemaNotFound(
-                f"no Timer schema in {self._url.render_as_string(hide_password=True)}"
-            )
+            raise SchemaNotFound(f"no Timer schema in {redact_url(self._url.render_as_string())}")
         if found > SCHEMA_VERSION:
             raise SchemaVersionError(
                 f"the database has Timer schema version {found}, newer than {SCHEMA_VERSION}"

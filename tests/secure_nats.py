@@ -24,6 +24,8 @@ from timer_adapters_nats.embedded import NatsServerProcess
 
 __all__ = [
     "DEPLOY_NATS",
+    "SecuredBrokers",
+    "hostport",
     "NKeyUser",
     "Pki",
     "make_pki",
@@ -247,3 +249,58 @@ def make_operator_mode(directory: Path) -> OperatorMode:
     return OperatorMode(
         config, creds["service"][0], creds["stranger"][0], creds["service"][1], creds["stranger"][1]
     )
+
+
+def hostport(server: NatsServerProcess) -> str:
+    """``host:port`` of a started server, for URLs with a scheme or credentials of one's own."""
+    return f"{server.host}:{server.port}"
+
+
+class SecuredBrokers:
+    """The servers of the security tests, started at once, stopped by :meth:`stop`.
+
+    ``tls``: TLS (the PKI's certificate), a user ``alice`` with ``password`` and the NKey
+    user ``nkey_user``; ``token``: plain, authenticated by ``token``; ``jwt``: operator mode
+    (JWT accounts, memory resolver). ``stranger`` is an NKey user no server knows.
+    """
+
+    def __init__(self, root: Path, *, password: str, token: str) -> None:
+        self.pki = make_pki(root / "pki")
+        self.nkey_user = new_nkey_user(root / "keys", "service")
+        self.stranger = new_nkey_user(root / "keys", "stranger")
+        self.operator = make_operator_mode(root / "operator")
+        self.servers: list[NatsServerProcess] = []
+        users = (
+            "authorization {\n  users: [\n"
+            f'    {{user: alice, password: "{password}"}}\n'
+            f'    {{nkey: "{self.nkey_user.public_key}"}}\n'
+            "  ]\n}\n"
+        )
+        try:
+            self.tls = self.add(start_configured_server(root / "tls", tls_block(self.pki) + users))
+            self.token = self.add(
+                start_configured_server(root / "token", f'authorization {{ token: "{token}" }}\n')
+            )
+            self.jwt = self.add(start_configured_server(root / "jwt", self.operator.config))
+        except BaseException:
+            self.stop()
+            raise
+
+    def add(self, server: NatsServerProcess) -> NatsServerProcess:
+        """Stop ``server`` with the others."""
+        self.servers.append(server)
+        return server
+
+    @property
+    def seeds(self) -> tuple[str, ...]:
+        """Every NKey seed these servers' users have: secrets never to be printed."""
+        return (
+            self.nkey_user.seed,
+            self.stranger.seed,
+            self.operator.user_seed,
+            self.operator.stranger_seed,
+        )
+
+    def stop(self) -> None:
+        for server in self.servers:
+            server.stop()

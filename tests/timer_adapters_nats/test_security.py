@@ -13,17 +13,12 @@ import pytest
 
 from tests.secure_nats import (
     DEPLOY_NATS,
-    NKeyUser,
-    Pki,
-    make_operator_mode,
+    SecuredBrokers,
+    hostport,
     make_pki,
-    new_nkey_user,
-    start_configured_server,
     start_server_from_file,
-    tls_block,
 )
 from timer_adapters_nats import BrokerUnavailable, NatsBroker, NatsSettings, TimerClient
-from timer_adapters_nats.embedded import NatsServerProcess
 
 # Generous so a busy machine never hits it; a refusal must come well before it.
 CONNECT_TIMEOUT_S = 10.0
@@ -32,46 +27,24 @@ PASSWORD = "pw-Zq81xV"
 TOKEN = "tok-Hn42bR"
 
 
-class Servers:
-    """The module's servers: TLS with users, mutual TLS, token-only and plain."""
+class Servers(SecuredBrokers):
+    """The shared secured servers, and the documented mutual-TLS recipe's."""
 
     def __init__(self, root: Path) -> None:
-        self.pki: Pki = make_pki(root / "pki")
-        self.nkey_user: NKeyUser = new_nkey_user(root / "keys", "service")
-        self.stranger: NKeyUser = new_nkey_user(root / "keys", "stranger")
-        self.servers: list[NatsServerProcess] = []
-        users = (
-            "authorization {\n  users: [\n"
-            f'    {{user: alice, password: "{PASSWORD}"}}\n'
-            f'    {{nkey: "{self.nkey_user.public_key}"}}\n'
-            "  ]\n}\n"
-        )
-        self.tls = self._start(root / "tls", tls_block(self.pki) + users)
+        super().__init__(root, password=PASSWORD, token=TOKEN)
         # The recipe docs/operations.md shows: mutual TLS and NKey users.
-        self.mtls = start_server_from_file(
-            root / "mtls",
-            DEPLOY_NATS / "tls.conf",
-            {
-                "NATS_TLS_CERT_FILE": str(self.pki.server_cert_file),
-                "NATS_TLS_KEY_FILE": str(self.pki.server_key_file),
-                "NATS_TLS_CA_FILE": str(self.pki.ca_file),
-                "TIMER_SERVICE_NKEY": self.nkey_user.public_key,
-            },
+        self.mtls = self.add(
+            start_server_from_file(
+                root / "mtls",
+                DEPLOY_NATS / "tls.conf",
+                {
+                    "NATS_TLS_CERT_FILE": str(self.pki.server_cert_file),
+                    "NATS_TLS_KEY_FILE": str(self.pki.server_key_file),
+                    "NATS_TLS_CA_FILE": str(self.pki.ca_file),
+                    "TIMER_SERVICE_NKEY": self.nkey_user.public_key,
+                },
+            )
         )
-        self.servers.append(self.mtls)
-        self.token = self._start(root / "token", f'authorization {{ token: "{TOKEN}" }}\n')
-        # Operator mode (JWT accounts, memory resolver), as NGS/Synadia Cloud run it.
-        self.operator = make_operator_mode(root / "operator")
-        self.jwt = self._start(root / "jwt", self.operator.config)
-
-    def _start(self, store: Path, config: str) -> NatsServerProcess:
-        server = start_configured_server(store, config)
-        self.servers.append(server)
-        return server
-
-    def stop(self) -> None:
-        for server in self.servers:
-            server.stop()
 
 
 @pytest.fixture(scope="module")
@@ -81,10 +54,6 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Servers]:
         yield started
     finally:
         started.stop()
-
-
-def hostport(server: NatsServerProcess) -> str:
-    return f"{server.host}:{server.port}"
 
 
 async def round_trip(settings: NatsSettings) -> None:

@@ -14,17 +14,8 @@ from pathlib import Path
 import pytest
 
 from tests.pg import PostgresCluster
-from tests.secure_nats import (
-    NKeyUser,
-    Pki,
-    make_operator_mode,
-    make_pki,
-    new_nkey_user,
-    start_configured_server,
-    tls_block,
-)
+from tests.secure_nats import SecuredBrokers, hostport
 from tests.timer_service.process import ServiceProcess, free_port, http_get
-from timer_adapters_nats.embedded import NatsServerProcess
 from timer_core import redact_url
 from timer_service.settings import Settings, SettingsError
 
@@ -46,42 +37,15 @@ SECRETS = (
 CONNECT_TIMEOUT_S = 5.0  # the service's default
 
 
-class Brokers:
-    """A TLS server with a password user and an NKey user, and a plain token server."""
+class Brokers(SecuredBrokers):
+    """The shared secured servers, with this module's marked secrets."""
 
     def __init__(self, root: Path) -> None:
-        self.pki: Pki = make_pki(root / "pki")
-        self.nkey_user: NKeyUser = new_nkey_user(root / "keys", "service")
-        self.stranger: NKeyUser = new_nkey_user(root / "keys", "stranger")
-        users = (
-            "authorization {\n  users: [\n"
-            f'    {{user: alice, password: "{NATS_PASSWORD}"}}\n'
-            f'    {{nkey: "{self.nkey_user.public_key}"}}\n'
-            "  ]\n}\n"
-        )
-        self.tls: NatsServerProcess = start_configured_server(
-            root / "tls", tls_block(self.pki) + users
-        )
-        self.token: NatsServerProcess = start_configured_server(
-            root / "token", f'authorization {{ token: "{NATS_TOKEN}" }}\n'
-        )
-        self.operator = make_operator_mode(root / "operator")
-        self.jwt: NatsServerProcess = start_configured_server(root / "jwt", self.operator.config)
+        super().__init__(root, password=NATS_PASSWORD, token=NATS_TOKEN)
 
     @property
     def secrets(self) -> tuple[str, ...]:
-        return (
-            *SECRETS,
-            self.nkey_user.seed,
-            self.stranger.seed,
-            self.operator.user_seed,
-            self.operator.stranger_seed,
-        )
-
-    def stop(self) -> None:
-        self.tls.stop()
-        self.token.stop()
-        self.jwt.stop()
+        return (*SECRETS, *self.seeds)
 
 
 @pytest.fixture(scope="module")
@@ -91,10 +55,6 @@ def brokers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Brokers]:
         yield started
     finally:
         started.stop()
-
-
-def hostport(server: NatsServerProcess) -> str:
-    return f"127.0.0.1:{server.port}"
 
 
 def base_env(tmp_path: Path) -> dict[str, str]:

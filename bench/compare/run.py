@@ -43,6 +43,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from peers import percentiles  # noqa: E402  (the peers' script: one way to take percentiles)
+
 from tests.pg import start_cluster  # noqa: E402
 from timer_adapters_nats import NatsBroker, NatsServerProcess, NatsSettings  # noqa: E402
 from timer_adapters_sqlite import SqliteTimerStore  # noqa: E402
@@ -74,16 +78,6 @@ BATCH = 100
 
 def progress(message: str) -> None:
     print(f"[compare {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
-
-
-def percentiles(values_ms: list[float]) -> dict[str, float]:
-    ordered = sorted(values_ms)
-    return {
-        "count": len(ordered),
-        "p50_ms": round(statistics.median(ordered), 1),
-        "p99_ms": round(ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))], 1),
-        "max_ms": round(ordered[-1], 1),
-    }
 
 
 def make_peer_env(directory: Path) -> Path:

@@ -27,6 +27,8 @@ class TestBuild:
             assert (site / page / "index.html").is_file()
         for page in ("operations", "deployment", "design", "benchmarks", "architecture", "faq"):
             assert (site / page / "index.html").is_file()
+        for page in ("comparison", "changelog"):
+            assert (site / page / "index.html").is_file()
         benchmarks = (site / "benchmarks" / "index.html").read_text()
         assert "bench/publish.py" in benchmarks
         # The log of bench/README.md sits below the summary, one collapsed note per section.

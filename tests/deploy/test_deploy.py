@@ -17,9 +17,11 @@ import pytest
 from tests.deploy.files import (
     COMPOSE_FILES,
     DEPLOY,
+    DOCKERFILE,
     MANIFESTS,
     ROOT,
     UNIT,
+    UNIT_ENV,
     dockerfile_instructions,
     env_file,
     final_stage,
@@ -285,10 +287,14 @@ def _wait_healthy(process: subprocess.Popen[bytes], port: int, log: Path) -> Non
 
 
 class TestDeploymentPage:
-    def test_every_deployment_file_is_included_in_the_page(self) -> None:
-        """docs/deployment.md includes each file of deploy/ from the repository (no copies)."""
-        page = (ROOT / "docs" / "deployment.md").read_text()
+    def test_every_deployment_file_is_included_in_the_docs(self) -> None:
+        """Each file of deploy/ is shown in a docs page by inclusion from the repository (no
+        copies); the image, compose, Kubernetes and systemd files on the Deployment page."""
+        pages = "".join(page.read_text() for page in (ROOT / "docs").glob("*.md"))
+        deployment = (ROOT / "docs" / "deployment.md").read_text()
         files = sorted(p for p in DEPLOY.rglob("*") if p.is_file())
         assert files
-        missing = [_name(p) for p in files if f'--8<-- "{_name(p)}"' not in page]
+        missing = [_name(p) for p in files if f'--8<-- "{_name(p)}"' not in pages]
         assert missing == []
+        ours = [DOCKERFILE, *COMPOSE_FILES, *MANIFESTS, UNIT, UNIT_ENV]
+        assert [_name(p) for p in ours if f'--8<-- "{_name(p)}"' not in deployment] == []

@@ -227,6 +227,17 @@ class TestWrongCredentials:
         message = await refused(servers.token.url, nkey_seed_file=tmp_path / "absent.nk")
         assert "absent.nk" in message
 
+    @pytest.mark.parametrize("setting", ["creds_file", "nkey_seed_file"])
+    async def test_file_that_is_not_a_key(
+        self, servers: Servers, tmp_path: Path, setting: str
+    ) -> None:
+        """A creds or seed file with something else in it is named, its content not quoted."""
+        wrong = tmp_path / "wrong.txt"
+        wrong.write_text(f"{TOKEN}\n")
+        message = await refused(servers.jwt.url, **{setting: wrong})
+        assert f"{wrong} is not" in message
+        assert TOKEN not in message
+
 
 class TestSettings:
     """NatsSettings checks its security settings and never shows a secret."""

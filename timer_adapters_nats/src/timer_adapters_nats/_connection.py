@@ -11,6 +11,7 @@ from typing import Any
 
 import nats
 import nats.js.errors
+import nkeys
 from nats.aio.client import Client
 
 from timer_adapters_nats._settings import server_urls
@@ -146,9 +147,9 @@ async def connect(
             raise BrokerUnavailable(
                 f"cannot connect to NATS at {shown}: {_reason(refused.result())}"
             ) from exc
-        reason = _reason(last_error[-1] if last_error else exc)
-        if isinstance(exc, TimeoutError) and not last_error:
-            reason = "no answer"
+        if not isinstance(exc, TimeoutError):  # nats-py gave up by itself
+            raise BrokerUnavailable(f"cannot connect to NATS at {shown}: {_reason(exc)}") from exc
+        reason = _reason(last_error[-1]) if last_error else "no answer"
         raise BrokerUnavailable(
             f"cannot connect to NATS at {shown} within {connect_timeout_s:g}s: {reason}"
         ) from exc
@@ -175,19 +176,47 @@ def _security_options(
                 context.load_cert_chain(str(cert_file), None if key_file is None else str(key_file))
         except (OSError, ssl.SSLError) as exc:
             which = ", ".join(str(f) for f in (ca_file, cert_file, key_file) if f is not None)
+            why = exc.reason if isinstance(exc, ssl.SSLError) else exc.strerror
             raise BrokerUnavailable(
                 f"cannot connect to NATS at {shown}: cannot load the TLS files {which}: "
-                f"{_reason(exc)}"
+                f"{why or type(exc).__name__}"
             ) from exc
         options["tls"] = context
-    for path in (creds_file, nkey_seed_file):
-        if path is not None and not Path(path).is_file():
-            raise BrokerUnavailable(f"cannot connect to NATS at {shown}: no such file: {path}")
+    for path, what, markers in (
+        (creds_file, "a NATS .creds file", _CREDS_MARKERS),
+        (nkey_seed_file, "an NKey seed file", ()),
+    ):
+        if path is not None and not _looks_like(Path(path), markers):
+            raise BrokerUnavailable(
+                f"cannot connect to NATS at {shown}: {path} is not {what} (or cannot be read)"
+            )
     if creds_file is not None:
         options["user_credentials"] = str(creds_file)
     if nkey_seed_file is not None:
         options["nkeys_seed"] = str(nkey_seed_file)
     return options
+
+
+_CREDS_MARKERS = ("BEGIN NATS USER JWT", "BEGIN USER NKEY SEED")
+
+
+def _looks_like(path: Path, markers: tuple[str, ...]) -> bool:
+    """Whether ``path`` holds a .creds file (``markers``) or, without markers, one NKey seed.
+
+    Checked before connecting, so a wrong file is named instead of failing deep inside the
+    handshake; the content is never quoted.
+    """
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError):
+        return False
+    if markers:
+        return all(marker in text for marker in markers)
+    try:
+        nkeys.from_seed(bytearray(text.strip().encode())).wipe()
+    except Exception:  # nkeys raises several kinds (padding, prefix, checksum) for bad seeds
+        return False
+    return True
 
 
 def _incurable(error: BaseException) -> bool:

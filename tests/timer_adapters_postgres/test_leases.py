@@ -106,6 +106,50 @@ class TestClaiming:
         assert lease_of(postgres_sql, "call-1") == ("Reached", None, 2)
 
 
+class TestClaimingByTenant:
+    """find_due_by_tenant claims with the same leases and fence as find_due."""
+
+    async def test_concurrent_shared_claims_never_share_a_timer(
+        self, make_started_store: MakeStore
+    ) -> None:
+        """Three stores claiming by tenant at once get disjoint sets covering the backlog."""
+        stores = [await make_started_store(owner_id=f"owner-{i}") for i in range(3)]
+        await stores[0].apply(
+            [timer(f"call-{i:04d}", -(i % 9), f"tenant-{i % 4}") for i in range(400)]
+        )
+
+        async def drain(store: PostgresTimerStore) -> list[str]:
+            mine: list[str] = []
+            while batch := await store.find_due_by_tenant(datetime.now(UTC), 25, after={}):
+                mine.extend(entry.service_call_id for entry in batch)
+                now = datetime.now(UTC)
+                assert await store.mark_reached([entry.reach(now) for entry in batch]) == len(batch)
+            return mine
+
+        claimed = await asyncio.gather(*(drain(store) for store in stores))
+        every = [call for mine in claimed for call in mine]
+        assert sorted(every) == [f"call-{i:04d}" for i in range(400)]
+
+    async def test_fenced_mark_after_a_shared_claim_was_taken_over(
+        self, make_started_store: MakeStore, postgres_sql: psycopg.Connection[Any]
+    ) -> None:
+        """A slow owner's by-tenant claim taken over after its lease: its mark changes nothing."""
+        slow = await make_started_store(owner_id="slow", lease_s=0.3)
+        fast = await make_started_store(owner_id="fast")
+        await slow.apply([timer("call-1"), timer("call-2", tenant="tenant-b")])
+        mine = await slow.find_due_by_tenant(datetime.now(UTC), 10, after={})
+        assert len(mine) == 2
+        assert await fast.find_due_by_tenant(datetime.now(UTC), 10, after={}) == []
+        async with asyncio.timeout(10):
+            while not (theirs := await fast.find_due_by_tenant(datetime.now(UTC), 10, after={})):
+                await asyncio.sleep(0.02)  # polling the database: no event says "lease ran out"
+        assert len(theirs) == 2
+        assert await slow.mark_reached([e.reach(datetime.now(UTC)) for e in mine]) == 0
+        assert lease_of(postgres_sql, "call-1") == ("Scheduled", "fast", 2)
+        assert await fast.mark_reached([e.reach(datetime.now(UTC)) for e in theirs]) == 2
+        assert lease_of(postgres_sql, "call-2") == ("Reached", None, 2)
+
+
 class StallingPublisher(EventPublisher):
     """A broker that never acknowledges (the publish is abandoned by the lease fence)."""
 

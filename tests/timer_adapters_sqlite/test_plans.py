@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import sqlite3
 from collections.abc import Iterator
 from datetime import timedelta
@@ -62,39 +63,39 @@ class TestDueQueryPlans:
     def test_seed_tenant_polling_query_uses_the_seed_index(
         self, planner: sqlite3.Connection
     ) -> None:
-        """The seed's per-tenant polling query is an index search on idx_timer_schedules_due_at."""
+        """The seed's per-tenant polling query is an index search on the tenant-first index."""
         details = plan(
             planner,
             "SELECT * FROM timer_schedules WHERE tenant_id = 'tenant-a' AND state = 'Scheduled'"
             " AND due_at <= '2025-11-14T10:00:00Z' ORDER BY due_at ASC LIMIT 100",
         )
         assert details[0].startswith(
-            "SEARCH timer_schedules USING INDEX idx_timer_schedules_due_at"
+            "SEARCH timer_schedules USING INDEX idx_timer_schedules_tenant_due"
         )
         assert not any("SCAN" in d or "TEMP B-TREE" in d for d in details), details
 
-    def test_tenant_due_query_searches_the_seed_index(self, planner: sqlite3.Connection) -> None:
-        """find_due_for_tenant seeks (tenant_id, state, due_at); only ties are sorted."""
+    def test_tenant_due_query_reads_the_tenant_index_in_order(
+        self, planner: sqlite3.Connection
+    ) -> None:
+        """find_due_for_tenant seeks the tenant-first partial index: no scan, no sort."""
         details = plan(planner, queries._FIND_DUE_FOR_TENANT, ("tenant-1", _NOW, 100))
-        assert_index_search(
-            details, "idx_timer_schedules_due_at (tenant_id=? AND state=? AND due_at<?)"
-        )
-        assert "USE TEMP B-TREE FOR ORDER BY" not in details
-
-    def test_global_due_query_is_an_ordered_index_range(self, planner: sqlite3.Connection) -> None:
-        """find_due reads the partial index in its own order: no scan and no sort."""
-        details = plan(planner, queries._FIND_DUE, (_NOW, 100))
-        assert_index_search(details, "idx_timer_schedules_scheduled_due (due_at<?)")
+        assert_index_search(details, "idx_timer_schedules_tenant_due (tenant_id=? AND due_at<?)")
         assert not any("TEMP B-TREE" in d for d in details), details
 
-    def test_keyset_page_seeks_past_the_cursor(self, planner: sqlite3.Connection) -> None:
-        """find_due after a cursor starts its range at the cursor, without a sort."""
-        details = plan(planner, queries._FIND_DUE_AFTER, (_NOW, _NOW, "tenant-1", "call-1", 100))
-        assert_index_search(
-            details,
-            "idx_timer_schedules_scheduled_due ((due_at,tenant_id,service_call_id)>(?,?,?)"
-            " AND due_at<?)",
-        )
+    def test_tenant_share_queries_seek_the_tenant_index(self, planner: sqlite3.Connection) -> None:
+        """find_due_by_tenant: a few seeks per tenant to list them, and each tenant's due
+        timers after its cursor read in index order, whatever the tenant's backlog."""
+        details = plan(planner, queries._DUE_TENANTS, (_NOW,))
+        searches = [d for d in details if d.startswith("SEARCH")]
+        assert searches and all("idx_timer_schedules_tenant_due" in d for d in searches), details
+        assert not any(d.startswith("SCAN timer_schedules") for d in details), details
+        wanted = json.dumps([["tenant-1", "", ""], ["tenant-2", _NOW, "call-1"]])
+        details = plan(planner, queries._FIND_DUE_OF_TENANTS, (wanted, _NOW, 10))
+        assert any(
+            "idx_timer_schedules_tenant_due (tenant_id=? AND (due_at,service_call_id)>(?,?)" in d
+            for d in details
+        ), details
+        assert not any(d.startswith("SCAN timer_schedules") for d in details), details
         assert not any("TEMP B-TREE" in d for d in details), details
 
     def test_next_due_at_is_one_seek(self, planner: sqlite3.Connection) -> None:

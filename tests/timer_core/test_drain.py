@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -16,6 +16,7 @@ from timer_core import (
     MessageEnvelope,
     PublishError,
     StoreUnavailable,
+    TenantId,
     TimerEntry,
     TimerState,
 )
@@ -59,6 +60,14 @@ class JournalStore(MemoryTimerStore):
     ) -> list[TimerEntry]:
         self.reads += 1
         found = await super().find_due(now, limit, after=after)
+        self.journal.note("read", [str(e.service_call_id) for e in found])
+        return found
+
+    async def find_due_by_tenant(
+        self, now: datetime, limit: int, *, after: Mapping[TenantId, DueCursor]
+    ) -> list[TimerEntry]:
+        self.reads += 1
+        found = await super().find_due_by_tenant(now, limit, after=after)
         self.journal.note("read", [str(e.service_call_id) for e in found])
         return found
 

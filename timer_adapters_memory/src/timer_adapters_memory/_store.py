@@ -6,7 +6,7 @@ import asyncio
 import bisect
 import itertools
 import threading
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime
 
 import attrs
@@ -55,6 +55,8 @@ class _Storage:
         self.lock = threading.Lock()
         self.timers: dict[TimerKey, TimerEntry] = {}
         self.due_index: list[DueCursor] = []
+        # The same per tenant, in (due_at, service_call_id) order: find_due_by_tenant.
+        self.tenant_index: dict[TenantId, list[tuple[datetime, ServiceCallId]]] = {}
         self.leases: dict[TimerKey, _Lease] = {}
         # The highest command position applied per key (PositionedOperation), and the
         # tombstones of positioned cancels: key -> (position, when cancelled).
@@ -71,6 +73,10 @@ class _Storage:
         self.timers[entry.key] = entry
         if entry.is_scheduled:
             bisect.insort(self.due_index, DueCursor.of(entry))
+            bisect.insort(
+                self.tenant_index.setdefault(entry.tenant_id, []),
+                (entry.due_at, entry.service_call_id),
+            )
 
     def delete(self, key: TimerKey) -> None:
         old = self.timers.pop(key)
@@ -98,6 +104,10 @@ class _Storage:
         # The index and the dict are only changed together under the lock.
         assert self.due_index[at] == cursor
         del self.due_index[at]
+        mine = self.tenant_index[entry.tenant_id]
+        del mine[bisect.bisect_left(mine, (entry.due_at, entry.service_call_id))]
+        if not mine:
+            del self.tenant_index[entry.tenant_id]
 
 
 class MemoryTimerStore(TimerStore):
@@ -262,6 +272,52 @@ class MemoryTimerStore(TimerStore):
                 if leasing and not self._claim(storage, key, instant):
                     continue
                 found.append(storage.timers[key])
+            return found
+
+    @property
+    def finds_due_by_tenant(self) -> bool:
+        return True
+
+    async def find_due_by_tenant(
+        self, now: datetime, limit: int, *, after: Mapping[TenantId, DueCursor]
+    ) -> list[TimerEntry]:
+        now = require_utc(now, "now")
+        await asyncio.sleep(0)
+        with self._storage.lock:
+            storage = self._check("find_due_by_tenant")
+            leasing = self._lease_s is not None
+            instant = self._clock.monotonic() if leasing else 0.0
+            # Where each tenant's due timers start (after its cursor), earliest due first.
+            starts: dict[TenantId, int] = {}
+            for tenant, index in storage.tenant_index.items():
+                cursor = after.get(tenant)
+                start = (
+                    0
+                    if cursor is None
+                    else bisect.bisect_right(index, (cursor.due_at, cursor.service_call_id))
+                )
+                if start < len(index) and index[start][0] <= now:
+                    starts[tenant] = start
+            active = sorted(starts, key=lambda t: (storage.tenant_index[t][starts[t]][0], t))
+            found: list[TimerEntry] = []
+            while len(found) < limit and active:
+                share = max(1, (limit - len(found)) // len(active))
+                more: list[TenantId] = []
+                for tenant in active:
+                    index, at, taken = storage.tenant_index[tenant], starts[tenant], 0
+                    wanted = min(share, limit - len(found))
+                    while taken < wanted and at < len(index) and index[at][0] <= now:
+                        key = TimerKey(tenant, index[at][1])
+                        at += 1
+                        if leasing and not self._claim(storage, key, instant):
+                            continue
+                        found.append(storage.timers[key])
+                        taken += 1
+                    starts[tenant] = at
+                    if taken == share and at < len(index) and index[at][0] <= now:
+                        more.append(tenant)  # it may use what others leave of their share
+                active = more
+            found.sort(key=DueCursor.of)
             return found
 
     def _held_by_another(self, storage: _Storage, key: TimerKey, instant: float) -> bool:

@@ -53,7 +53,13 @@ timer_schedules = sa.Table(
     sa.CheckConstraint(
         "(lease_owner IS NULL) = (lease_until IS NULL)", name="ck_timer_schedules_lease"
     ),
-    sa.Index("ix_timer_schedules_tenant_state_due", "tenant_id", "state", "due_at"),
+    sa.Index(
+        "ix_timer_schedules_tenant_due",
+        "tenant_id",
+        "due_at",
+        "service_call_id",
+        postgresql_where=sa.text("state = 'Scheduled'"),
+    ),
     sa.Index(
         "ix_timer_schedules_tenant_correlation", "tenant_id", "correlation_id", "service_call_id"
     ),
@@ -171,6 +177,21 @@ MIGRATIONS: tuple[Migration, ...] = (
             CREATE INDEX ix_timer_tombstones_cancelled_at
                 ON timer_tombstones (cancelled_at)
             """,
+        ),
+    ),
+    Migration(
+        3,
+        "tenant fairness: ix_timer_schedules_tenant_due replaces "
+        "ix_timer_schedules_tenant_state_due",
+        (
+            # Each tenant's pending timers in its own due order: batches shared among
+            # tenants claim from it without reading a tenant's whole backlog.
+            """
+            CREATE INDEX ix_timer_schedules_tenant_due
+                ON timer_schedules (tenant_id, due_at, service_call_id)
+                WHERE state = 'Scheduled'
+            """,
+            "DROP INDEX ix_timer_schedules_tenant_state_due",
         ),
     ),
 )

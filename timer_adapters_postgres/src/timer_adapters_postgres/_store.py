@@ -11,9 +11,9 @@ import logging
 import os
 import secrets
 import socket
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 import attrs
@@ -106,6 +106,48 @@ _CLAIM_AFTER = sa.text(
         returning=_RETURNING,
     )
 )
+
+# find_due_by_tenant: the tenants with pending timers and their earliest due time, one index
+# seek per tenant (a loose scan of ix_timer_schedules_tenant_due), longest waiting first ...
+_DUE_TENANTS = sa.text(
+    """
+WITH RECURSIVE pending AS (
+    (SELECT tenant_id, due_at FROM timer_schedules
+     WHERE state = 'Scheduled'
+     ORDER BY tenant_id, due_at, service_call_id LIMIT 1)
+  UNION ALL
+    SELECT n.tenant_id, n.due_at FROM pending AS p CROSS JOIN LATERAL (
+        SELECT tenant_id, due_at FROM timer_schedules
+        WHERE state = 'Scheduled' AND tenant_id > p.tenant_id
+        ORDER BY tenant_id, due_at, service_call_id LIMIT 1
+    ) AS n
+)
+SELECT tenant_id FROM pending WHERE due_at <= :now ORDER BY due_at, tenant_id
+"""
+)
+# ... then one tenant's share, claimed like _CLAIM, in its own order after its cursor.
+_CLAIM_OF_TENANT = sa.text(
+    f"""
+UPDATE timer_schedules
+SET lease_owner = :owner,
+    lease_until = now() + CAST(:lease AS interval),
+    lease_token = lease_token + 1
+WHERE ctid = ANY(ARRAY(
+    SELECT ctid
+    FROM timer_schedules
+    WHERE tenant_id = :tenant
+      AND state = 'Scheduled'
+      AND due_at <= :now
+      AND (due_at, service_call_id) > (:after_due, :after_call)
+      AND (lease_until IS NULL OR lease_until < now() OR lease_owner = :owner)
+    ORDER BY due_at, service_call_id
+    LIMIT :limit
+    FOR UPDATE SKIP LOCKED
+))
+RETURNING {_RETURNING}, lease_token
+"""
+)
+_BEFORE_ALL = datetime(1, 1, 1, tzinfo=UTC)
 
 _LOCK_KEYS = sa.text(
     """
@@ -728,6 +770,58 @@ class PostgresTimerStore(TimerStore):
         rows = await self._run(
             "claim due timers", lambda conn: conn.execute(statement, params).all()
         )
+        return self._track_claims(rows)
+
+    @property
+    def finds_due_by_tenant(self) -> bool:
+        return True
+
+    async def find_due_by_tenant(
+        self, now: datetime, limit: int, *, after: Mapping[TenantId, DueCursor]
+    ) -> list[TimerEntry]:
+        """Claim up to ``limit`` due timers shared among tenants (see the port)."""
+        if limit <= 0:
+            return []
+        now = require_utc(now)
+        cursors: dict[str, tuple[datetime, str]] = {
+            tenant: (cursor.due_at, cursor.service_call_id) for tenant, cursor in after.items()
+        }
+        base = {"owner": self._owner_id, "lease": self._lease, "now": now}
+
+        def claim(conn: sa.Connection) -> list[Any]:
+            active = list(conn.execute(_DUE_TENANTS, {"now": now}).scalars())
+            rows: list[Any] = []
+            while len(rows) < limit and active:
+                share = max(1, (limit - len(rows)) // len(active))
+                more = []
+                for tenant in active:
+                    wanted = min(share, limit - len(rows))
+                    if wanted <= 0:
+                        break
+                    after_due, after_call = cursors.get(tenant, (_BEFORE_ALL, ""))
+                    params = {
+                        **base,
+                        "tenant": tenant,
+                        "after_due": after_due,
+                        "after_call": after_call,
+                        "limit": wanted,
+                    }
+                    mine = sorted(
+                        conn.execute(_CLAIM_OF_TENANT, params).all(),
+                        key=lambda row: (row.due_at, row.service_call_id),
+                    )
+                    rows += mine
+                    if mine:
+                        cursors[tenant] = (mine[-1].due_at, mine[-1].service_call_id)
+                    if len(mine) == share:
+                        more.append(tenant)  # it may use what others leave of their share
+                active = more
+            return rows
+
+        return self._track_claims(await self._run("claim due timers by tenant", claim))
+
+    def _track_claims(self, rows: Sequence[Any]) -> list[TimerEntry]:
+        """The claimed rows as entries in due order, their claims remembered for the fence."""
         claimed = sorted(
             ((_entry(row), row.lease_token) for row in rows), key=lambda p: _due_order(p[0])
         )

@@ -60,8 +60,8 @@ _CHECKS: dict[str, str] = {
     ),
 }
 
-# name -> (columns, partial-index condition or None)
-_INDEXES: dict[str, tuple[tuple[str, ...], str | None]] = {
+# name -> (columns, partial-index condition or None): the indexes version 1 created.
+_INDEXES_V1: dict[str, tuple[tuple[str, ...], str | None]] = {
     # The seed's tenant-scoped polling index.
     "idx_timer_schedules_due_at": (("tenant_id", "state", "due_at"), None),
     "idx_timer_schedules_correlation_id": (("correlation_id",), None),
@@ -73,6 +73,18 @@ _INDEXES: dict[str, tuple[tuple[str, ...], str | None]] = {
     ),
     # Retention (purge_reached) deletes the oldest fired timers without scanning the table.
     "idx_timer_schedules_reached_at": (("reached_at",), "state = 'Reached'"),
+}
+
+# Version 3: each tenant's pending timers in its own due order, for batches shared among
+# tenants (find_due_by_tenant) and the tenant-scoped due query. It replaces the seed's
+# (tenant_id, state, due_at), which also held every fired timer and sorted ties.
+_TENANT_DUE_INDEX = "idx_timer_schedules_tenant_due"
+_TENANT_DUE = (("tenant_id", "due_at", "service_call_id"), "state = 'Scheduled'")
+
+# The indexes of the current version.
+_INDEXES = {
+    **{name: index for name, index in _INDEXES_V1.items() if name != "idx_timer_schedules_due_at"},
+    _TENANT_DUE_INDEX: _TENANT_DUE,
 }
 
 _FOREIGN_KEY = (
@@ -97,7 +109,7 @@ def _create_table_v1(mode: StoreMode) -> list[str]:
     lines += [f"CONSTRAINT {name} CHECK ({check})" for name, check in _CHECKS.items()]
     body = ",\n    ".join(lines)
     statements = [f"CREATE TABLE IF NOT EXISTS {TABLE} (\n    {body}\n) STRICT"]
-    for name, (columns, where) in _INDEXES.items():
+    for name, (columns, where) in _INDEXES_V1.items():
         sql = f"CREATE INDEX IF NOT EXISTS {name} ON {TABLE} ({', '.join(columns)})"
         statements.append(sql if where is None else f"{sql} WHERE {where}")
     return statements
@@ -118,6 +130,15 @@ def _command_order_v2(_mode: StoreMode) -> list[str]:
         ") STRICT",
         f"CREATE INDEX IF NOT EXISTS idx_timer_tombstones_cancelled_at "
         f"ON {TOMBSTONES} (cancelled_at)",
+    ]
+
+
+def _tenant_due_v3(_mode: StoreMode) -> list[str]:
+    columns, where = _TENANT_DUE
+    return [
+        f"CREATE INDEX IF NOT EXISTS {_TENANT_DUE_INDEX} ON {TABLE} ({', '.join(columns)}) "
+        f"WHERE {where}",
+        "DROP INDEX IF EXISTS idx_timer_schedules_due_at",
     ]
 
 
@@ -143,6 +164,11 @@ MIGRATIONS: tuple[Migration, ...] = (
         "command positions: timer_schedules.command_position and timer_tombstones",
         _command_order_v2,
         columns=((TABLE, "command_position", "INTEGER"),),
+    ),
+    Migration(
+        3,
+        "tenant fairness: idx_timer_schedules_tenant_due replaces idx_timer_schedules_due_at",
+        _tenant_due_v3,
     ),
 )
 assert [m.version for m in MIGRATIONS] == list(range(1, len(MIGRATIONS) + 1))

@@ -167,9 +167,40 @@ WHERE state = 'Scheduled' AND due_at <= ? AND (due_at, tenant_id, service_call_i
 ORDER BY due_at, tenant_id, service_call_id LIMIT ?
 """
 _FIND_DUE_FOR_TENANT = f"""
-SELECT {_COLUMNS} FROM {TABLE} INDEXED BY idx_timer_schedules_due_at
+SELECT {_COLUMNS} FROM {TABLE} INDEXED BY idx_timer_schedules_tenant_due
 WHERE tenant_id = ? AND state = 'Scheduled' AND due_at <= ?
 ORDER BY due_at, service_call_id LIMIT ?
+"""
+# find_due_by_tenant in two statements whatever the number of tenants (statements, not rows,
+# are what a read costs while the event loop holds the GIL): the tenants with pending timers
+# and their earliest due time, by a loose scan of the tenant-first partial index (a few seeks
+# per tenant), longest waiting first ...
+_DUE_TENANTS = f"""
+WITH RECURSIVE pending(tenant_id) AS (
+    SELECT (SELECT min(tenant_id) FROM {TABLE} INDEXED BY idx_timer_schedules_tenant_due
+            WHERE state = 'Scheduled')
+  UNION ALL
+    SELECT (SELECT min(tenant_id) FROM {TABLE} INDEXED BY idx_timer_schedules_tenant_due
+            WHERE state = 'Scheduled' AND tenant_id > pending.tenant_id)
+    FROM pending WHERE pending.tenant_id IS NOT NULL
+)
+SELECT tenant_id, (
+    SELECT min(due_at) FROM {TABLE} INDEXED BY idx_timer_schedules_tenant_due
+    WHERE state = 'Scheduled' AND tenant_id = pending.tenant_id) AS earliest
+FROM pending WHERE tenant_id IS NOT NULL AND earliest <= ? ORDER BY earliest, tenant_id
+"""
+# ... then up to ?3 due timers of each tenant of a JSON array of [tenant, after due_at,
+# after service_call_id] ("" sorts before every valid value: no cursor), in its own order.
+_FIND_DUE_OF_TENANTS = f"""
+SELECT {", ".join(f"s.{column}" for column in _COLUMNS.split(", "))}
+FROM json_each(?1) AS j
+JOIN {TABLE} AS s ON s.rowid IN (
+    SELECT rowid FROM {TABLE} INDEXED BY idx_timer_schedules_tenant_due
+    WHERE tenant_id = json_extract(j.value, '$[0]') AND state = 'Scheduled' AND due_at <= ?2
+      AND (due_at, service_call_id)
+          > (json_extract(j.value, '$[1]'), json_extract(j.value, '$[2]'))
+    ORDER BY due_at, service_call_id LIMIT ?3
+)
 """
 # min() is answered by one seek to the first entry of the partial index.
 _NEXT_DUE_AT = f"""
@@ -1110,6 +1141,50 @@ class SqliteTimerStore(TimerStore):
         def find(connection: sa.Connection) -> list[TimerEntry]:
             rows = _driver_of(connection).execute(sql, args).fetchall()
             return [_entry(row) for row in rows]
+
+        return await self._read(find)
+
+    @property
+    def finds_due_by_tenant(self) -> bool:
+        return True
+
+    async def find_due_by_tenant(
+        self, now: datetime, limit: int, *, after: Mapping[TenantId, DueCursor]
+    ) -> list[TimerEntry]:
+        now_text = format_timestamp(require_utc(now, "now"))
+        if limit <= 0:
+            return []
+        cursors: dict[str, tuple[str, str]] = {
+            TenantId(tenant): (
+                format_timestamp(require_utc(cursor.due_at, "after.due_at")),
+                ServiceCallId(cursor.service_call_id),
+            )
+            for tenant, cursor in after.items()
+        }
+
+        def find(connection: sa.Connection) -> list[TimerEntry]:
+            driver = _driver_of(connection)
+            active = [row[0] for row in driver.execute(_DUE_TENANTS, (now_text,))]
+            found: list[TimerEntry] = []
+            # Rounds: every tenant still active gets an equal share; those that filled it
+            # may take what the others left in the next round.
+            while len(found) < limit and active:
+                share = max(1, (limit - len(found)) // len(active))
+                active = active[: limit - len(found)]  # one each at least, longest waiting
+                wanted = [[tenant, *cursors.get(tenant, ("", ""))] for tenant in active]
+                rows = driver.execute(
+                    _FIND_DUE_OF_TENANTS, (json.dumps(wanted), now_text, share)
+                ).fetchall()
+                taken: dict[str, int] = {}
+                for row in rows:
+                    taken[row[0]] = taken.get(row[0], 0) + 1
+                    last = cursors.get(row[0])
+                    if last is None or (row[3], row[1]) > last:
+                        cursors[row[0]] = (row[3], row[1])
+                found += [_entry(row) for row in rows]
+                active = [tenant for tenant in active if taken.get(tenant, 0) == share]
+            found.sort(key=DueCursor.of)
+            return found[:limit]
 
         return await self._read(find)
 

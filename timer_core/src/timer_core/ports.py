@@ -10,7 +10,7 @@ import abc
 import asyncio
 import enum
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from types import TracebackType
 from typing import NamedTuple, Protocol, Self, runtime_checkable
@@ -202,6 +202,31 @@ class TimerStore(AsyncResource, abc.ABC):
         self, tenant_id: TenantId, now: datetime, limit: int
     ) -> list[TimerEntry]:
         """Like :meth:`find_due` for one tenant only, in ``due_at`` order."""
+
+    @property
+    def finds_due_by_tenant(self) -> bool:
+        """Whether this store implements :meth:`find_due_by_tenant`. False by default.
+
+        When it does, a drain that finds more timers due than one batch holds goes on with
+        batches shared among tenants, so no tenant waits for another's backlog.
+        """
+        return False
+
+    async def find_due_by_tenant(
+        self, now: datetime, limit: int, *, after: Mapping[TenantId, DueCursor]
+    ) -> list[TimerEntry]:
+        """Up to ``limit`` ``Scheduled`` timers with ``due_at <= now``, shared among tenants.
+
+        Each tenant's timers come in its own order ``(due_at, service_call_id)``, and for a
+        tenant in ``after`` only those strictly after its cursor there. Tenants are served
+        earliest due first, each with an equal share of ``limit`` (at least one); what a
+        tenant leaves of its share goes to the others, so fewer than ``limit`` come back only
+        when no more are due. The result is in ``(due_at, tenant_id, service_call_id)``
+        order. A leasing store claims them as :meth:`find_due` does. Its cost grows with the
+        number of tenants that have pending timers and with ``limit``, not with a tenant's
+        backlog. Only called when :attr:`finds_due_by_tenant` is true.
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not find due timers by tenant")
 
     @abc.abstractmethod
     async def mark_reached(self, entries: Sequence[TimerEntry]) -> int:

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Collection, Generator, Sequence
+from collections.abc import Callable, Collection, Generator, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
 import attrs
 
 from timer_core._entry import TimerEntry, TimerKey, TimerState, _unchecked_entry
-from timer_core._ids import CorrelationId, EnvelopeId
+from timer_core._ids import CorrelationId, EnvelopeId, TenantId
 from timer_core._messages import (
     CancelTimer,
     Command,
@@ -321,7 +321,9 @@ async def drain_due_timers(
         while found.due:
             if pipelined and found.cursor is not None and not stopping():
                 ahead = asyncio.ensure_future(
-                    _find(store, clock, batch_size, found.cursor, instrumentation, skip)
+                    _find(
+                        store, clock, batch_size, found.cursor, instrumentation, skip, found.tenants
+                    )
                 )
             reached, lost, late = await _publish(
                 store, publisher, clock, found, ids, instrumentation
@@ -346,7 +348,9 @@ async def drain_due_timers(
                 break
             await asyncio.sleep(0)  # a long drain still lets the command consumer run
             if ahead is None:
-                found = await _find(store, clock, batch_size, found.cursor, instrumentation, skip)
+                found = await _find(
+                    store, clock, batch_size, found.cursor, instrumentation, skip, found.tenants
+                )
             else:
                 found, ahead = await ahead, None
         unfinished: asyncio.Future[None] | None = None
@@ -403,6 +407,9 @@ class _Found:
     now: datetime
     started: float
     cursor: DueCursor | None
+    # Where each tenant's timers stand after this batch (its last one read), for the next
+    # batch shared among tenants; None when the batch was not full.
+    tenants: Mapping[TenantId, DueCursor] | None = None
 
     def report(
         self,
@@ -426,12 +433,24 @@ async def _find(
     after: DueCursor | None,
     instrumentation: Instrumentation,
     skip: Collection[TimerKey] = frozenset(),
+    tenants: Mapping[TenantId, DueCursor] | None = None,
 ) -> _Found:
+    """One batch: in global due order, or, after a full batch (``tenants`` given) from a
+    store that can, shared among the tenants with due timers (tenant fairness)."""
     started = clock.monotonic()
     now = floor_ms(clock.now())
+    shared = tenants is not None and store.finds_due_by_tenant
+    positions: dict[TenantId, DueCursor] = dict(tenants or {})
     while True:
-        due = await store.find_due(now, batch_size, after=after)
-        cursor = DueCursor.of(due[-1]) if len(due) >= batch_size else None
+        if shared:
+            due = await store.find_due_by_tenant(now, batch_size, after=positions)
+        else:
+            due = await store.find_due(now, batch_size, after=after)
+        full = len(due) >= batch_size
+        cursor = DueCursor.of(due[-1]) if full else None
+        if full:
+            for entry in due:  # in due order: each tenant ends at its last one
+                positions[entry.tenant_id] = DueCursor.of(entry)
         if due and skip:  # published by the drain before, their mark still running
             due = [entry for entry in due if entry.key not in skip]
         if due or cursor is None:
@@ -440,7 +459,9 @@ async def _find(
     if not due:
         instrumentation.poll_completed(clock.monotonic() - started, 0)
         return _Found(due=[], now=now, started=started, cursor=None)
-    return _Found(due=due, now=now, started=started, cursor=cursor)
+    return _Found(
+        due=due, now=now, started=started, cursor=cursor, tenants=positions if full else None
+    )
 
 
 async def _publish(

@@ -364,6 +364,68 @@ class TimerStoreContract:
         assert keys(await store.find_due(at(10), 10)) == [("tenant-a", "call-2")]
         assert keys(await store.find_due_for_tenant(A, at(10), 10)) == [("tenant-a", "call-2")]
 
+    # find_due_by_tenant (stores that set finds_due_by_tenant; the others pass vacuously)
+
+    async def test_find_due_by_tenant_shares_a_batch_among_tenants(self, store: TimerStore) -> None:
+        """A tenant's backlog takes only its share: every tenant with due timers gets some."""
+        if not store.finds_due_by_tenant:
+            return
+        storm = [entry("tenant-a", f"a{i:02d}", 1) for i in range(20)]
+        others = [entry("tenant-b", f"b{i}", 5) for i in range(3)]
+        others += [entry("tenant-c", f"c{i}", 2) for i in range(3)]
+        await store.apply([*storm, *others])
+        found = await store.find_due_by_tenant(at(10), 10, after={})
+        assert sorted(keys(found)) == sorted(keys(storm[:4] + others))
+        assert found == sorted(found, key=DueCursor.of)
+
+    async def test_find_due_by_tenant_gives_unused_shares_to_others(
+        self, store: TimerStore
+    ) -> None:
+        """What a tenant leaves of its share goes to the others: a batch is short only when
+        nothing more is due, and not-yet-due or Reached timers never come back."""
+        if not store.finds_due_by_tenant:
+            return
+        storm = [entry("tenant-a", f"a{i:02d}", i) for i in range(20)]
+        fired = entry("tenant-b", "fired", 1)
+        await store.apply([*storm, fired, entry("tenant-b", "b", 3), entry("tenant-c", "c", 60)])
+        await store.mark_reached([fired.reach(at(2))])
+        found = await store.find_due_by_tenant(at(10), 10, after={})
+        assert keys(found) == keys(
+            sorted([*storm[:9], entry("tenant-b", "b", 3)], key=DueCursor.of)
+        )
+        rest = await store.find_due_by_tenant(at(10), 100, after={})
+        assert len(rest) == 12  # a0..a10 and b: everything due at 10 s
+        assert await store.find_due_by_tenant(at(0), 10, after={}) == [storm[0]]
+
+    async def test_find_due_by_tenant_continues_after_each_tenants_cursor(
+        self, store: TimerStore
+    ) -> None:
+        """Each tenant's timers come in (due_at, service_call_id) order after its cursor."""
+        if not store.finds_due_by_tenant:
+            return
+        a = [entry("tenant-a", f"a{i}", 1) for i in range(6)]
+        b = [entry("tenant-b", f"b{i}", i) for i in range(6)]
+        await store.apply([*reversed(a), *b])
+        after = {A: DueCursor.of(a[3]), B: DueCursor.of(b[1])}
+        found = await store.find_due_by_tenant(at(10), 4, after=after)
+        assert keys(found) == keys(sorted([a[4], a[5], b[2], b[3]], key=DueCursor.of))
+        after = {A: DueCursor.of(a[5]), B: DueCursor.of(b[5])}
+        assert await store.find_due_by_tenant(at(10), 4, after=after) == []
+
+    async def test_find_due_by_tenant_serves_the_longest_waiting_tenants_first(
+        self, store: TimerStore
+    ) -> None:
+        """With more tenants than room, the tenants whose earliest due timer is oldest come
+        first, so a later tenant id never waits behind earlier ones."""
+        if not store.finds_due_by_tenant:
+            return
+        timers = [
+            entry(f"tenant-{name}", "x", due) for name, due in zip("edcba", range(5), strict=True)
+        ]
+        await store.apply(timers)
+        found = await store.find_due_by_tenant(at(10), 2, after={})
+        assert keys(found) == [("tenant-e", "x"), ("tenant-d", "x")]
+
     async def test_find_due_for_tenant_orders_by_due_at(self, store: TimerStore) -> None:
         """find_due_for_tenant returns the tenant's due timers earliest first."""
         await store.apply(

@@ -1,0 +1,94 @@
+"""Tenant fairness: one tenant's backlog of due timers never makes another tenant wait for it.
+
+The full figure (a 50,000-timer storm, lateness measured on the wall clock) is in
+bench/fairness.py; here a scaled-down storm is drained at one fake instant on each store, and
+the order of the publishes shows who waited for whom.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import AsyncIterator, Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+
+from tests.pg import PostgresCluster
+from timer_adapters_memory import FakeClock, MemoryEventBus, MemoryTimerStore
+from timer_adapters_postgres import PostgresTimerStore
+from timer_adapters_sqlite import SqliteTimerStore
+from timer_core import DueCursor, TimerEntry, TimerStore
+from timer_core.workflows import drain_due_timers
+
+T = datetime(2030, 1, 1, tzinfo=UTC)
+STORM = "a-storm"  # sorts before the quiet tenant: in plain due order it would go first
+QUIET = "z-quiet"
+BATCH = 100
+_databases = itertools.count()
+
+
+@pytest_asyncio.fixture(params=["memory", "sqlite", "postgres"])
+async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[TimerStore]:
+    """A started store of each kind, empty."""
+    make: Callable[[], TimerStore]
+    name = ""
+    if request.param == "memory":
+        make = MemoryTimerStore
+    elif request.param == "sqlite":
+        make = lambda: SqliteTimerStore(tmp_path / "timer.db")  # noqa: E731
+    else:
+        cluster: PostgresCluster = request.getfixturevalue("postgres_cluster")
+        name = f"timer_fairness_{os.getpid()}_{next(_databases)}"
+        url = cluster.create_database(name)
+        make = lambda: PostgresTimerStore(url, listen=False)  # noqa: E731
+    async with make() as opened:
+        yield opened
+    if name:
+        cluster.drop_database(name)
+
+
+def timer(tenant: str, call: str, due: datetime) -> TimerEntry:
+    return TimerEntry(tenant_id=tenant, service_call_id=call, due_at=due, registered_at=T)
+
+
+class TestStorm:
+    async def test_a_storm_does_not_make_another_tenant_wait(self, store: TimerStore) -> None:
+        """3,000 timers of one tenant due at one instant, and another tenant's 10 due at that
+        instant and in the 2 s after: the other tenant's are all published within the first
+        two batches, each tenant's in its own due order, none before it was due."""
+        storm = [timer(STORM, f"s{i:05d}", T) for i in range(3000)]
+        quiet = [timer(QUIET, f"q{i}", T + timedelta(seconds=0.2 * i)) for i in range(10)]
+        for start in range(0, len(storm), 500):
+            await store.apply(storm[start : start + 500])
+        await store.apply(quiet)
+        clock, bus = FakeClock(T + timedelta(seconds=2)), MemoryEventBus()
+
+        report = await drain_due_timers(store, bus, clock, batch_size=BATCH)
+
+        published = [event.payload for event in bus.published]
+        assert report.fired == len(published) == 3010
+        order = [(str(p.tenant_id), str(p.service_call_id)) for p in published]
+        quiet_at = [i for i, (tenant, _) in enumerate(order) if tenant == QUIET]
+        assert len(quiet_at) == 10 and max(quiet_at) < 2 * BATCH, quiet_at
+        for tenant, timers in ((STORM, storm), (QUIET, quiet)):
+            mine = [p for p in published if p.tenant_id == tenant]
+            assert [p.service_call_id for p in mine] == [
+                t.service_call_id for t in sorted(timers, key=DueCursor.of)
+            ]
+        assert all(p.reached_at >= p.due_at for p in published)
+        assert await store.count_scheduled() == 0
+
+    async def test_few_due_timers_come_in_plain_due_order(self, store: TimerStore) -> None:
+        """With fewer due than a batch holds, timers of all tenants fire in global due order."""
+        timers = [
+            timer(f"tenant-{i % 3}", f"c{i:02d}", T + timedelta(seconds=i)) for i in range(30)
+        ]
+        await store.apply(timers)
+        bus = MemoryEventBus()
+        await drain_due_timers(store, bus, FakeClock(T + timedelta(minutes=1)), batch_size=BATCH)
+        assert [e.payload.service_call_id for e in bus.published] == [
+            t.service_call_id for t in timers
+        ]

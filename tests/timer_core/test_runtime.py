@@ -308,32 +308,26 @@ class TestFailures:
         assert health.components == {"worker": True, "command loop": False}
         assert health.failure is not None and "consumer timer-service was deleted" in health.failure
 
-    async def test_a_dead_component_surfaces_on_leaving_the_block(self) -> None:
-        """A failure nobody waited for is raised when the host leaves ``async with``."""
+    @staticmethod
+    async def run_until_the_loop_dies(*, then_raise: BaseException | None = None) -> None:
+        """Run a Timer whose command loop dies, leaving the block once that is seen."""
         source = BrokenSource()
         timer = Timer(MemoryTimerStore(), MemoryEventBus(), commands=source, clock=FakeClock(T0))
+        async with timer:
+            source.go.set()
+            await until(lambda: timer.health().failure is not None)
+            if then_raise is not None:
+                raise then_raise
 
-        async def run() -> None:
-            async with timer:
-                source.go.set()
-                await until(lambda: timer.health().failure is not None)
-
+    async def test_a_dead_component_surfaces_on_leaving_the_block(self) -> None:
+        """A failure nobody waited for is raised when the host leaves ``async with``."""
         with pytest.raises(ComponentFailed, match="consumer timer-service was deleted"):
-            await run()
+            await self.run_until_the_loop_dies()
 
     async def test_the_hosts_own_error_is_not_masked(self) -> None:
         """If the block raises, that error propagates, not the component's failure."""
-        source = BrokenSource()
-        timer = Timer(MemoryTimerStore(), MemoryEventBus(), commands=source, clock=FakeClock(T0))
-
-        async def run() -> None:
-            async with timer:
-                source.go.set()
-                await until(lambda: timer.health().failure is not None)
-                raise KeyError("the host's own")
-
         with pytest.raises(KeyError):
-            await run()
+            await self.run_until_the_loop_dies(then_raise=KeyError("the host's own"))
 
 
 class TestHealth:

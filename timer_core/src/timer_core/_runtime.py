@@ -68,11 +68,12 @@ class TimerHealth:
 class Timer:
     """Durable timers inside a host: a store, a publisher and, optionally, a command source.
 
-    ``async with Timer(store, publisher, commands=source) as timer:`` starts the store, then
-    the publisher, then the worker (which fires due timers) and the command loop (which
-    stores the commands ``source`` delivers and acknowledges them once stored). Leaving the
-    block stops them in reverse order: the command loop finishes and acknowledges the batch
-    in flight, the worker finishes its pass, then the publisher and the store are closed.
+    ``async with Timer(store, publisher, commands=source) as timer:`` starts the store, the
+    publisher and the command source, then the worker (which fires due timers) and the
+    command loop (which stores the commands ``source`` delivers and acknowledges them once
+    stored). Leaving the block stops them in reverse order: the command loop finishes and
+    acknowledges the batch in flight, the worker finishes its pass, then the command source,
+    the publisher and the store are closed.
     Nothing is acknowledged that was not stored, nothing marked fired that was not published.
 
     A host in the same process schedules with :meth:`schedule` and :meth:`cancel`; the

@@ -11,7 +11,7 @@ import pytest
 from nats.aio.client import Client
 from nats.js.client import JetStreamContext
 
-from tests.chaos.rig import REPORTED, ChaosService, service_env
+from tests.chaos.rig import FIGURES, ChaosService, service_env
 from tests.conftest import NatsServerFactory
 from timer_adapters_nats.embedded import NatsServerProcess
 
@@ -64,9 +64,4 @@ def js(nc: Client) -> JetStreamContext:
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     """Every chaos figure again at the end of the run, where CI logs show it."""
-    if not REPORTED:
-        return
-    terminalreporter.section("chaos figures")
-    for scenario, figures in REPORTED:
-        line = " ".join(f"{key}={value}" for key, value in figures.items())
-        terminalreporter.write_line(f"{scenario}: {line}")
+    FIGURES.summarize(terminalreporter)

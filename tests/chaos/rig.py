@@ -25,17 +25,11 @@ from nats.aio.msg import Msg
 from nats.js.api import DeliverPolicy
 from nats.js.client import JetStreamContext
 
+from tests.figures import Figures
 from tests.timer_service.process import ServiceProcess, free_port, http_get
 
-#: Every figure a scenario reported, in order, for the terminal summary.
-REPORTED: list[tuple[str, dict[str, object]]] = []
-
-
-def report(scenario: str, **figures: object) -> None:
-    """Print a scenario's figures (visible with ``pytest -s``) and keep them for the summary."""
-    line = " ".join(f"{key}={value}" for key, value in figures.items())
-    print(f"\n[chaos] {scenario}: {line}", flush=True)
-    REPORTED.append((scenario, figures))
+FIGURES = Figures("chaos")
+report = FIGURES.report
 
 
 async def wait_until(

@@ -19,7 +19,7 @@ from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.client import JetStreamContext
 
-from tests.e2e.conftest import ServiceFactory, report
+from tests.scale_out.conftest import ServiceFactory, report
 from tests.timer_service.process import ServiceProcess, http_get
 from timer_adapters_nats import NatsBroker, NatsSettings, TimerClient
 from timer_adapters_nats.embedded import NatsServerProcess

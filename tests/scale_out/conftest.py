@@ -1,5 +1,6 @@
-"""Fixtures of the end-to-end tests: a fresh PostgreSQL database, killable service processes,
-and the figures each scenario reported, printed again at the end of the run."""
+"""Fixtures of the scale-out tests (several service instances on one PostgreSQL and a
+JetStream cluster): a fresh database, killable service processes, and the figures each
+scenario reported, printed again at the end of the run."""
 
 from __future__ import annotations
 
@@ -10,38 +11,27 @@ from pathlib import Path
 
 import pytest
 
+from tests.figures import Figures
 from tests.pg import PostgresCluster
 from tests.timer_service.process import ServiceProcess, free_port
 
-#: Figures the scenarios reported, in order, for the terminal summary.
-REPORTED: list[tuple[str, dict[str, object]]] = []
+FIGURES = Figures("scale-out")
+report = FIGURES.report
 
 ServiceFactory = Callable[..., ServiceProcess]
 
 _databases = itertools.count()
 
 
-def report(scenario: str, **figures: object) -> None:
-    """Print a scenario's figures now (seen with ``-s``) and keep them for the summary."""
-    line = " ".join(f"{key}={value}" for key, value in figures.items())
-    print(f"\n[e2e] {scenario}: {line}", flush=True)
-    REPORTED.append((scenario, figures))
-
-
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    """Every end-to-end figure again at the end of the run, where CI logs show it."""
-    if not REPORTED:
-        return
-    terminalreporter.section("end-to-end figures")
-    for scenario, figures in REPORTED:
-        line = " ".join(f"{key}={value}" for key, value in figures.items())
-        terminalreporter.write_line(f"{scenario}: {line}")
+    """Every scale-out figure again at the end of the run, where CI logs show it."""
+    FIGURES.summarize(terminalreporter)
 
 
 @pytest.fixture
 def database_url(postgres_cluster: PostgresCluster) -> Iterator[str]:
     """The URL of a new, empty database on the session's PostgreSQL, dropped afterwards."""
-    name = f"timer_e2e_{os.getpid()}_{next(_databases)}"
+    name = f"timer_scale_out_{os.getpid()}_{next(_databases)}"
     url = postgres_cluster.create_database(name)
     try:
         yield url

@@ -19,7 +19,7 @@ from timer_service.settings import Settings
 __all__ = ["run_dlq"]
 
 
-def dead_letter_json(letter: DeadLetter) -> dict[str, object]:
+def _dead_letter_json(letter: DeadLetter) -> dict[str, object]:
     """One dead letter as ``dlq list --json`` prints it."""
     return {
         "seq": letter.seq,
@@ -62,7 +62,7 @@ async def run_dlq(settings: Settings, args: argparse.Namespace, url: str) -> int
         if args.dlq_command == "list":
             letters = await dead_letters.list(tenant=args.tenant, limit=args.limit)
             if args.json:
-                print(json.dumps([dead_letter_json(letter) for letter in letters], indent=2))
+                print(json.dumps([_dead_letter_json(letter) for letter in letters], indent=2))
             else:
                 for letter in letters:
                     print(f"{letter.seq:>8}  {letter.tenant:<20}  {letter.reason}")

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.pg import PostgresCluster
-from tests.secure_nats import SecuredBrokers, hostport
+from tests.secure_nats import DEPLOY_NATS, SecuredBrokers, hostport, start_server_from_file
 from tests.timer_service.process import ServiceProcess, free_port, http_get
 from timer_core import redact_url
 from timer_service.settings import Settings, SettingsError
@@ -248,6 +248,46 @@ class TestHealthyRun:
         for body in bodies:
             assert_no_secret(body, brokers.secrets, "an HTTP endpoint")
         postgres_cluster.drop_database("secrets")
+
+
+class TestDocumentedMutualTls:
+    """The service configured as docs/operations.md shows, against deploy/nats/tls.conf."""
+
+    def test_service_with_client_certificate_and_nkey(
+        self, brokers: Brokers, tmp_path: Path
+    ) -> None:
+        """TIMER_BROKER_TLS_* and TIMER_BROKER_NKEY_SEED_FILE get the real service healthy."""
+        pki = brokers.pki
+        server = start_server_from_file(
+            tmp_path / "nats",
+            DEPLOY_NATS / "tls.conf",
+            {
+                "NATS_TLS_CERT_FILE": str(pki.server_cert_file),
+                "NATS_TLS_KEY_FILE": str(pki.server_key_file),
+                "NATS_TLS_CA_FILE": str(pki.ca_file),
+                "TIMER_SERVICE_NKEY": brokers.nkey_user.public_key,
+            },
+        )
+        env = {
+            **base_env(tmp_path),
+            "TIMER_BROKER_URL": f"tls://{hostport(server)}",
+            "TIMER_BROKER_TLS_CA_FILE": str(pki.ca_file),
+            "TIMER_BROKER_TLS_CERT_FILE": str(pki.client_cert_file),
+            "TIMER_BROKER_TLS_KEY_FILE": str(pki.client_key_file),
+            "TIMER_BROKER_NKEY_SEED_FILE": str(brokers.nkey_user.seed_file),
+            "TIMER_HTTP_PORT": str(free_port()),
+        }
+        service = ServiceProcess(env, tmp_path, tmp_path / "service.log")
+        try:
+            service.start()
+            service.wait_healthy()
+            sent = run_cli(["schedule", "tenant-a", "call-1", "--in", "1h"], env, tmp_path)
+            assert sent.returncode == 0, sent.stderr
+            assert service.terminate() == 0
+        finally:
+            service.kill_group()
+            server.stop()
+        assert_no_secret(service.log() + sent.stdout + sent.stderr, brokers.secrets, "output")
 
 
 class TestSettingsRepr:

@@ -13,9 +13,11 @@ from timer_core import (
     CommandOutcome,
     EnvelopeId,
     MessageEnvelope,
+    PublishError,
     ScheduleTimer,
     ServiceCallId,
     TenantId,
+    TimerEntry,
 )
 from timer_service.metrics import PrometheusInstrumentation
 
@@ -84,3 +86,22 @@ class TestCommandCounts:
         for envelope, outcome in zip(envelopes, OUTCOMES, strict=True):
             single.command_handled(envelope, outcome)
         assert counted(batched) == counted(single)
+
+
+class TestQuarantine:
+    def test_a_quarantined_timer_is_counted_and_shown(self) -> None:
+        """timer_quarantined_total counts quarantines; timer_timers_quarantined is the size."""
+        metrics = PrometheusInstrumentation()
+        entry = TimerEntry(
+            tenant_id="t",
+            service_call_id="poison",
+            due_at=datetime(2030, 1, 1, tzinfo=UTC),
+            registered_at=datetime(2029, 1, 1, tzinfo=UTC),
+        )
+        metrics.timer_quarantined(entry, PublishError("refused"), 10)
+        metrics.quarantine_size(1)
+        sample = metrics.registry.get_sample_value
+        assert sample("timer_quarantined_total") == 1.0
+        assert sample("timer_timers_quarantined") == 1.0
+        metrics.quarantine_size(0)
+        assert sample("timer_timers_quarantined") == 0.0

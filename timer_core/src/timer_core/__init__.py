@@ -68,7 +68,7 @@ from timer_core.ports import (
     TimerStore,
     Uuid7EnvelopeIds,
 )
-from timer_core.worker import TimerWorker
+from timer_core.worker import QuarantinedTimer, TimerWorker
 from timer_core.workflows import (
     DrainReport,
     FiringReport,
@@ -113,6 +113,7 @@ __all__ = [
     "MessageMetadata",
     "PendingMark",
     "PublishError",
+    "QuarantinedTimer",
     "RemoteScheduleCallback",
     "ScheduleTimer",
     "SchemaNotFound",

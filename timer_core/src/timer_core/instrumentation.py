@@ -40,6 +40,13 @@ class Instrumentation:
     def publish_failed(self, entry: TimerEntry, error: PublishError) -> None:
         """Publishing this timer's event failed; it stays ``Scheduled`` for a later pass."""
 
+    def timer_quarantined(self, entry: TimerEntry, error: PublishError, failures: int) -> None:
+        """This timer's publish failed ``failures`` times while others were published: the
+        worker leaves it out until it is retried (:meth:`TimerWorker.retry_quarantined`)."""
+
+    def quarantine_size(self, count: int) -> None:
+        """How many timers are quarantined now (after each change)."""
+
     def poll_completed(self, duration_s: float, fired: int) -> None:
         """One pass of the worker (find, publish, mark) finished."""
 

@@ -10,9 +10,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+from collections.abc import Iterable
 from datetime import datetime, timedelta
 
-from timer_core.errors import StoreError, ValidationError
+import attrs
+
+from timer_core._entry import TimerEntry, TimerKey, TimerState
+from timer_core.errors import PublishError, StoreError, ValidationError
 from timer_core.instrumentation import NO_INSTRUMENTATION, Instrumentation
 from timer_core.ports import (
     Clock,
@@ -23,9 +27,49 @@ from timer_core.ports import (
 )
 from timer_core.workflows import DrainReport, FiringReport, PendingMark, drain_due_timers
 
-__all__ = ["TimerWorker"]
+__all__ = ["QuarantinedTimer", "TimerWorker"]
 
 log = logging.getLogger(__name__)
+
+# While a timer left out (backing off, quarantined) is the store's earliest due one, the
+# store's next due time says nothing of the others: the worker then looks this often.
+_MASKED_POLL_S = 0.25
+_RETRY_EPSILON_S = 0.001
+# How often quarantined timers are checked against the store (cancelled, rescheduled).
+_QUARANTINE_CHECK_S = 60.0
+
+
+@attrs.frozen
+class QuarantinedTimer:
+    """A timer whose ``DueTimeReached`` kept failing to publish while others went out.
+
+    It stays ``Scheduled`` in the store and is left out of every pass until it is retried
+    (:meth:`TimerWorker.retry_quarantined`) or the worker restarts.
+    """
+
+    entry: TimerEntry
+    """The timer as last found due."""
+    failures: int
+    """Failed publishes so far."""
+    error: str
+    """The last publish error."""
+    since: datetime
+    """When it was quarantined (the worker's clock)."""
+
+
+@attrs.define
+class _Failing:
+    """One timer whose publish failed: its backoff and how the broker fared meanwhile."""
+
+    entry: TimerEntry
+    failures: int = 0
+    # Failures while other timers were published: evidence against this one, not the broker.
+    strikes: int = 0
+    retry_at: float = 0.0
+    # Timers published (worker total) when this one last failed.
+    published_then: int = 0
+    error: str = ""
+    quarantined_at: datetime | None = None
 
 
 class TimerWorker:
@@ -33,8 +77,16 @@ class TimerWorker:
 
     - drains a backlog batch after batch without sleeping while batches come back full,
       reading and marking batches while their neighbours are published;
-    - continues past timers whose publish failed (keyset cursor), then backs off before
-      retrying them, so a broker outage neither spins nor starves other timers;
+    - continues past timers whose publish failed (keyset cursor) and backs off each of them
+      on its own (doubling from ``initial_backoff``, never past the polling interval), so a
+      timer that cannot be published delays no other timer, and a broker outage does not
+      spin;
+    - a timer whose publish fails ``quarantine_after`` times while other timers are
+      published (the broker works: this timer is the problem) is quarantined: reported
+      (log, :meth:`Instrumentation.timer_quarantined`), listed in :attr:`quarantined` and
+      left out until :meth:`retry_quarantined`. The record is kept in memory: after a
+      restart such a timer is tried again and, still failing, quarantined again. During an
+      outage (nothing published) failures back off but never count towards it;
     - a failing pass (store down) is logged and retried with capped exponential backoff;
       the loop never dies of one bad pass;
     - with ``retention``, deletes ``Reached`` timers fired longer ago than that, in batches
@@ -57,6 +109,7 @@ class TimerWorker:
         retention: timedelta | None = None,
         retention_batch: int = 500,
         retention_every: float = 60.0,
+        quarantine_after: int | None = 10,
     ) -> None:
         _require_seconds("polling_interval", polling_interval)
         _require_count("batch_size", batch_size)
@@ -70,6 +123,8 @@ class TimerWorker:
             )
         _require_count("retention_batch", retention_batch)
         _require_seconds("retention_every", retention_every)
+        if quarantine_after is not None:
+            _require_count("quarantine_after", quarantine_after)
         self._store = store
         self._publisher = publisher
         self._clock = clock
@@ -93,6 +148,38 @@ class TimerWorker:
         """How many passes completed."""
         # The last drain's mark, still running.
         self._marking: PendingMark | None = None
+        self._quarantine_after = quarantine_after
+        # Timers whose last publish failed, by key, until one succeeds (or they are retried).
+        self._failing: dict[TimerKey, _Failing] = {}
+        self._published = 0
+        self._next_quarantine_check = 0.0
+        self._drain_started = 0.0
+
+    @property
+    def quarantined(self) -> list[QuarantinedTimer]:
+        """The timers quarantined now, in the order they were."""
+        return [
+            QuarantinedTimer(record.entry, record.failures, record.error, record.quarantined_at)
+            for record in self._failing.values()
+            if record.quarantined_at is not None
+        ]
+
+    def retry_quarantined(self, keys: Iterable[TimerKey] | None = None) -> int:
+        """Put quarantined timers (all, or those of ``keys``) back in the next pass, with a
+        fresh count of failures; returns how many. Wakes the worker."""
+        wanted = None if keys is None else set(keys)
+        retried = [
+            key
+            for key, record in self._failing.items()
+            if record.quarantined_at is not None and (wanted is None or key in wanted)
+        ]
+        for key in retried:
+            del self._failing[key]
+        if retried:
+            log.info("retrying %d quarantined timers", len(retried))
+            self._instrumentation.quarantine_size(len(self.quarantined))
+            self._wake.set()
+        return len(retried)
 
     def notify_scheduled(self, due_at: datetime) -> None:
         """Tell the worker a timer is due at ``due_at``; it wakes now if that is earlier."""
@@ -122,12 +209,12 @@ class TimerWorker:
 
     async def _loop(self) -> None:
         store_failures = 0
-        publish_failures = 0
         while not self._stop.is_set():
             self._wake.clear()
             self._wake_at = None
             try:
                 report = await self._drain()
+                self._published += report.fired
                 if self._marking is not None and not report.failed:
                     if report.fired:
                         # More may have come due while these were published: look again
@@ -153,15 +240,15 @@ class TimerWorker:
                 continue
             store_failures = 0
             if report.failed:
-                # The drain stepped over them; retry them after a pause, not in a spin.
-                publish_failures += 1
-                await self._sleep(self._backoff(publish_failures), wakeable=False)
+                # The drain stepped over them; each is left out until its own backoff ends,
+                # so the next drain looks for the others at once.
+                self._note_failures(report.failed, fired=report.fired)
                 continue
-            publish_failures = 0
             await self._idle()
 
     async def _drain(self) -> DrainReport:
         carried, self._marking = self._marking, None
+        self._drain_started = self._clock.monotonic()
         try:
             report = await drain_due_timers(
                 self._store,
@@ -174,6 +261,7 @@ class TimerWorker:
                 on_batch=self._batch_done,
                 finish_marks=False,
                 carried=carried,
+                exclude=self._left_out if self._failing else None,
             )
         except BaseException:
             if carried is not None:
@@ -210,6 +298,116 @@ class TimerWorker:
     def _batch_done(self, report: FiringReport) -> None:
         self.last_pass_at = self._clock.monotonic()
         self.passes += 1
+        if self._failing:
+            for entry in report.fired:
+                record = self._failing.pop(entry.key, None)
+                if record is not None and record.failures > 1:
+                    log.info(
+                        "timer %s/%s published after %d failed attempts",
+                        entry.tenant_id,
+                        entry.service_call_id,
+                        record.failures,
+                    )
+
+    def _left_out(self, entry: TimerEntry) -> bool:
+        """Whether this due timer sits out the pass: quarantined, or backing off."""
+        record = self._failing.get(entry.key)
+        if record is None or record.entry.due_at != entry.due_at:
+            return False  # a rescheduled timer is a new one
+        return record.quarantined_at is not None or not self._retry_due(record)
+
+    def _retry_due(self, record: _Failing, at: float | None = None) -> bool:
+        """Whether its backoff is over (at monotonic time ``at``, default now)."""
+        # Within a millisecond counts as over: a clock's rounding must not make a sleep of
+        # nothing that ends with the timer still left out.
+        now = self._clock.monotonic() if at is None else at
+        return record.retry_at <= now + _RETRY_EPSILON_S
+
+    def _note_failures(self, failed: list[tuple[TimerEntry, PublishError]], *, fired: int) -> None:
+        """Back each failed timer off on its own; quarantine the ones that keep failing
+        while others are published."""
+        now = self._clock.monotonic()
+        published_before = self._published - fired
+        for entry, error in failed:
+            record = self._failing.get(entry.key)
+            if record is None or record.entry.due_at != entry.due_at:
+                record = self._failing[entry.key] = _Failing(entry, published_then=published_before)
+            record.entry = entry
+            record.failures += 1
+            if self._published > record.published_then:
+                record.strikes += 1
+            record.published_then = self._published
+            record.error = str(error)
+            record.retry_at = now + self._backoff(record.failures)
+            if (
+                self._quarantine_after is not None
+                and record.strikes >= self._quarantine_after
+                and record.quarantined_at is None
+            ):
+                self._quarantine(record, error)
+
+    def _quarantine(self, record: _Failing, error: PublishError) -> None:
+        record.quarantined_at = self._clock.now()
+        entry = record.entry
+        log.error(
+            "timer %s/%s (due %s) quarantined: its publish failed %d times while other timers "
+            "were published (last error: %s); it stays Scheduled and is left out until "
+            "retried (`timer-service quarantine retry`)",
+            entry.tenant_id,
+            entry.service_call_id,
+            entry.due_at.isoformat(),
+            record.failures,
+            error,
+            extra={"tenant_id": entry.tenant_id, "service_call_id": entry.service_call_id},
+        )
+        self._instrumentation.timer_quarantined(entry, error, record.failures)
+        self._instrumentation.quarantine_size(len(self.quarantined))
+
+    async def _forget_stale_quarantine(self) -> None:
+        """Drop quarantined timers that were cancelled, fired elsewhere or rescheduled."""
+        now = self._clock.monotonic()
+        if now < self._next_quarantine_check:
+            return
+        self._next_quarantine_check = now + _QUARANTINE_CHECK_S
+        stale = []
+        for key, record in list(self._failing.items()):
+            if record.quarantined_at is None:
+                continue
+            try:
+                current = await self._store.get(key.tenant_id, key.service_call_id)
+            except StoreError:
+                return
+            if (
+                current is None
+                or current.state is not TimerState.SCHEDULED
+                or current.due_at != record.entry.due_at
+            ):
+                stale.append(key)
+        for key in stale:
+            self._failing.pop(key, None)
+        if stale:
+            log.info("%d quarantined timers were cancelled or changed meanwhile", len(stale))
+            self._instrumentation.quarantine_size(len(self.quarantined))
+
+    def _forget_settled_backoffs(self) -> None:
+        """Drop backoffs that were over when the last drain began: that drain did not find
+        the timer failing again, so it was cancelled, rescheduled or fired elsewhere."""
+        over = [
+            key
+            for key, record in self._failing.items()
+            if record.quarantined_at is None and self._retry_due(record, self._drain_started)
+        ]
+        for key in over:
+            del self._failing[key]
+
+    def _next_retry_in(self) -> float | None:
+        """Seconds until the first backing-off timer may be tried again, if any."""
+        pending = [r for r in self._failing.values() if r.quarantined_at is None]
+        if not pending:
+            return None
+        if any(self._retry_due(record) for record in pending):
+            return 0.0
+        return min(record.retry_at for record in pending) - self._clock.monotonic()
 
     async def _idle(self) -> None:
         """Nothing more is due now: purge expired timers if it is time, then sleep until due."""
@@ -219,10 +417,21 @@ class TimerWorker:
             log.warning("could not read the next due time (%s); polling again later", exc)
             next_due = None
         await self._purge_expired(next_due)
+        if self._failing:
+            self._forget_settled_backoffs()
+            await self._forget_stale_quarantine()
         now = self._clock.now()
         delay = self._interval
         if next_due is not None:
-            delay = min(delay, max(0.0, (next_due - now).total_seconds()))
+            until_due = (next_due - now).total_seconds()
+            if until_due <= 0 and self._failing:
+                # Most likely a timer left out: the next one's due time is unknown.
+                delay = min(delay, _MASKED_POLL_S)
+            else:
+                delay = min(delay, max(0.0, until_due))
+        retry_in = self._next_retry_in()
+        if retry_in is not None:
+            delay = min(delay, retry_in)
         self._wake_at = now + timedelta(seconds=delay)
         await self._sleep(delay, wakeable=True)
 

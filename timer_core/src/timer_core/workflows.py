@@ -288,6 +288,7 @@ async def drain_due_timers(
     on_batch: Callable[[FiringReport], None] | None = None,
     finish_marks: bool = True,
     carried: PendingMark | None = None,
+    exclude: Callable[[TimerEntry], bool] | None = None,
 ) -> DrainReport:
     """Fire batch after batch, in due order, until a batch comes back short (or ``stopping``).
 
@@ -305,12 +306,15 @@ async def drain_due_timers(
     ``carried``, which leaves its timers out of what it finds (they are published) and lets
     it finish before its own first mark. A firer under steady load thus looks for the next
     due timers while the last ones are being marked.
+
+    Due timers for which ``exclude(entry)`` is true are left out (the worker's per-timer
+    backoff and quarantine); a leasing store's claims on them are released at once.
     """
     pipelined = store.claim_lease_s is None
     fired = batches = expired = 0
     failed: list[tuple[TimerEntry, PublishError]] = []
     skip = carried.keys if carried is not None and pipelined else frozenset()
-    found = await _find(store, clock, batch_size, None, instrumentation, skip)
+    found = await _find(store, clock, batch_size, None, instrumentation, skip, exclude=exclude)
     if not found.due and on_batch is not None:
         on_batch(found.report([], []))
     ahead: asyncio.Task[_Found] | None = None
@@ -322,7 +326,14 @@ async def drain_due_timers(
             if pipelined and found.cursor is not None and not stopping():
                 ahead = asyncio.ensure_future(
                     _find(
-                        store, clock, batch_size, found.cursor, instrumentation, skip, found.tenants
+                        store,
+                        clock,
+                        batch_size,
+                        found.cursor,
+                        instrumentation,
+                        skip,
+                        found.tenants,
+                        exclude=exclude,
                     )
                 )
             reached, lost, late = await _publish(
@@ -349,7 +360,14 @@ async def drain_due_timers(
             await asyncio.sleep(0)  # a long drain still lets the command consumer run
             if ahead is None:
                 found = await _find(
-                    store, clock, batch_size, found.cursor, instrumentation, skip, found.tenants
+                    store,
+                    clock,
+                    batch_size,
+                    found.cursor,
+                    instrumentation,
+                    skip,
+                    found.tenants,
+                    exclude=exclude,
                 )
             else:
                 found, ahead = await ahead, None
@@ -434,6 +452,8 @@ async def _find(
     instrumentation: Instrumentation,
     skip: Collection[TimerKey] = frozenset(),
     tenants: Mapping[TenantId, DueCursor] | None = None,
+    *,
+    exclude: Callable[[TimerEntry], bool] | None = None,
 ) -> _Found:
     """One batch: in global due order, or, after a full batch (``tenants`` given) from a
     store that can, shared among the tenants with due timers (tenant fairness)."""
@@ -453,6 +473,12 @@ async def _find(
                 positions[entry.tenant_id] = DueCursor.of(entry)
         if due and skip:  # published by the drain before, their mark still running
             due = [entry for entry in due if entry.key not in skip]
+        if due and exclude is not None:
+            left_out = [entry for entry in due if exclude(entry)]
+            if left_out:
+                due = [entry for entry in due if not exclude(entry)]
+                if store.claim_lease_s is not None:
+                    await _release(store, left_out)
         if due or cursor is None:
             break
         after = cursor

@@ -75,6 +75,17 @@ class PrometheusInstrumentation(Instrumentation):
             "DueTimeReached publishes that were not acknowledged (the timer stays Scheduled).",
             registry=self.registry,
         )
+        self.quarantines = Counter(
+            "timer_quarantined",
+            "Timers quarantined: their publish kept failing while others were published; "
+            "left out until retried (timer-service quarantine).",
+            registry=self.registry,
+        )
+        self.quarantined = Gauge(
+            "timer_timers_quarantined",
+            "Timers quarantined now (left out of every pass until retried).",
+            registry=self.registry,
+        )
         self.worker_errors = Counter(
             "timer_worker_errors",
             "Worker passes that failed as a whole (store errors); retried with backoff.",
@@ -153,6 +164,12 @@ class PrometheusInstrumentation(Instrumentation):
 
     def publish_failed(self, entry: TimerEntry, error: PublishError) -> None:
         self.publish_failures.inc()
+
+    def timer_quarantined(self, entry: TimerEntry, error: PublishError, failures: int) -> None:
+        self.quarantines.inc()
+
+    def quarantine_size(self, count: int) -> None:
+        self.quarantined.set(count)
 
     def poll_completed(self, duration_s: float, fired: int) -> None:
         self.polling.observe(duration_s)

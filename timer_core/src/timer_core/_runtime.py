@@ -7,14 +7,14 @@ import asyncio
 import enum
 import functools
 import logging
-from collections.abc import Coroutine, Mapping, Sequence
+from collections.abc import Coroutine, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from types import TracebackType
 from typing import Any, Self
 
 import attrs
 
-from timer_core._entry import TimerEntry
+from timer_core._entry import TimerEntry, TimerKey
 from timer_core._ids import ServiceCallId, TenantId
 from timer_core._messages import CancelTimer, Command, MessageEnvelope, ScheduleTimer
 from timer_core.errors import ComponentFailed
@@ -29,7 +29,7 @@ from timer_core.ports import (
     SystemClock,
     TimerStore,
 )
-from timer_core.worker import TimerWorker
+from timer_core.worker import QuarantinedTimer, TimerWorker
 from timer_core.workflows import cancel_timer, handle_commands, schedule_timer
 
 __all__ = ["Timer", "TimerHealth"]
@@ -156,6 +156,16 @@ class Timer:
             passes=self._worker.passes,
             failure=None if self._failure is None else self._failure_text(),
         )
+
+    @property
+    def quarantined(self) -> list[QuarantinedTimer]:
+        """Timers whose publish kept failing while others went out, left out of every pass
+        until retried (see :class:`~timer_core.TimerWorker`)."""
+        return self._worker.quarantined
+
+    def retry_quarantined(self, keys: Iterable[TimerKey] | None = None) -> int:
+        """Put quarantined timers (all, or those of ``keys``) back; returns how many."""
+        return self._worker.retry_quarantined(keys)
 
     # -- lifecycle -----------------------------------------------------------------------
 

@@ -26,6 +26,7 @@ from timer_core import (
 )
 from timer_service.app import StartupError, broker_url_file, build_store, serve
 from timer_service.logformat import configure_logging
+from timer_service.quarantine import QuarantineError, add_quarantine_parser, run_quarantine
 from timer_service.settings import Settings, SettingsError, parse_duration
 
 __all__ = ["main"]
@@ -113,6 +114,7 @@ def _parser() -> argparse.ArgumentParser:
         for argument in action._actions:
             if argument.dest.startswith("TIMER_"):
                 argument.default = argparse.SUPPRESS
+    add_quarantine_parser(sub, _add_common)
     return parser
 
 
@@ -140,11 +142,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             return asyncio.run(_send(settings, args))
         if args.command == "inspect":
             return asyncio.run(_inspect(settings, args))
+        if args.command == "quarantine":
+            return run_quarantine(settings, args)
         if args.command == "dlq":
             from timer_service.deadletters import run_dlq
 
             return asyncio.run(run_dlq(settings, args, _broker_url(settings)))
-    except (SettingsError, StartupError, UsageError) as exc:
+    except (SettingsError, StartupError, UsageError, QuarantineError) as exc:
         print(f"timer-service: {exc}", file=sys.stderr)
         return EXIT_CONFIG
     except KeyboardInterrupt:

@@ -1,19 +1,47 @@
-"""The health and metrics endpoint: ``GET /healthz`` and ``GET /metrics`` on one small server."""
+"""The health and metrics endpoint: ``GET /healthz`` and ``GET /metrics`` on one small server,
+and the worker's quarantine (``GET /quarantine``, ``POST /quarantine/retry``) for operators."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from typing import Protocol
+from urllib.parse import parse_qs
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-__all__ = ["HealthEndpoint"]
+from timer_core import (
+    QuarantinedTimer,
+    ServiceCallId,
+    TenantId,
+    TimerKey,
+    ValidationError,
+    format_timestamp,
+)
+
+__all__ = ["HealthEndpoint", "Quarantine"]
 
 log = logging.getLogger(__name__)
 
-_REASONS = {200: "OK", 404: "Not Found", 405: "Method Not Allowed", 503: "Service Unavailable"}
+_REASONS = {
+    200: "OK",
+    400: "Bad Request",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    503: "Service Unavailable",
+}
+_TEXT = "text/plain; charset=utf-8"
+
+
+class Quarantine(Protocol):
+    """What the endpoint serves of a worker's quarantine (a ``Timer`` or a ``TimerWorker``)."""
+
+    @property
+    def quarantined(self) -> list[QuarantinedTimer]: ...
+
+    def retry_quarantined(self, keys: Iterable[TimerKey] | None = None) -> int: ...
 
 
 class HealthEndpoint:
@@ -21,6 +49,9 @@ class HealthEndpoint:
 
     ``health()`` returns ``(healthy, details)``; ``/healthz`` answers 200 or 503 with the
     details as JSON. ``/metrics`` is ``prometheus_client``'s exposition of ``registry``.
+    With a ``quarantine``: ``GET /quarantine`` lists its quarantined timers as JSON, and
+    ``POST /quarantine/retry`` (``?tenant=T&call=C`` for one, nothing for all) retries them,
+    answering ``{"retried": n}``.
     """
 
     def __init__(
@@ -29,11 +60,13 @@ class HealthEndpoint:
         port: int,
         registry: CollectorRegistry,
         health: Callable[[], tuple[bool, dict[str, object]]],
+        quarantine: Quarantine | None = None,
     ) -> None:
         self._host = host
         self._port = port
         self._registry = registry
         self._health = health
+        self._quarantine_of = quarantine
         self._server: asyncio.Server | None = None
 
     @property
@@ -56,8 +89,8 @@ class HealthEndpoint:
         try:
             request = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=5.0)
             method, _, rest = request.decode("latin-1").partition(" ")
-            path = rest.partition(" ")[0].partition("?")[0]
-            status, content_type, body = self._route(method, path)
+            path, _, query = rest.partition(" ")[0].partition("?")
+            status, content_type, body = self._route(method, path, query)
             head = (
                 f"HTTP/1.1 {status} {_REASONS[status]}\r\nContent-Type: {content_type}\r\n"
                 f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
@@ -76,13 +109,51 @@ class HealthEndpoint:
         finally:
             writer.close()
 
-    def _route(self, method: str, path: str) -> tuple[int, str, bytes]:
+    def _route(self, method: str, path: str, query: str = "") -> tuple[int, str, bytes]:
+        if path.startswith("/quarantine") and self._quarantine_of is not None:
+            return self._quarantine(method, path, query)
         if path not in ("/healthz", "/metrics"):
-            return 404, "text/plain; charset=utf-8", b"not found\n"
+            return 404, _TEXT, b"not found\n"
         if method not in ("GET", "HEAD"):
-            return 405, "text/plain; charset=utf-8", b"method not allowed\n"
+            return 405, _TEXT, b"method not allowed\n"
         if path == "/metrics":
             return 200, CONTENT_TYPE_LATEST, generate_latest(self._registry)
         healthy, details = self._health()
         body = json.dumps({"status": "ok" if healthy else "unhealthy", **details}).encode()
         return (200 if healthy else 503), "application/json", body + b"\n"
+
+    def _quarantine(self, method: str, path: str, query: str) -> tuple[int, str, bytes]:
+        worker = self._quarantine_of
+        assert worker is not None
+        if path == "/quarantine":
+            if method not in ("GET", "HEAD"):
+                return 405, _TEXT, b"method not allowed\n"
+            rows = [
+                {
+                    "tenantId": q.entry.tenant_id,
+                    "serviceCallId": q.entry.service_call_id,
+                    "dueAt": format_timestamp(q.entry.due_at),
+                    "failures": q.failures,
+                    "error": q.error,
+                    "since": format_timestamp(q.since),
+                }
+                for q in worker.quarantined
+            ]
+            return 200, "application/json", json.dumps(rows).encode() + b"\n"
+        if path != "/quarantine/retry":
+            return 404, _TEXT, b"not found\n"
+        if method != "POST":
+            return 405, _TEXT, b"method not allowed\n"
+        params = parse_qs(query)
+        tenant, call = params.get("tenant", [None])[0], params.get("call", [None])[0]
+        if (tenant is None) != (call is None):
+            return 400, _TEXT, b"give both tenant and call, or neither (all)\n"
+        keys = None
+        if tenant is not None and call is not None:
+            try:
+                keys = [TimerKey(TenantId(tenant), ServiceCallId(call))]
+            except ValidationError as exc:
+                return 400, _TEXT, f"{exc}\n".encode()
+        retried = worker.retry_quarantined(keys)
+        log.info("quarantine retry requested over HTTP: %d timers", retried)
+        return 200, "application/json", json.dumps({"retried": retried}).encode() + b"\n"

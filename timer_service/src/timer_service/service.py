@@ -49,7 +49,11 @@ class TimerService:
         self.timer = timer
         self.instrumentation = instrumentation
         self.http = HealthEndpoint(
-            settings.http_host, settings.http_port, instrumentation.registry, self.health
+            settings.http_host,
+            settings.http_port,
+            instrumentation.registry,
+            self.health,
+            quarantine=timer,
         )
         self._running = contextlib.AsyncExitStack()
 

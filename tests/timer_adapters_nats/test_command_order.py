@@ -10,10 +10,10 @@ from pathlib import Path
 import attrs
 import pytest
 
-from tests.timer_adapters_nats.jetstream import wait_until
+from tests.timer_adapters_nats.jetstream import read_stream, wait_until
 from tests.timer_adapters_nats.test_source import consuming, settled
 from timer_adapters_memory import FakeClock, MemoryTimerStore
-from timer_adapters_nats import NatsBroker, NatsSettings, TimerClient
+from timer_adapters_nats import ERROR_HEADER, NatsBroker, NatsSettings, TimerClient
 from timer_adapters_sqlite import SqliteTimerStore
 from timer_core import (
     Command,
@@ -102,3 +102,38 @@ class TestReplayedCommands:
         # Cancelled keys' schedules, and schedules replaced by a reschedule, are stale.
         assert again.outcomes[CommandOutcome.STALE] > 0
         assert again.outcomes[CommandOutcome.CANCELLED] == 0
+
+
+class TestQuota:
+    async def test_schedules_over_the_cap_are_dead_lettered_naming_it(
+        self, broker: NatsBroker, make_store: Callable[[], TimerStore]
+    ) -> None:
+        """With a cap of 3 pending timers, a tenant's 4th and 5th new timers go to its dead
+        letter subject with a Timer-Error naming the cap; the rest are stored and acked."""
+        client = TimerClient(broker)
+        for i in range(5):
+            await client.schedule(A, f"call-{i}", DUE)
+        await client.schedule("tenant-b", "call-0", DUE)
+        async with make_store() as store:
+            clock = FakeClock(datetime(2031, 1, 1, tzinfo=UTC))
+
+            async def handler(batch: Sequence[MessageEnvelope[Command]]) -> list[CommandOutcome]:
+                return await handle_commands(store, batch, clock, max_pending_per_tenant=3)
+
+            async with consuming(broker.command_source(), handler):  # type: ignore[arg-type]
+                await wait_until(
+                    lambda: _dead_lettered(broker, 2), what="two commands dead-lettered"
+                )
+                await wait_until(lambda: settled(broker), what="every command settled")
+            assert await store.count_scheduled_for_tenant(A) == 3
+            assert await store.count_scheduled_for_tenant(TenantId("tenant-b")) == 1
+        letters = await read_stream(broker.jetstream, broker.settings.dlq_stream)
+        assert [m.subject for m in letters] == ["timer.dlq.tenant-a"] * 2
+        for letter in letters:
+            assert "max_pending_per_tenant" in letter.headers[ERROR_HEADER]
+            assert "TIMER_MAX_PENDING_PER_TENANT" in letter.headers[ERROR_HEADER]
+        assert {m.json()["payload"]["serviceCallId"] for m in letters} == {"call-3", "call-4"}
+
+
+async def _dead_lettered(broker: NatsBroker, count: int) -> bool:
+    return len(await read_stream(broker.jetstream, broker.settings.dlq_stream)) >= count

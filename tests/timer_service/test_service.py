@@ -131,6 +131,7 @@ class TestBadSettings:
             ("TIMER_BROKER_URL", "localhost:4222"),
             ("TIMER_SUBJECT_PREFIX", "a.b"),
             ("TIMER_RETENTION", "0"),
+            ("TIMER_MAX_PENDING_PER_TENANT", "0"),
         ],
     )
     def test_bad_value_names_the_variable(self, tmp_path: Path, variable: str, value: str) -> None:

@@ -20,6 +20,7 @@ from timer_core import (
     SystemClock,
     decode_command,
     encode_envelope,
+    rejection_reason,
 )
 
 __all__ = ["MemoryCommandSource"]
@@ -34,8 +35,10 @@ class MemoryCommandSource(CommandSource):
     :meth:`run` decodes each with :func:`timer_core.codec.decode_command`: an undecodable one
     lands in :attr:`dead_letters` as ``(raw, reason)`` and never reaches the handler; valid
     ones are handed over in batches, in arrival order, and recorded in :attr:`acked` once
-    the handler returned. If the handler raises, the same batch is redelivered after
-    ``redelivery_delay`` seconds on ``clock``, before anything sent later.
+    the handler returned (those it refused, ``OVER_QUOTA``, go to :attr:`dead_letters`
+    with :func:`timer_core.rejection_reason` instead). If the handler raises, the same
+    batch is redelivered after ``redelivery_delay`` seconds on ``clock``, before anything
+    sent later.
     """
 
     def __init__(
@@ -152,7 +155,7 @@ class MemoryCommandSource(CommandSource):
     ) -> None:
         self.deliveries += 1
         try:
-            await handler(batch)
+            outcomes = await handler(batch)
         except Exception as exc:
             # Not acked: the broker would redeliver it after its ack wait.
             log.warning("command batch of %d not acked (%s); redelivering", len(batch), exc)
@@ -160,7 +163,13 @@ class MemoryCommandSource(CommandSource):
             await _first(self._clock.sleep(self._redelivery_delay), self._stop.wait())
             return
         self._retry = []
-        self.acked.extend(batch)
+        for envelope, outcome in zip(batch, outcomes, strict=True):
+            reason = rejection_reason(envelope, outcome)
+            if reason is None:
+                self.acked.append(envelope)
+            else:  # refused by the handler (over a quota): dead-lettered, not acked
+                log.warning("dead-lettered a command of %s: %s", envelope.tenant_id, reason)
+                self.dead_letters.append((encode_envelope(envelope), reason))
 
 
 async def _first(*waits: Awaitable[object]) -> None:

@@ -456,6 +456,13 @@ class MemoryTimerStore(TimerStore):
                     return cursor.due_at
             return None
 
+    async def count_scheduled_for_tenant(self, tenant_id: TenantId) -> int:
+        tenant_id = TenantId(tenant_id)
+        await asyncio.sleep(0)
+        with self._storage.lock:
+            storage = self._check("count_scheduled_for_tenant")
+            return len(storage.tenant_index.get(tenant_id, ()))
+
     async def count_scheduled(self) -> int:
         await asyncio.sleep(0)
         with self._storage.lock:

@@ -18,12 +18,14 @@ from timer_core import (
     NO_INSTRUMENTATION,
     Command,
     CommandBatchHandler,
+    CommandOutcome,
     CommandSource,
     DecodeError,
     Instrumentation,
     MessageEnvelope,
     PublishError,
     decode_command,
+    rejection_reason,
 )
 
 if TYPE_CHECKING:
@@ -364,12 +366,30 @@ class NatsCommandSource(CommandSource):
                 with contextlib.suppress(Exception):
                     await handling
         self._stored_last = True
+        stored_now = await self._dead_letter_refused(batch, handling.result())
         if ahead is not None and self._stop.is_set():
             # Read ahead before stop: hand them straight back for another consumer.
             for message in ahead.messages:
                 await self._settle(message, "nak")
-            return None, batch.messages
-        return (ahead if ahead is not None and ahead.envelopes else None), batch.messages
+            return None, stored_now
+        return (ahead if ahead is not None and ahead.envelopes else None), stored_now
+
+    async def _dead_letter_refused(
+        self, batch: _Batch, outcomes: Sequence[CommandOutcome]
+    ) -> Sequence[Msg]:
+        """Dead-letter the commands the handler refused (over a quota); the rest, to ack."""
+        if all(outcome is not CommandOutcome.OVER_QUOTA for outcome in outcomes):
+            return batch.messages
+        stored: list[Msg] = []
+        for message, envelope, outcome in zip(
+            batch.messages, batch.envelopes, outcomes, strict=True
+        ):
+            reason = rejection_reason(envelope, outcome)
+            if reason is None:
+                stored.append(message)
+            else:  # the handler counted it already
+                await self._dead_letter(message, reason, counted=True)
+        return stored
 
     async def _read_ahead(self, puller: PullBatches) -> _Batch:
         """The next batch, decoded; empty when there is none right now (or fetching failed)."""
@@ -406,8 +426,10 @@ class NatsCommandSource(CommandSource):
         # after a newer one was applied (a broker that lost acks) is stale, not re-applied.
         return envelope.at_position(message.metadata.sequence.stream)
 
-    async def _dead_letter(self, message: Msg, reason: str) -> None:
-        """Republish unchanged to the DLQ with the reason; terminate once that is acked."""
+    async def _dead_letter(self, message: Msg, reason: str, *, counted: bool = False) -> None:
+        """Republish unchanged to the DLQ with the reason; terminate once that is acked.
+
+        ``counted``: the rejection was already reported to the instrumentation."""
         reason = _one_line(reason)
         subject = self._subjects.dlq(self._subjects.tenant_of_command(message.subject))
         metadata = message.metadata
@@ -442,7 +464,8 @@ class NatsCommandSource(CommandSource):
             await self._settle(message, "nak", delay=delay)
             return
         await self._settle(message, "term")
-        self._instrumentation.command_rejected(message.subject, reason)
+        if not counted:
+            self._instrumentation.command_rejected(message.subject, reason)
         log.warning(
             "rejected command seq %s on %s, dead-lettered to %s: %s",
             metadata.sequence.stream,

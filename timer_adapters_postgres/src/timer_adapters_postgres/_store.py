@@ -890,6 +890,19 @@ class PostgresTimerStore(TimerStore):
         )
         return None if value is None else require_utc(value)
 
+    async def count_scheduled_for_tenant(self, tenant_id: TenantId) -> int:
+        statement = (
+            sa.select(sa.func.count())
+            .select_from(t)
+            .where(t.c.tenant_id == tenant_id, t.c.state == sa.literal_column("'Scheduled'"))
+        )
+        return int(
+            await self._run(
+                "count a tenant's scheduled timers",
+                lambda conn: conn.execute(statement).scalar_one(),
+            )
+        )
+
     async def count_scheduled(self) -> int:
         statement = (
             sa.select(sa.func.count())

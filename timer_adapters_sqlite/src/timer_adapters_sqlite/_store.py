@@ -220,6 +220,10 @@ _LIST_FOR_TENANT = sa.text(
     f"SELECT {_COLUMNS} FROM {TABLE} "
     "WHERE tenant_id = :tenant AND service_call_id > :after ORDER BY service_call_id LIMIT :limit"
 )
+_COUNT_SCHEDULED_FOR_TENANT = f"""
+SELECT count(*) FROM {TABLE} INDEXED BY idx_timer_schedules_tenant_due
+WHERE tenant_id = ? AND state = 'Scheduled'
+"""
 _COUNT_SCHEDULED = sa.text(
     f"SELECT count(*) FROM {TABLE} INDEXED BY idx_timer_schedules_scheduled_due "
     "WHERE state = 'Scheduled'"
@@ -1238,6 +1242,15 @@ class SqliteTimerStore(TimerStore):
             return None if due_at is None else _read_timestamp(due_at)
 
         return await self._read(find)
+
+    async def count_scheduled_for_tenant(self, tenant_id: TenantId) -> int:
+        args = (TenantId(tenant_id),)
+
+        def count(connection: sa.Connection) -> int:
+            (found,) = _driver_of(connection).execute(_COUNT_SCHEDULED_FOR_TENANT, args).fetchone()
+            return int(found)
+
+        return await self._read(count)
 
     async def count_scheduled(self) -> int:
         def count(connection: sa.Connection) -> int:

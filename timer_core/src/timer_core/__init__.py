@@ -67,6 +67,7 @@ from timer_core.ports import (
     TimerScheduler,
     TimerStore,
     Uuid7EnvelopeIds,
+    rejection_reason,
 )
 from timer_core.worker import QuarantinedTimer, TimerWorker
 from timer_core.workflows import (
@@ -154,6 +155,7 @@ __all__ = [
     "handle_commands",
     "parse_timestamp",
     "redact_url",
+    "rejection_reason",
     "require_utc",
     "schedule_timer",
     "scheduled_entry",

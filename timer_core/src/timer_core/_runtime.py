@@ -90,8 +90,11 @@ class Timer:
     The constructor does no I/O and validates the worker's settings at once
     (:class:`~timer_core.errors.ValidationError`): ``polling_interval`` is the longest the
     worker sleeps without looking (seconds), ``batch_size`` the most timers fired per store
-    round trip, ``retention`` how long fired timers are kept (None: forever). A Timer runs
-    once; make a new one to run again.
+    round trip, ``retention`` how long fired timers are kept (None: forever).
+    ``max_pending_per_tenant`` caps each tenant's ``Scheduled`` timers for commands from
+    ``commands`` (None: no cap): a ``ScheduleTimer`` over it is refused and dead-lettered by
+    the source (see :func:`~timer_core.handle_commands`). A Timer runs once; make a new one
+    to run again.
     """
 
     def __init__(
@@ -106,12 +109,18 @@ class Timer:
         retention: timedelta | None = None,
         instrumentation: Instrumentation = NO_INSTRUMENTATION,
         ids: EnvelopeIdGenerator | None = None,
+        max_pending_per_tenant: int | None = None,
     ) -> None:
         self._store = store
         self._publisher = publisher
         self._commands = commands
         self._clock: Clock = clock or SystemClock()
         self._instrumentation = instrumentation
+        if max_pending_per_tenant is not None and max_pending_per_tenant < 1:
+            raise ValueError(
+                f"max_pending_per_tenant must be at least 1 (or None), got {max_pending_per_tenant}"
+            )
+        self._max_pending_per_tenant = max_pending_per_tenant
         self._worker = TimerWorker(
             store,
             publisher,
@@ -304,7 +313,11 @@ class Timer:
     ) -> Sequence[CommandOutcome]:
         """Store a delivered batch (before it is acked), then wake the worker if need be."""
         outcomes = await handle_commands(
-            self._store, batch, self._clock, instrumentation=self._instrumentation
+            self._store,
+            batch,
+            self._clock,
+            instrumentation=self._instrumentation,
+            max_pending_per_tenant=self._max_pending_per_tenant,
         )
         scheduled = [
             envelope.payload.due_at

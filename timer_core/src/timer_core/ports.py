@@ -39,6 +39,7 @@ __all__ = [
     "TimerScheduler",
     "TimerStore",
     "Uuid7EnvelopeIds",
+    "rejection_reason",
 ]
 
 
@@ -56,6 +57,22 @@ class CommandOutcome(enum.StrEnum):
     STALE = "stale"
     """A command older (by :attr:`PositionedOperation.position`) than one already applied to
     the same timer, e.g. redelivered after a broker crash: nothing changed."""
+    OVER_QUOTA = "over_quota"
+    """A ``ScheduleTimer`` for a new timer of a tenant already at its cap of pending timers
+    (``handle_commands(max_pending_per_tenant=...)``): refused, nothing changed. A command
+    source dead-letters it with :func:`rejection_reason` instead of acknowledging it."""
+
+
+def rejection_reason(envelope: MessageEnvelope[Command], outcome: CommandOutcome) -> str | None:
+    """The one-line dead-letter reason for a command its handler refused, else None."""
+    if outcome is not CommandOutcome.OVER_QUOTA:
+        return None
+    return (
+        f"tenant {str(envelope.tenant_id)!r} is at its cap of pending timers "
+        "(max_pending_per_tenant; TIMER_MAX_PENDING_PER_TENANT in timer-service): "
+        f"ScheduleTimer for {str(envelope.payload.service_call_id)!r} refused; cancel "
+        "timers or let them fire first"
+    )
 
 
 class DueCursor(NamedTuple):
@@ -202,6 +219,17 @@ class TimerStore(AsyncResource, abc.ABC):
         self, tenant_id: TenantId, now: datetime, limit: int
     ) -> list[TimerEntry]:
         """Like :meth:`find_due` for one tenant only, in ``due_at`` order."""
+
+    async def count_scheduled_for_tenant(self, tenant_id: TenantId) -> int:
+        """How many of this tenant's timers are ``Scheduled`` (the per-tenant quota's count).
+
+        The default pages through :meth:`list_for_tenant`; stores count from an index.
+        """
+        count, after = 0, None
+        while page := await self.list_for_tenant(tenant_id, limit=1000, after=after):
+            count += sum(1 for entry in page if entry.is_scheduled)
+            after = page[-1].service_call_id
+        return count
 
     @property
     def finds_due_by_tenant(self) -> bool:

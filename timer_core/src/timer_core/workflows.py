@@ -88,18 +88,39 @@ async def handle_commands(
     clock: Clock,
     *,
     instrumentation: Instrumentation = NO_INSTRUMENTATION,
+    max_pending_per_tenant: int | None = None,
 ) -> list[CommandOutcome]:
     """Apply a batch of decoded commands in order, in one store transaction.
 
     An envelope with a :attr:`~timer_core.MessageEnvelope.position` is applied as a
     :class:`~timer_core.ports.PositionedOperation`: older than what its timer already saw,
-    it changes nothing (``STALE``). Returns once every command is durably applied (the caller
-    may then ack them all); raises :class:`~timer_core.errors.StoreError` if none could be.
+    it changes nothing (``STALE``). With ``max_pending_per_tenant``, a ``ScheduleTimer``
+    that would give its tenant more ``Scheduled`` timers than that is refused
+    (``OVER_QUOTA``, not applied; the command source dead-letters it); reschedules and
+    cancels always pass. Several instances admitting at the same moment may each go up to
+    the cap. Returns once every command is durably applied (the caller may then ack them
+    all); raises :class:`~timer_core.errors.StoreError` if none could be.
     """
     if not envelopes:
         return []
     now = floor_ms(clock.now())
-    outcomes = await store.apply([_operation(envelope, now) for envelope in envelopes])
+    refused: set[int] = set()
+    if max_pending_per_tenant is not None:
+        refused = await _over_quota(store, envelopes, max_pending_per_tenant)
+    if refused:
+        admitted = [e for i, e in enumerate(envelopes) if i not in refused]
+        applied = iter(await store.apply([_operation(envelope, now) for envelope in admitted]))
+        outcomes = [
+            CommandOutcome.OVER_QUOTA if i in refused else next(applied)
+            for i in range(len(envelopes))
+        ]
+        log.warning(
+            "%d ScheduleTimer commands over the cap of %d pending timers per tenant refused",
+            len(refused),
+            max_pending_per_tenant,
+        )
+    else:
+        outcomes = await store.apply([_operation(envelope, now) for envelope in envelopes])
     instrumentation.commands_handled(envelopes, outcomes)
     if log.isEnabledFor(logging.DEBUG):
         for envelope, outcome in zip(envelopes, outcomes, strict=True):
@@ -112,6 +133,44 @@ async def handle_commands(
                 envelope.correlation_id,
             )
     return outcomes
+
+
+async def _over_quota(
+    store: TimerStore, envelopes: Sequence[MessageEnvelope[Command]], cap: int
+) -> set[int]:
+    """The indexes of the ``ScheduleTimer`` commands that would take their tenant past
+    ``cap`` pending timers. One count per tenant in the batch; only a tenant near its cap
+    has the keys of its commands read, to follow the batch in order."""
+    by_tenant: dict[TenantId, list[int]] = {}
+    for index, envelope in enumerate(envelopes):
+        by_tenant.setdefault(envelope.tenant_id, []).append(index)
+    refused: set[int] = set()
+    for tenant_id, indexes in by_tenant.items():
+        schedules = sum(isinstance(envelopes[i].payload, ScheduleTimer) for i in indexes)
+        if not schedules:
+            continue
+        pending = await store.count_scheduled_for_tenant(tenant_id)
+        if pending + schedules <= cap:
+            continue
+        calls = {envelopes[i].payload.service_call_id for i in indexes}
+        stored = {call: await store.get(tenant_id, call) for call in calls}
+        scheduled = {call for call, e in stored.items() if e is not None and e.is_scheduled}
+        reached = {call for call, e in stored.items() if e is not None and not e.is_scheduled}
+        for index in indexes:
+            command = envelopes[index].payload
+            call = command.service_call_id
+            if isinstance(command, ScheduleTimer):
+                if call in scheduled or call in reached:
+                    continue  # a reschedule, or ignored: no new pending timer
+                if pending >= cap:
+                    refused.add(index)
+                    continue
+                scheduled.add(call)
+                pending += 1
+            elif call in scheduled:
+                scheduled.discard(call)
+                pending -= 1
+    return refused
 
 
 async def schedule_timer(

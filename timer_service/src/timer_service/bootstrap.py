@@ -30,6 +30,7 @@ def bootstrap(settings: Settings, broker_url: str) -> TimerService:
         batch_size=settings.batch_size,
         retention=timedelta(seconds=settings.retention_s),
         instrumentation=instrumentation,
+        max_pending_per_tenant=settings.max_pending_per_tenant,
     )
     return TimerService(settings, broker, timer, instrumentation)
 

@@ -23,13 +23,14 @@ log = logging.getLogger("timer_service.events")
 
 #: The ``outcome`` label of ``timer_commands_received_total`` for each command outcome:
 #: ``stored`` when the store changed, ``stale`` for a command older than one already applied
-#: to its timer, else ``ignored``.
+#: to its timer, ``rejected`` for one refused (over quota), else ``ignored``.
 _COUNTED_AS: dict[str, str] = {
     CommandOutcome.SCHEDULED: "stored",
     CommandOutcome.CANCELLED: "stored",
     CommandOutcome.IGNORED_REACHED: "ignored",
     CommandOutcome.CANCEL_NOOP: "ignored",
     CommandOutcome.STALE: "stale",
+    CommandOutcome.OVER_QUOTA: "rejected",  # dead-lettered by the source, counted here once
 }
 
 _LATENESS_BUCKETS = (

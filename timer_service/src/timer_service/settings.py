@@ -56,6 +56,7 @@ class Settings:
     stream_replicas: int = 1
     lease_s: float = 30.0
     ack_wait_s: float = 3.0
+    max_pending_per_tenant: int | None = None
     instance_id: str | None = None
     sqlite_synchronous: Literal["NORMAL", "FULL"] = "NORMAL"
     log_level: str = "INFO"
@@ -287,6 +288,10 @@ ENVIRONMENT: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "TIMER_STREAM_REPLICAS": ("stream_replicas", _int(1, 5, "an integer between 1 and 5")),
     "TIMER_LEASE": ("lease_s", _positive_duration),
     "TIMER_ACK_WAIT": ("ack_wait_s", _positive_duration),
+    "TIMER_MAX_PENDING_PER_TENANT": (
+        "max_pending_per_tenant",
+        _int(1, 1_000_000_000, "an integer between 1 and 1000000000 (unset: no cap)"),
+    ),
     "TIMER_INSTANCE_ID": ("instance_id", _instance_id),
     "TIMER_SQLITE_SYNCHRONOUS": ("sqlite_synchronous", _choice("NORMAL", "FULL")),
     "TIMER_LOG_LEVEL": ("log_level", _choice("DEBUG", "INFO", "WARNING", "ERROR")),

@@ -596,6 +596,23 @@ class TimerStoreContract:
         await store.schedule(entry("tenant-a", "c2", 40))
         assert await store.count_scheduled() == 4
 
+    async def test_count_scheduled_for_tenant(self, store: TimerStore) -> None:
+        """count_scheduled_for_tenant counts only that tenant's Scheduled timers."""
+        fired = entry("tenant-a", "fired", 1)
+        await store.apply(
+            [
+                fired,
+                entry("tenant-a", "a1", 5),
+                entry("tenant-a", "a2", 9),
+                entry("tenant-b", "b", 1),
+            ]
+        )
+        await store.mark_reached([fired.reach(at(2))])
+        await store.cancel(A, ServiceCallId("a2"))
+        assert await store.count_scheduled_for_tenant(A) == 1
+        assert await store.count_scheduled_for_tenant(B) == 1
+        assert await store.count_scheduled_for_tenant(TenantId("tenant-c")) == 0
+
     async def test_purge_reached(self, store: TimerStore) -> None:
         """purge_reached deletes only Reached timers fired before the cutoff, up to limit."""
         reached = [entry("tenant-a", f"r{i}", i) for i in range(1, 6)]

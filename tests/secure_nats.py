@@ -112,9 +112,10 @@ def tls_block(pki: Pki, *, verify_clients: bool = False) -> str:
 
 
 def start_configured_server(
-    store_dir: Path, config: str, *, extra_args: Sequence[str] = ()
+    store_dir: Path, config: str, *, port: int = 0, extra_args: Sequence[str] = ()
 ) -> NatsServerProcess:
-    """Start a JetStream ``nats-server`` on a free 127.0.0.1 port with ``config`` as its file.
+    """Start a JetStream ``nats-server`` on 127.0.0.1 (``port``, 0 = a free one) with
+    ``config`` as its file.
 
     The caller stops it (by pid, through :meth:`NatsServerProcess.stop`).
     """
@@ -122,7 +123,10 @@ def start_configured_server(
     config_file = store_dir / "server.conf"
     config_file.write_text(config)
     server = NatsServerProcess(
-        store_dir / "js", host="127.0.0.1", extra_args=["-c", str(config_file), *extra_args]
+        store_dir / "js",
+        host="127.0.0.1",
+        port=port,
+        extra_args=["-c", str(config_file), *extra_args],
     )
     server.start()
     return server

@@ -3,6 +3,7 @@ clear, prompt failures for every wrong credential."""
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -16,8 +17,11 @@ from tests.secure_nats import (
     SecuredBrokers,
     hostport,
     make_pki,
+    start_configured_server,
     start_server_from_file,
+    tls_block,
 )
+from tests.timer_adapters_nats.jetstream import wait_until
 from timer_adapters_nats import BrokerUnavailable, NatsBroker, NatsSettings, TimerClient
 
 # Generous so a busy machine never hits it; a refusal must come well before it.
@@ -258,3 +262,43 @@ class TestSettings:
         """Two ways of authenticating at once are rejected at construction."""
         with pytest.raises(ValueError, match="one of"):
             NatsSettings(url="nats://h:4222", token=TOKEN, nkey_seed_file=tmp_path / "x.nk")
+
+
+class TestReconnect:
+    """Once connected over TLS, a reconnect never falls back to plain TCP."""
+
+    async def test_reconnect_never_goes_plain(
+        self, servers: Servers, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """A plain server on the TLS server's port never gets the token; TLS back, it reconnects."""
+        caplog.set_level(logging.WARNING)
+        config = tls_block(servers.pki) + f'authorization {{ token: "{TOKEN}" }}\n'
+        server = start_configured_server(tmp_path / "tls", config)
+        port = server.port
+        broker = NatsBroker(
+            NatsSettings(
+                url=f"tls://127.0.0.1:{port}",
+                tls_ca_file=servers.pki.ca_file,
+                token=TOKEN,
+                reconnect_wait_s=0.05,
+            )
+        )
+        await broker.start()
+        try:
+            server.stop()
+            # Same port, same token, no TLS: a client that went plain would be let in.
+            plain = start_configured_server(
+                tmp_path / "plain", f'authorization {{ token: "{TOKEN}" }}\n', port=port
+            )
+            try:
+                await wait_until(
+                    lambda: "does not offer it" in caplog.text, what="a refused plain reconnect"
+                )
+                assert not broker.is_connected
+            finally:
+                plain.stop()
+            server = start_configured_server(tmp_path / "tls-again", config, port=port)
+            await wait_until(lambda: broker.is_connected, what="the TLS reconnect")
+        finally:
+            await broker.aclose()
+            server.stop()

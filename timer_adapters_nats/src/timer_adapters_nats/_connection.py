@@ -105,7 +105,7 @@ async def connect(
         where = nc.connected_url.geturl() if nc.connected_url else url
         log.info("reconnected to NATS %s", redact_url(where))
 
-    nc = Client()
+    nc = _TlsOnlyClient() if tls_wanted else Client()
     attempt: asyncio.Future[None] = asyncio.ensure_future(
         nc.connect(
             servers=servers,
@@ -133,14 +133,6 @@ async def connect(
             raise TimeoutError
         attempt.result()
         connected = True
-        if tls_wanted and not nc._server_info.get("tls_required"):
-            raise BrokerUnavailable(
-                f"cannot connect to NATS at {shown}: TLS was asked for but the server does not "
-                "offer it"
-            )
-    except BrokerUnavailable:
-        await _discard(nc)
-        raise
     except Exception as exc:
         await _discard(nc)
         if refused.done():
@@ -197,6 +189,31 @@ def _security_options(
     return options
 
 
+class TlsNotOffered(nats.errors.Error):
+    """The server's greeting does not ask for TLS, though this connection must be TLS."""
+
+    def __str__(self) -> str:
+        return "TLS was asked for but the server does not offer it"
+
+
+class _TlsOnlyClient(Client):
+    """A client that never sends its CONNECT (credentials included) over plain TCP.
+
+    nats-py upgrades to TLS only when the server's INFO asks for it, on the first connect
+    and on every reconnect alike; a server (or a man in the middle) that does not ask would
+    get the credentials in the clear. nats-py builds CONNECT right after that decision, so
+    refusing to build it is the one place to stop the attempt: it then fails like any other
+    (the first connect with :class:`BrokerUnavailable`, a reconnect by trying again).
+    """
+
+    def _connect_command(self) -> bytes:
+        # nats-py internals (2.x): the INFO of the server being connected to.
+        if not self._server_info.get("tls_required"):
+            raise TlsNotOffered
+        command: bytes = super()._connect_command()
+        return command
+
+
 _CREDS_MARKERS = ("BEGIN NATS USER JWT", "BEGIN USER NKEY SEED")
 
 
@@ -221,7 +238,7 @@ def _looks_like(path: Path, markers: tuple[str, ...]) -> bool:
 
 def _incurable(error: BaseException) -> bool:
     """Whether retrying the first connect cannot help: refused credentials, bad TLS, bad keys."""
-    if isinstance(error, nats.errors.AuthorizationError | ssl.SSLError):
+    if isinstance(error, nats.errors.AuthorizationError | ssl.SSLError | TlsNotOffered):
         return True
     if isinstance(error, nats.errors.Error):
         text = str(error).lower()

@@ -65,3 +65,26 @@ async def wait_until(
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {within}s waiting for {what}")
         await asyncio.sleep(interval)
+
+
+#: How long JetStream may take, after a (re)start, to recover its streams and consumers on a
+#: busy machine: the server accepts clients (and they reconnect) before that is done.
+RECOVERY_S = 20.0
+
+
+async def jetstream_back(js: JetStreamContext, stream: str, consumer: str | None = None) -> bool:
+    """Whether JetStream answers for ``stream`` (and its ``consumer``) again."""
+    try:
+        await js.stream_info(stream)
+        if consumer is not None:
+            await js.consumer_info(stream, consumer)
+    except Exception:
+        return False
+    return True
+
+
+async def acked_up_to(js: JetStreamContext, stream: str, consumer: str, seq: int) -> bool:
+    """Whether the consumer's ack floor reached stream sequence ``seq``: the server has
+    applied every ack up to it (acks are fire-and-forget; until then they may be lost)."""
+    info = await js.consumer_info(stream, consumer)
+    return info.ack_floor is not None and info.ack_floor.stream_seq >= seq

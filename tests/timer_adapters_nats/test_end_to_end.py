@@ -11,7 +11,13 @@ from typing import Any
 
 import attrs
 
-from tests.timer_adapters_nats.jetstream import read_stream, wait_until
+from tests.timer_adapters_nats.jetstream import (
+    RECOVERY_S,
+    acked_up_to,
+    jetstream_back,
+    read_stream,
+    wait_until,
+)
 from timer_adapters_memory import FakeClock, MemoryTimerStore
 from timer_adapters_nats import NatsBroker, NatsServerProcess, NatsSettings, TimerClient
 from timer_core import (
@@ -210,12 +216,26 @@ class TestServerRestart:
             ]
             assert await client.send_many(first) == [None] * 40
             source = broker.command_source()
+            js = broker.jetstream
             async with running(source.run(handler)) as (consumer,):
                 await asyncio.wait_for(handler.held.wait(), 10)
+                # Batch one was acked as batch two went into the handler. Acks are
+                # fire-and-forget: stopped before it has read them, the server forgets them
+                # and redelivers batch one after the ack wait (so this test flaked under
+                # load). The restart this test means comes after batch one is settled.
+                await wait_until(
+                    lambda: acked_up_to(js, "TIMER_COMMANDS", "timer-service", 10),
+                    what="batch one acked",
+                )
                 server.kill() if kill else server.stop()
                 await wait_until(lambda: not broker.is_connected, what="the disconnect")
                 server.start()
                 await wait_until(lambda: broker.is_connected, what="the reconnect")
+                await wait_until(
+                    lambda: jetstream_back(js, "TIMER_COMMANDS", "timer-service"),
+                    within=RECOVERY_S,
+                    what="JetStream back",
+                )
                 handler.release.set()
                 second = [
                     client.schedule_envelope("tenant-r", f"after-{i}", T0 + timedelta(hours=i))

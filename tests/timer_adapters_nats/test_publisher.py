@@ -10,7 +10,7 @@ import pytest
 import pytest_asyncio
 from nats.js.api import DiscardPolicy, StorageType, StreamConfig
 
-from tests.timer_adapters_nats.jetstream import read_stream, wait_until
+from tests.timer_adapters_nats.jetstream import RECOVERY_S, jetstream_back, read_stream, wait_until
 from timer_adapters_nats import (
     AckedPublisher,
     NatsBroker,
@@ -176,6 +176,12 @@ class TestBatches:
         await wait_until(lambda: not broker.is_connected, what="the client to notice")
         nats_server.start()
         await wait_until(lambda: broker.is_connected, what="the client to reconnect")
+        # JetStream recovers its streams a moment after the server accepts clients again.
+        await wait_until(
+            lambda: jetstream_back(broker.jetstream, broker.settings.events_stream),
+            within=RECOVERY_S,
+            what="JetStream back",
+        )
         assert await broker.publisher.publish_many([firing(7)]) == [None]
 
     async def test_same_publisher_after_broker_restart(self, settings: NatsSettings) -> None:

@@ -15,7 +15,13 @@ import nats
 import pytest
 from nats.js.api import StorageType, StreamConfig
 
-from tests.timer_adapters_nats.jetstream import StoredMessage, read_stream, wait_until
+from tests.timer_adapters_nats.jetstream import (
+    RECOVERY_S,
+    StoredMessage,
+    jetstream_back,
+    read_stream,
+    wait_until,
+)
 from timer_adapters_nats import (
     ERROR_HEADER,
     ORIGINAL_SUBJECT_HEADER,
@@ -382,10 +388,18 @@ class TestLifecycle:
         async with consuming(broker.command_source(), recorder) as task:
             before = await client.schedule("tenant-a", "before", DUE)
             await wait_until(lambda: recorder.ids == [before], what="the first command")
+            # Acks are fire-and-forget: one the server has not read when it stops is lost,
+            # and the command comes back after the ack wait. Restart once it is applied.
+            await wait_until(lambda: settled(broker), what="the first command acked")
             nats_server.stop()
             await wait_until(lambda: not broker.is_connected, what="the disconnect")
             nats_server.start()
             await wait_until(lambda: broker.is_connected, what="the reconnect")
+            await wait_until(
+                lambda: jetstream_back(broker.jetstream, "TIMER_COMMANDS", "timer-service"),
+                within=RECOVERY_S,
+                what="JetStream back",
+            )
             after = await client.schedule("tenant-a", "after", DUE + timedelta(seconds=1))
             await wait_until(lambda: recorder.ids == [before, after], what="the second command")
             assert not task.done()

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 import pytest
 from nats.aio.msg import Msg
 
+from tests.timer_adapters_nats.jetstream import wait_until
 from timer_adapters_nats import NatsBroker
 from timer_adapters_nats._pull import PullBatches, PullError
 
@@ -18,6 +19,13 @@ async def publish(broker: NatsBroker, count: int, *, start: int = 0) -> None:
     js = broker.jetstream
     for i in range(start, start + count):
         await js.publish("timer.commands.tenant-a", f"{i}".encode())
+
+
+async def polling(broker: NatsBroker) -> bool:
+    """Whether a long poll is waiting at the server (the consumer's num_waiting)."""
+    settings = broker.settings
+    info = await broker.jetstream.consumer_info(settings.commands_stream, settings.consumer_name)
+    return bool(info.num_waiting)
 
 
 def bodies(messages: list[Msg]) -> list[int]:
@@ -62,7 +70,7 @@ class TestFetch:
     ) -> None:
         """A long poll returns with the first message published while it waits."""
         fetching = asyncio.ensure_future(puller.fetch(10, 5.0))
-        await asyncio.sleep(0.2)
+        await wait_until(lambda: polling(broker), what="the long poll at the server")
         started = time.monotonic()
         await publish(broker, 1)
         assert bodies(await fetching) == [0]
@@ -73,7 +81,7 @@ class TestFetch:
     ) -> None:
         """Messages delivered to a poll after its fetch returned come with the next fetch."""
         fetching = asyncio.ensure_future(puller.fetch(10, 2.0))
-        await asyncio.sleep(0.2)
+        await wait_until(lambda: polling(broker), what="the long poll at the server")
         await publish(broker, 1)
         first = bodies(await fetching)
         await publish(broker, 3, start=1)
@@ -100,7 +108,7 @@ class TestFetch:
     ) -> None:
         """Deliveries that arrive after the last fetch are handed out by leftovers()."""
         fetching = asyncio.ensure_future(puller.fetch(10, 2.0))
-        await asyncio.sleep(0.2)
+        await wait_until(lambda: polling(broker), what="the long poll at the server")
         await publish(broker, 1)
         await fetching
         await publish(broker, 2, start=1)
@@ -114,8 +122,9 @@ class TestFetch:
         self, broker: NatsBroker, puller: PullBatches
     ) -> None:
         """After finish(), a new message goes to the next puller at once, first delivery."""
-        fetching = asyncio.ensure_future(puller.fetch(10, 1.0))
-        await asyncio.sleep(0.2)
+        # A poll long enough to outlast a busy machine's pause between these lines.
+        fetching = asyncio.ensure_future(puller.fetch(10, 3.0))
+        await wait_until(lambda: polling(broker), what="the long poll at the server")
         await publish(broker, 1)
         assert bodies(await fetching) == [0]  # its long poll stays open a while
         assert await puller.finish() == []

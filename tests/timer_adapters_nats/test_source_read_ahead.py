@@ -118,7 +118,8 @@ class TestReadAhead:
 
     async def test_stop_hands_back_the_batch_read_ahead(self, settings: NatsSettings) -> None:
         """Stopping acks the batch in hand and naks the one read ahead, for the next source."""
-        async with small_batches(settings, 2) as broker:
+        # An ack wait far longer than the wait below: only a nak can bring them back in time.
+        async with small_batches(attrs.evolve(settings, ack_wait_s=60.0), 2) as broker:
             calls = await send(broker, 4)
             handler = Handler()
             handler.release.clear()
@@ -133,8 +134,8 @@ class TestReadAhead:
             assert handler.stored == calls[:2]
             successor = Handler()
             async with consuming(broker.command_source(), successor):
-                # Back at once (nak'd), not after the 5 s ack wait of the test settings.
-                await wait_until(lambda: successor.stored == calls[2:], within=3.0, what="the rest")
+                # Back at once (nak'd), not after the ack wait.
+                await wait_until(lambda: successor.stored == calls[2:], what="the rest")
 
     async def test_commands_waiting_in_the_subscription_are_kept_alive(
         self, settings: NatsSettings

@@ -3,7 +3,7 @@ both stopped by pid at teardown; the figures every scenario reported end the tes
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import nats
@@ -13,9 +13,10 @@ from nats.js.client import JetStreamContext
 
 from tests.chaos.rig import FIGURES, ChaosService, service_env
 from tests.conftest import NatsServerFactory
+from tests.timer_service import process
 from timer_adapters_nats.embedded import NatsServerProcess
 
-ServiceFactory = Callable[..., ChaosService]
+ServiceFactory = process.ServiceFactory[ChaosService]
 
 
 @pytest.fixture
@@ -30,19 +31,13 @@ def broker(nats_server_factory: NatsServerFactory) -> NatsServerProcess:
 def make_service(tmp_path: Path, broker: NatsServerProcess) -> Iterator[ServiceFactory]:
     """Makes (unstarted) services on ``tmp_path/timer.db`` and :func:`broker`; keyword
     arguments are extra ``TIMER_*`` settings. Every one is killed by its group at teardown."""
-    made: list[ChaosService] = []
-
-    def make(**settings: str | int) -> ChaosService:
-        env = service_env(tmp_path, broker.url, **settings)
-        service = ChaosService(env, tmp_path, tmp_path / f"service-{len(made)}.log")
-        made.append(service)
-        return service
-
+    factory = ServiceFactory(
+        ChaosService, tmp_path, lambda **settings: service_env(tmp_path, broker.url, **settings)
+    )
     try:
-        yield make
+        yield factory
     finally:
-        for service in made:
-            service.close()
+        factory.close()
 
 
 @pytest.fixture

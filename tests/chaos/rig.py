@@ -26,7 +26,7 @@ from nats.js.api import DeliverPolicy
 from nats.js.client import JetStreamContext
 
 from tests.figures import Figures
-from tests.timer_service.process import ServiceProcess, free_port, http_get
+from tests.timer_service.process import ServiceProcess, http_get, isolated_env
 
 FIGURES = Figures("chaos")
 report = FIGURES.report
@@ -201,15 +201,12 @@ class ChaosService(ServiceProcess):
 
 def service_env(tmp_path: Path, broker_url: str, **settings: str | int) -> dict[str, str]:
     """The environment of a service on ``tmp_path/timer.db`` and ``broker_url``."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TIMER_")}
-    env.update(
-        TIMER_DB_PATH=str(tmp_path / "timer.db"),
-        TIMER_BROKER_URL=broker_url,
-        TIMER_HTTP_PORT=str(free_port()),
-        TIMER_POLLING_INTERVAL="500",
-    )
-    env.update({key: str(value) for key, value in settings.items()})
-    return env
+    defaults: dict[str, str | int] = {
+        "TIMER_DB_PATH": str(tmp_path / "timer.db"),
+        "TIMER_BROKER_URL": broker_url,
+        "TIMER_POLLING_INTERVAL": "500",
+    }
+    return isolated_env(**{**defaults, **settings})
 
 
 @attrs.frozen

@@ -6,19 +6,20 @@ from __future__ import annotations
 
 import itertools
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.figures import Figures
 from tests.pg import PostgresCluster
-from tests.timer_service.process import ServiceProcess, free_port
+from tests.timer_service import process
+from tests.timer_service.process import ServiceProcess, isolated_env
 
 FIGURES = Figures("scale-out")
 report = FIGURES.report
 
-ServiceFactory = Callable[..., ServiceProcess]
+ServiceFactory = process.ServiceFactory[ServiceProcess]
 
 _databases = itertools.count()
 
@@ -43,18 +44,8 @@ def database_url(postgres_cluster: PostgresCluster) -> Iterator[str]:
 def make_service(tmp_path: Path) -> Iterator[ServiceFactory]:
     """``make_service(**TIMER_settings)``: an unstarted ``timer-service run`` process with its
     own HTTP port and log file; every one is killed by its process group at teardown."""
-    made: list[ServiceProcess] = []
-
-    def make(**settings: str) -> ServiceProcess:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("TIMER_")}
-        env["TIMER_HTTP_PORT"] = str(free_port())
-        env.update(settings)
-        service = ServiceProcess(env, tmp_path, tmp_path / f"service-{len(made)}.log")
-        made.append(service)
-        return service
-
+    factory = ServiceFactory(ServiceProcess, tmp_path, isolated_env)
     try:
-        yield make
+        yield factory
     finally:
-        for service in made:
-            service.kill_group()
+        factory.close()

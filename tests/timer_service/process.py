@@ -11,13 +11,24 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
+from typing import Generic, TypeVar
 
 
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def isolated_env(**settings: str | int) -> dict[str, str]:
+    """The environment of a service a test starts: none of the test run's own ``TIMER_*``
+    variables, an HTTP port of its own, then ``settings``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TIMER_")}
+    env["TIMER_HTTP_PORT"] = str(free_port())
+    env.update({key: str(value) for key, value in settings.items()})
+    return env
 
 
 def http_get(port: int, path: str, timeout: float = 2.0) -> tuple[int, str]:
@@ -83,3 +94,32 @@ class ServiceProcess:
             except ProcessLookupError:
                 pass
             self.proc.wait()
+
+    def close(self) -> None:
+        """Teardown: kill whatever still runs."""
+        self.kill_group()
+
+
+S = TypeVar("S", bound=ServiceProcess)
+
+
+class ServiceFactory(Generic[S]):
+    """``factory(**TIMER_settings)``: an unstarted service in ``cwd`` with a log of its own;
+    :meth:`close` closes every one made (a fixture's teardown)."""
+
+    def __init__(self, kind: type[S], cwd: Path, env: Callable[..., dict[str, str]]) -> None:
+        self.kind = kind
+        self.cwd = cwd
+        self.env = env
+        self.made: list[S] = []
+
+    def __call__(self, **settings: str | int) -> S:
+        service = self.kind(
+            self.env(**settings), self.cwd, self.cwd / f"service-{len(self.made)}.log"
+        )
+        self.made.append(service)
+        return service
+
+    def close(self) -> None:
+        for service in self.made:
+            service.close()

@@ -27,6 +27,9 @@ def _rate(value: float) -> str:
 
 
 def _ms(value: float) -> str:
+    """Milliseconds; Timer's timestamps are whole milliseconds, so 0 reads "< 1"."""
+    if value < 1:
+        return "< 1"
     return f"{value:,.0f}" if value >= 10 else f"{value:.1f}"
 
 

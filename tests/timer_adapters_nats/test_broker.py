@@ -10,8 +10,17 @@ import pytest
 from nats.js.api import AckPolicy, StorageType, StreamConfig
 
 from tests.conftest import NatsServerFactory
-from tests.timer_adapters_nats.jetstream import wait_until
-from timer_adapters_nats import BrokerUnavailable, NatsBroker, NatsServerProcess, NatsSettings
+from tests.timer_adapters_nats.jetstream import read_stream, wait_until
+from tests.timer_adapters_nats.test_publisher import firing
+from timer_adapters_nats import (
+    BrokerUnavailable,
+    DeadLetters,
+    NatsBroker,
+    NatsConnection,
+    NatsEventPublisher,
+    NatsServerProcess,
+    NatsSettings,
+)
 
 
 def closed_port() -> int:
@@ -131,6 +140,36 @@ class TestConnecting:
         assert not broker.is_connected
         with pytest.raises(RuntimeError):
             _ = broker.client
+
+
+class TestConnection:
+    """A NatsConnection alone: connects and closes, provisions nothing, serves the adapters."""
+
+    async def test_a_connection_only_connects(self, settings: NatsSettings) -> None:
+        """Starting a connection creates no stream, even with provisioning on in its settings."""
+        async with NatsConnection(settings) as connection:
+            assert connection.is_connected
+            assert await connection.jetstream.streams_info() == []
+        assert not connection.is_connected
+
+    async def test_adapters_are_built_on_a_connection(
+        self, broker: NatsBroker, settings: NatsSettings
+    ) -> None:
+        """An event published through a plain connection is stored in the broker's stream."""
+        envelope = firing(1)
+        async with NatsConnection(settings) as connection:
+            await NatsEventPublisher(connection).publish(envelope)
+            assert await DeadLetters(connection).list() == []
+        (held,) = await read_stream(broker.jetstream, settings.events_stream)
+        assert held.headers["Nats-Msg-Id"] == envelope.id
+
+    async def test_unstarted_connection_says_so(self, settings: NatsSettings) -> None:
+        """client and jetstream before start() raise RuntimeError naming the connection."""
+        connection = NatsConnection(settings)
+        with pytest.raises(RuntimeError, match="NatsConnection is not started"):
+            _ = connection.client
+        with pytest.raises(RuntimeError, match="NatsConnection is not started"):
+            _ = connection.jetstream
 
 
 class TestSettings:

@@ -49,7 +49,7 @@ class TestList:
         """Each dead letter comes back in stream order with its tenant, reason and bytes."""
         first = await dead_letter(broker, "tenant-a", b"not json", "$: not valid JSON")
         second = await dead_letter(broker, "_", b"{}", "subject: not a tenant")
-        letters = await DeadLetters(broker.jetstream, broker.settings).list()
+        letters = await DeadLetters(broker).list()
         assert [(d.seq, d.tenant, d.reason, d.data) for d in letters] == [
             (first, "tenant-a", "$: not valid JSON", b"not json"),
             (second, "_", "subject: not a tenant", b"{}"),
@@ -61,7 +61,7 @@ class TestList:
         """``tenant`` keeps one tenant's dead letters (``_``: unreadable ones); ``limit`` caps."""
         for token in ("tenant-a", "tenant-b", "tenant-a", "_"):
             await dead_letter(broker, token, b"[]")
-        dead_letters = DeadLetters(broker.jetstream, broker.settings)
+        dead_letters = DeadLetters(broker)
         assert [d.tenant for d in await dead_letters.list(tenant="tenant-a")] == ["tenant-a"] * 2
         assert [d.tenant for d in await dead_letters.list(tenant="_")] == ["_"]
         assert len(await dead_letters.list(limit=3)) == 3
@@ -69,12 +69,12 @@ class TestList:
     async def test_an_invalid_tenant_is_refused(self, broker: NatsBroker) -> None:
         """A tenant that cannot be one is an InvalidIdentifier, not an empty listing."""
         with pytest.raises(InvalidIdentifier):
-            await DeadLetters(broker.jetstream, broker.settings).list(tenant="a.b")
+            await DeadLetters(broker).list(tenant="a.b")
 
     async def test_a_cut_dead_letter_says_its_original_size(self, broker: NatsBroker) -> None:
         """A dead letter marked ``Timer-Truncated`` reports the size the command had."""
         await dead_letter(broker, "tenant-a", b'{"id":', **{TRUNCATED_HEADER: "1048576"})
-        (letter,) = await DeadLetters(broker.jetstream, broker.settings).list()
+        (letter,) = await DeadLetters(broker).list()
         assert letter.truncated_from == 1048576
 
 
@@ -82,7 +82,7 @@ class TestReplay:
     async def test_replayed_unchanged_to_its_tenant_and_removed(self, broker: NatsBroker) -> None:
         """A dead letter is re-published unchanged to its tenant's command subject and deleted."""
         seq = await dead_letter(broker, "tenant-a", command("tenant-a"))
-        dead_letters = DeadLetters(broker.jetstream, broker.settings)
+        dead_letters = DeadLetters(broker)
         (result,) = await dead_letters.replay([seq])
         assert result.replayed and result.seq == seq
         assert result.outcome.startswith("replayed to timer.commands.tenant-a")
@@ -93,7 +93,7 @@ class TestReplay:
     async def test_a_fixed_command_goes_to_its_own_tenant(self, broker: NatsBroker) -> None:
         """With ``data``, the fixed command is sent instead, routed by its own tenant."""
         seq = await dead_letter(broker, "_", b"{}")
-        dead_letters = DeadLetters(broker.jetstream, broker.settings)
+        dead_letters = DeadLetters(broker)
         (result,) = await dead_letters.replay([seq], data=command("tenant-b"))
         assert result.replayed
         (sent,) = await read_stream(broker.jetstream, broker.settings.commands_stream)
@@ -105,7 +105,7 @@ class TestReplay:
         unroutable = await dead_letter(broker, "_", b"{}")
         cut = await dead_letter(broker, "tenant-a", b'{"id":', **{TRUNCATED_HEADER: "2000000"})
         invalid = await dead_letter(broker, "tenant-a", b"not json")
-        dead_letters = DeadLetters(broker.jetstream, broker.settings)
+        dead_letters = DeadLetters(broker)
         results = await dead_letters.replay([unroutable, cut, 999_999])
         results += await dead_letters.replay([invalid], data=b"still not json")
         assert [(r.seq, r.replayed) for r in results] == [
@@ -125,4 +125,4 @@ class TestReplay:
     async def test_a_fixed_command_replaces_exactly_one(self, broker: NatsBroker) -> None:
         """``data`` with other than one sequence is a ValueError before anything is sent."""
         with pytest.raises(ValueError, match="exactly one"):
-            await DeadLetters(broker.jetstream, broker.settings).replay([1, 2], data=b"{}")
+            await DeadLetters(broker).replay([1, 2], data=b"{}")

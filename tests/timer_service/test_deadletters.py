@@ -20,7 +20,7 @@ import nats
 import pytest
 
 from tests.timer_service.process import ServiceProcess, free_port
-from timer_adapters_nats import DeadLetter, DeadLetters, NatsSettings
+from timer_adapters_nats import DeadLetter, DeadLetters, NatsConnection, NatsSettings
 from timer_adapters_nats.embedded import NatsServerProcess
 from timer_adapters_sqlite import SqliteTimerStore
 from timer_core import TenantId, TimerEntry
@@ -114,12 +114,8 @@ async def publish(url: str, subject: str, data: str, headers: dict[str, str] | N
 
 async def dead_letters(url: str, tenant: str) -> list[DeadLetter]:
     """The DLQ stream's dead letters of ``tenant`` right now."""
-    nc = await nats.connect(url)
-    try:
-        dead_letters = DeadLetters(nc.jetstream(), NatsSettings(url=url))
-        return await dead_letters.list(tenant=tenant, limit=1000)
-    finally:
-        await nc.close()
+    async with NatsConnection(NatsSettings(url=url)) as connection:
+        return await DeadLetters(connection).list(tenant=tenant, limit=1000)
 
 
 async def until_dead_letters(url: str, tenant: str, count: int) -> list[DeadLetter]:

@@ -1,29 +1,33 @@
 """Timer over NATS JetStream: commands in, ``DueTimeReached`` events out, as the contract says.
 
-:class:`NatsBroker` owns the connection, provisions the streams and the consumer, and hands
-out the :class:`NatsEventPublisher` and :class:`NatsCommandSource`; hosts send commands with
+:class:`NatsConnection` is the connection every adapter here is built on; :class:`NatsBroker`
+is one that also provisions the streams and the consumer, and hands out the
+:class:`NatsEventPublisher` and :class:`NatsCommandSource`; hosts send commands with
 :class:`TimerClient` and read the ``DueTimeReached`` events with :meth:`NatsBroker.due_events`;
 operators list and replay rejected commands with :class:`DeadLetters`;
 :mod:`timer_adapters_nats.embedded` runs a real ``nats-server``.
 """
 
+from timer_adapters_nats._acked import AckedPublisher, Outgoing
 from timer_adapters_nats._broker import NatsBroker
 from timer_adapters_nats._client import CommandEnvelope, TimerClient
-from timer_adapters_nats._connection import BrokerUnavailable, connect
-from timer_adapters_nats._dead_letters import DeadLetter, DeadLetters, Replayed
+from timer_adapters_nats._connection import BrokerUnavailable, NatsConnection, connect
+from timer_adapters_nats._dead_letters import (
+    ERROR_HEADER,
+    ORIGINAL_SUBJECT_HEADER,
+    TRUNCATED_HEADER,
+    DeadLetter,
+    DeadLetters,
+    Replayed,
+)
 from timer_adapters_nats._events import (
     DueEventConsumer,
     DueEventConsumerSettings,
     DueEventDelivery,
 )
-from timer_adapters_nats._publisher import AckedPublisher, NatsEventPublisher, Outgoing
+from timer_adapters_nats._publisher import NatsEventPublisher
 from timer_adapters_nats._settings import NatsSettings, Subjects
-from timer_adapters_nats._source import (
-    ERROR_HEADER,
-    ORIGINAL_SUBJECT_HEADER,
-    TRUNCATED_HEADER,
-    NatsCommandSource,
-)
+from timer_adapters_nats._source import NatsCommandSource
 from timer_adapters_nats.embedded import NatsServerError, NatsServerProcess, find_nats_server
 
 __all__ = [
@@ -40,6 +44,7 @@ __all__ = [
     "DueEventDelivery",
     "NatsBroker",
     "NatsCommandSource",
+    "NatsConnection",
     "NatsEventPublisher",
     "NatsServerError",
     "NatsServerProcess",

@@ -1,11 +1,11 @@
-"""The NATS connection of a Timer service: streams, consumer, event publisher, command source."""
+"""A Timer service's NATS connection: it provisions the streams and the command consumer, and
+hands out the event publisher, the command source, due-event consumers and the dead letters."""
 
 from __future__ import annotations
 
 import logging
 
 import nats.js.errors
-from nats.aio.client import Client
 from nats.js.api import (
     AckPolicy,
     ConsumerConfig,
@@ -15,14 +15,18 @@ from nats.js.api import (
     StorageType,
     StreamConfig,
 )
-from nats.js.client import JetStreamContext
 
-from timer_adapters_nats._connection import JETSTREAM_MISSING, connect, jetstream_unavailable
+from timer_adapters_nats._connection import (
+    JETSTREAM_MISSING,
+    NatsConnection,
+    jetstream_unavailable,
+)
+from timer_adapters_nats._dead_letters import DeadLetters
 from timer_adapters_nats._events import DueEventConsumer, DueEventConsumerSettings
 from timer_adapters_nats._publisher import NatsEventPublisher
 from timer_adapters_nats._settings import NatsSettings
 from timer_adapters_nats._source import NatsCommandSource
-from timer_core import NO_INSTRUMENTATION, AsyncResource, Instrumentation
+from timer_core import NO_INSTRUMENTATION, Instrumentation
 
 __all__ = ["NatsBroker"]
 
@@ -32,8 +36,8 @@ _STREAM_NAME_IN_USE = 10058
 _CONTRACT_DUPLICATE_WINDOW_S = 120.0
 
 
-class NatsBroker(AsyncResource):
-    """Owns one NATS connection and hands out the adapters that share it.
+class NatsBroker(NatsConnection):
+    """A :class:`NatsConnection` that provisions and hands out the adapters sharing it.
 
     :meth:`start` connects (failing within ``connect_timeout_s`` with
     :class:`BrokerUnavailable` naming the URL) and, unless ``provision=False``, creates the
@@ -44,30 +48,9 @@ class NatsBroker(AsyncResource):
     def __init__(
         self, settings: NatsSettings, *, instrumentation: Instrumentation = NO_INSTRUMENTATION
     ) -> None:
-        self.settings = settings
+        super().__init__(settings)
         self.instrumentation = instrumentation
-        self._nc: Client | None = None
-        self._js: JetStreamContext | None = None
         self._publisher: NatsEventPublisher | None = None
-
-    @property
-    def client(self) -> Client:
-        """The underlying nats-py client (for :class:`TimerClient` and tests)."""
-        if self._nc is None:
-            raise RuntimeError("NatsBroker is not started")
-        return self._nc
-
-    @property
-    def jetstream(self) -> JetStreamContext:
-        """A JetStream context on the connection (API timeouts of ``ack_timeout_s``)."""
-        if self._js is None:
-            raise RuntimeError("NatsBroker is not started")
-        return self._js
-
-    @property
-    def is_connected(self) -> bool:
-        """Whether the connection is up right now (false while reconnecting)."""
-        return self._nc is not None and self._nc.is_connected
 
     @property
     def publisher(self) -> NatsEventPublisher:
@@ -96,37 +79,21 @@ class NatsBroker(AsyncResource):
         """
         return DueEventConsumer(self, name, tenant_id=tenant_id, settings=settings)
 
+    def dead_letters(self) -> DeadLetters:
+        """The dead-letter stream on this connection, to list and replay rejected commands."""
+        return DeadLetters(self)
+
     async def start(self) -> None:
         """Connect and provision; idempotent. Raises :class:`BrokerUnavailable` on failure."""
         if self._nc is not None:
             return
-        settings = self.settings
-        nc = await connect(
-            settings.url,
-            connect_timeout_s=settings.connect_timeout_s,
-            reconnect_wait_s=settings.reconnect_wait_s,
-            ping_interval_s=settings.ping_interval_s,
-            name=settings.client_name,
-            **settings.security_options(),
-        )
-        self._nc = nc
-        self._js = nc.jetstream(timeout=settings.ack_timeout_s)
+        await super().start()
         try:
-            if settings.provision:
+            if self.settings.provision:
                 await self.provision()
         except BaseException:
             await self.aclose()
             raise
-
-    async def aclose(self) -> None:
-        """Flush what is buffered and close the connection; idempotent."""
-        nc, self._nc, self._js = self._nc, None, None
-        if nc is None or nc.is_closed:
-            return
-        try:
-            await nc.close()
-        except Exception as exc:  # closing must not mask the caller's own exception
-            log.warning("closing the NATS connection failed: %s", exc)
 
     async def provision(self) -> None:
         """Create the three streams if absent and create or update the consumer (idempotent).

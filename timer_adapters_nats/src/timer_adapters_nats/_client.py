@@ -10,9 +10,8 @@ from typing import TypeVar
 
 from nats.aio.client import Client
 
-from timer_adapters_nats._broker import NatsBroker
-from timer_adapters_nats._connection import connect
-from timer_adapters_nats._publisher import AckedPublisher, Outgoing
+from timer_adapters_nats._acked import AckedPublisher, Outgoing
+from timer_adapters_nats._connection import NatsConnection, connect
 from timer_adapters_nats._settings import Subjects
 from timer_core import (
     CancelTimer,
@@ -51,11 +50,15 @@ class TimerClient:
     ids or a naive or out-of-range ``due_at`` raise
     :class:`~timer_core.errors.ValidationError` before anything is sent. It implements
     :class:`timer_core.TimerScheduler`, as ``MemoryTimerClient`` does for a host's tests.
+
+    ``connection`` is a started :class:`~timer_adapters_nats.NatsConnection` (a
+    :class:`~timer_adapters_nats.NatsBroker` is one), whose subject prefix is the default,
+    or a connected nats-py ``Client``.
     """
 
     def __init__(
         self,
-        connection: Client | NatsBroker,
+        connection: Client | NatsConnection,
         *,
         subject_prefix: str | None = None,
         ack_timeout_s: float = 5.0,
@@ -63,7 +66,7 @@ class TimerClient:
         clock: Clock | None = None,
         ids: EnvelopeIdGenerator | None = None,
     ) -> None:
-        if isinstance(connection, NatsBroker):
+        if isinstance(connection, NatsConnection):
             nc = connection.client
             subject_prefix = subject_prefix or connection.settings.subject_prefix
         else:

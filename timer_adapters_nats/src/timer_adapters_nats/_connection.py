@@ -1,4 +1,9 @@
-"""Connecting to NATS: fail fast and clearly at start, then reconnect for as long as it takes."""
+"""Connecting to NATS: fail fast and clearly at start, then reconnect for as long as it takes.
+
+:class:`NatsConnection` is the one connection the adapters of a deployment share: the event
+publisher, the command source, the ``DueTimeReached`` consumer, the dead letters and
+``TimerClient`` depend on it, never on :class:`~timer_adapters_nats.NatsBroker`.
+"""
 
 from __future__ import annotations
 
@@ -13,11 +18,18 @@ import nats
 import nats.js.errors
 import nkeys
 from nats.aio.client import Client
+from nats.js.client import JetStreamContext
 
-from timer_adapters_nats._settings import server_urls
-from timer_core import TimerError, redact_url
+from timer_adapters_nats._settings import NatsSettings, server_urls
+from timer_core import AsyncResource, TimerError, redact_url
 
-__all__ = ["JETSTREAM_MISSING", "BrokerUnavailable", "connect", "jetstream_unavailable"]
+__all__ = [
+    "JETSTREAM_MISSING",
+    "BrokerUnavailable",
+    "NatsConnection",
+    "connect",
+    "jetstream_unavailable",
+]
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +57,67 @@ def jetstream_unavailable(exc: BaseException, url: str) -> BrokerUnavailable:
     return BrokerUnavailable(
         f"JetStream at {redact_url(url)} did not answer (is it enabled?): {type(exc).__name__}"
     )
+
+
+class NatsConnection(AsyncResource):
+    """One NATS connection and its JetStream context, opened from :class:`NatsSettings`.
+
+    :meth:`start` connects (failing within ``connect_timeout_s`` with
+    :class:`BrokerUnavailable` naming the URL, its secrets redacted), with the settings' TLS,
+    authentication and inbox prefix; once connected the client reconnects forever.
+    :meth:`aclose` flushes and closes. Both are idempotent; a closed connection can be
+    started again (a new client).
+    """
+
+    def __init__(self, settings: NatsSettings) -> None:
+        self.settings = settings
+        self._nc: Client | None = None
+        self._js: JetStreamContext | None = None
+
+    @property
+    def client(self) -> Client:
+        """The underlying nats-py client; :class:`RuntimeError` before :meth:`start`."""
+        if self._nc is None:
+            raise RuntimeError(f"{type(self).__name__} is not started")
+        return self._nc
+
+    @property
+    def jetstream(self) -> JetStreamContext:
+        """A JetStream context on the connection (API timeouts of ``ack_timeout_s``)."""
+        if self._js is None:
+            raise RuntimeError(f"{type(self).__name__} is not started")
+        return self._js
+
+    @property
+    def is_connected(self) -> bool:
+        """Whether the connection is up right now (false while reconnecting)."""
+        return self._nc is not None and self._nc.is_connected
+
+    async def start(self) -> None:
+        """Connect; idempotent. Raises :class:`BrokerUnavailable` on failure."""
+        if self._nc is not None:
+            return
+        settings = self.settings
+        nc = await connect(
+            settings.url,
+            connect_timeout_s=settings.connect_timeout_s,
+            reconnect_wait_s=settings.reconnect_wait_s,
+            ping_interval_s=settings.ping_interval_s,
+            name=settings.client_name,
+            **settings.security_options(),
+        )
+        self._nc = nc
+        self._js = nc.jetstream(timeout=settings.ack_timeout_s)
+
+    async def aclose(self) -> None:
+        """Flush what is buffered and close the connection; idempotent."""
+        nc, self._nc, self._js = self._nc, None, None
+        if nc is None or nc.is_closed:
+            return
+        try:
+            await nc.close()
+        except Exception as exc:  # closing must not mask the caller's own exception
+            log.warning("closing the NATS connection failed: %s", exc)
 
 
 async def connect(

@@ -1,8 +1,8 @@
-"""The dead-letter stream as operators handle it: list rejected commands, replay them.
+"""The dead-letter stream: the form of a dead letter, and listing and replaying them.
 
 The command source writes dead letters (:class:`~timer_adapters_nats.NatsCommandSource`,
-with the ``Timer-*`` headers below); :class:`DeadLetters` reads them back and re-publishes
-them to the command subject of their tenant.
+built by :func:`dead_letter_message` with the ``Timer-*`` headers below); :class:`DeadLetters`
+reads them back and re-publishes them to the command subject of their tenant.
 """
 
 from __future__ import annotations
@@ -12,14 +12,73 @@ from collections.abc import Sequence
 from datetime import datetime
 
 import attrs
-from nats.js import JetStreamContext
+from nats.aio.msg import Msg
 from nats.js.errors import NotFoundError
 
-from timer_adapters_nats._settings import NatsSettings
-from timer_adapters_nats._source import ERROR_HEADER, TRUNCATED_HEADER
+from timer_adapters_nats._acked import MSG_ID, Outgoing
+from timer_adapters_nats._connection import NatsConnection
+from timer_adapters_nats._settings import Subjects
 from timer_core import DecodeError, InvalidIdentifier, TenantId, decode_command
 
-__all__ = ["DeadLetter", "DeadLetters", "Replayed"]
+__all__ = [
+    "ERROR_HEADER",
+    "ORIGINAL_SUBJECT_HEADER",
+    "TRUNCATED_HEADER",
+    "DeadLetter",
+    "DeadLetters",
+    "Replayed",
+    "dead_letter_message",
+]
+
+ERROR_HEADER = "Timer-Error"
+"""The dead-letter header saying in one line why a command was rejected."""
+ORIGINAL_SUBJECT_HEADER = "Timer-Original-Subject"
+"""The dead-letter header naming the subject the rejected command was sent to."""
+
+TRUNCATED_HEADER = "Timer-Truncated"
+"""Set on a dead letter whose body had to be cut to fit the server's max_payload beside the
+headers: the original length in bytes (the whole command stays in the commands stream)."""
+
+_MAX_REASON = 1000
+
+
+def _headers_size(headers: dict[str, str]) -> int:
+    """Bytes of the NATS/1.0 header block these headers are sent as."""
+    lines = sum(len(key.encode()) + len(value.encode()) + 4 for key, value in headers.items())
+    return len(b"NATS/1.0\r\n") + lines + 2
+
+
+def _one_line(reason: str) -> str:
+    """A header-safe reason: one ASCII line of bounded length."""
+    text = " ".join(reason.split())
+    text = text.encode("ascii", "backslashreplace").decode("ascii")
+    return text if len(text) <= _MAX_REASON else text[: _MAX_REASON - 3] + "..."
+
+
+def dead_letter_message(
+    message: Msg, reason: str, subjects: Subjects, *, max_payload: int
+) -> Outgoing:
+    """The dead letter of a rejected command ``message``: its body unchanged, to
+    ``<prefix>.dlq.<subject tenant>``, the reason as one line in :data:`ERROR_HEADER`.
+
+    Its id is the command's stream and sequence, so a redelivery dead-lettered again (a crash
+    before the command was terminated) is dropped as a duplicate. A body that cannot go out
+    beside the headers within ``max_payload`` is cut to fit and marked :data:`TRUNCATED_HEADER`.
+    """
+    subject = subjects.dlq(subjects.tenant_of_command(message.subject))
+    metadata = message.metadata
+    msg_id = f"{metadata.stream}-{metadata.sequence.stream}"
+    headers = {ERROR_HEADER: _one_line(reason), ORIGINAL_SUBJECT_HEADER: message.subject}
+    data = message.data
+    # The server counts headers against max_payload and drops the whole connection when
+    # a publish exceeds it, so a command that only just fit cannot go out unchanged.
+    room = max_payload - _headers_size(
+        {**headers, TRUNCATED_HEADER: str(len(data)), MSG_ID: msg_id}
+    )
+    if len(data) > room:
+        headers[TRUNCATED_HEADER] = str(len(data))
+        data = data[: max(0, room)]
+    return Outgoing(subject=subject, data=data, msg_id=msg_id, headers=headers)
 
 
 @attrs.frozen
@@ -51,16 +110,16 @@ class Replayed:
 
 
 class DeadLetters:
-    """The dead-letter stream of one Timer deployment, read and replayed through ``jetstream``.
+    """The dead-letter stream of one Timer deployment, read and replayed on ``connection``.
 
-    ``settings`` names the stream (:attr:`~NatsSettings.dlq_stream`) and the subjects
-    (:attr:`~NatsSettings.subject_prefix`); its connection settings are not used here.
+    The connection's settings name the stream (:attr:`~NatsSettings.dlq_stream`) and the
+    subjects (:attr:`~NatsSettings.subject_prefix`); a :class:`NatsBroker` is a connection.
     """
 
-    def __init__(self, jetstream: JetStreamContext, settings: NatsSettings) -> None:
-        self._js = jetstream
-        self._stream = settings.dlq_stream
-        self._subjects = settings.subjects
+    def __init__(self, connection: NatsConnection) -> None:
+        self._connection = connection
+        self._stream = connection.settings.dlq_stream
+        self._subjects = connection.settings.subjects
 
     async def list(self, *, tenant: str | None = None, limit: int = 50) -> list[DeadLetter]:
         """Dead letters in stream order, of one tenant (``_`` = unreadable tenant) or all.
@@ -71,11 +130,12 @@ class DeadLetters:
         subject = (
             self._subjects.dlq_filter if tenant is None else self._subjects.dlq(TenantId(tenant))
         )
+        js = self._connection.jetstream
         found: list[DeadLetter] = []
         seq = 1
         while len(found) < limit:
             try:
-                raw = await self._js.get_msg(self._stream, seq=seq, subject=subject, next=True)
+                raw = await js.get_msg(self._stream, seq=seq, subject=subject, next=True)
             except NotFoundError:
                 break
             assert raw.seq is not None
@@ -98,10 +158,11 @@ class DeadLetters:
         """
         if data is not None and len(sequences) != 1:
             raise ValueError("a fixed command replaces exactly one dead letter")
+        js = self._connection.jetstream
         results: list[Replayed] = []
         for seq in sequences:
             try:
-                raw = await self._js.get_msg(self._stream, seq=seq)
+                raw = await js.get_msg(self._stream, seq=seq)
             except NotFoundError:
                 results.append(Replayed(seq, False, "not found"))
                 continue
@@ -136,8 +197,8 @@ class DeadLetters:
             subject = self._subjects.commands(routed)
             # No Nats-Msg-Id: the original id may still be in the command stream's duplicate
             # window, which would drop the replay.
-            ack = await self._js.publish(subject, body)
-            await self._js.delete_msg(self._stream, seq)
+            ack = await js.publish(subject, body)
+            await js.delete_msg(self._stream, seq)
             results.append(Replayed(seq, True, f"replayed to {subject} (seq {ack.seq})"))
         return results
 

@@ -13,7 +13,7 @@ import logging
 from collections import deque
 from collections.abc import AsyncIterator
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Literal, Self
+from typing import Any, Literal, Self
 
 import attrs
 import nats.errors
@@ -21,7 +21,11 @@ import nats.js.errors
 from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
-from timer_adapters_nats._connection import JETSTREAM_MISSING, jetstream_unavailable
+from timer_adapters_nats._connection import (
+    JETSTREAM_MISSING,
+    NatsConnection,
+    jetstream_unavailable,
+)
 from timer_adapters_nats._pull import PullBatches, Settlement, settle
 from timer_adapters_nats._settings import at_least_one, check_name, doubling_delay, positive
 from timer_core import (
@@ -34,9 +38,6 @@ from timer_core import (
     TimerError,
     decode_event,
 )
-
-if TYPE_CHECKING:
-    from timer_adapters_nats._broker import NatsBroker
 
 __all__ = ["DueEventConsumer", "DueEventConsumerSettings", "DueEventDelivery"]
 
@@ -223,12 +224,13 @@ class DueEventConsumer:
     """The ``DueTimeReached`` events of a durable JetStream consumer, decoded, one by one.
 
     Use it as ``async with broker.due_events("billing") as events: async for delivery in
-    events: ...``. Entering provisions the durable consumer ``name`` on the events stream
-    (unless ``settings.provision`` is off) filtered to ``tenant_id``'s events when given,
-    and subscribes; leaving hands the fetched but not yet handed out events straight back to
-    the server and unsubscribes. The durable consumer stays on the server: the next
-    ``async with`` (this process or another one, with the same name) resumes where this one
-    stopped. Several readers of one name share its events (each event goes to one of them).
+    events: ...`` (or build it on any started :class:`NatsConnection`). Entering provisions
+    the durable consumer ``name`` on the events stream (unless ``settings.provision`` is off)
+    filtered to ``tenant_id``'s events when given, and subscribes; leaving hands the fetched
+    but not yet handed out events straight back to the server and unsubscribes. The durable
+    consumer stays on the server: the next ``async with`` (this process or another one, with
+    the same name) resumes where this one stopped. Several readers of one name share its
+    events (each event goes to one of them).
 
     An event that does not decode, or whose subject names another tenant or service call
     than its body, is terminated with a warning in the log: it cannot wedge the consumer.
@@ -238,7 +240,7 @@ class DueEventConsumer:
 
     def __init__(
         self,
-        broker: NatsBroker,
+        connection: NatsConnection,
         name: str,
         *,
         tenant_id: str | None = None,
@@ -247,9 +249,9 @@ class DueEventConsumer:
         self.name = check_name("consumer name", name)
         self.tenant_id = None if tenant_id is None else TenantId(tenant_id)
         self.settings = settings if settings is not None else DueEventConsumerSettings()
-        self._broker = broker
-        self._subjects = broker.settings.subjects
-        self._stream = broker.settings.events_stream
+        self._connection = connection
+        self._subjects = connection.settings.subjects
+        self._stream = connection.settings.events_stream
         self._puller: PullBatches | None = None
         self._ready: deque[Msg] = deque()  # fetched, not handed out yet
         self._stop = asyncio.Event()
@@ -284,11 +286,11 @@ class DueEventConsumer:
         Raises :class:`TimerError` when the events stream or (with provisioning off) the
         consumer does not exist or the consumer's configuration cannot be changed to this
         one, :class:`~timer_adapters_nats.BrokerUnavailable` when JetStream does not answer, and
-        :class:`RuntimeError` when the broker is not started.
+        :class:`RuntimeError` when the connection is not started.
         """
         if self._puller is not None:
             return
-        js = self._broker.jetstream
+        js = self._connection.jetstream
         try:
             if self.settings.provision:
                 await js.add_consumer(self._stream, self.consumer_config())
@@ -299,7 +301,7 @@ class DueEventConsumer:
                 f"does not exist ({exc.description or exc})"
             ) from exc
         except JETSTREAM_MISSING as exc:
-            raise jetstream_unavailable(exc, self._broker.settings.url) from exc
+            raise jetstream_unavailable(exc, self._connection.settings.url) from exc
         except nats.js.errors.APIError as exc:
             # e.g. a deliver policy an existing durable consumer cannot change to
             raise TimerError(
@@ -309,7 +311,7 @@ class DueEventConsumer:
             ) from exc
         self.ack_wait_s = info.config.ack_wait or self.settings.ack_wait_s
         self._stop.clear()
-        puller = PullBatches(self._broker.client, stream=self._stream, consumer=self.name)
+        puller = PullBatches(self._connection.client, stream=self._stream, consumer=self.name)
         await puller.start()
         self._puller = puller
         self._keep_alive = asyncio.create_task(self._keep_held_alive())
@@ -334,8 +336,8 @@ class DueEventConsumer:
         for message in left:
             await self._settle(message, "nak", 0.0)
         with contextlib.suppress(Exception):
-            if self._broker.is_connected:
-                await self._broker.client.flush(timeout=2)
+            if self._connection.is_connected:
+                await self._connection.client.flush(timeout=2)
         await puller.aclose()
 
     async def __aenter__(self) -> Self:

@@ -1,19 +1,12 @@
-"""Acked JetStream publishing, many in flight at once, and the event publisher built on it."""
+"""Events out: ``DueTimeReached`` published to JetStream, deduplicated on the envelope id."""
 
 from __future__ import annotations
 
-import asyncio
-import itertools
-import json
 import logging
-from collections import deque
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, TypeVar
+from collections.abc import Sequence
 
-import attrs
-from nats.aio.client import Client
-from nats.aio.msg import Msg
-
+from timer_adapters_nats._acked import AckedPublisher, Outgoing
+from timer_adapters_nats._connection import NatsConnection
 from timer_core import (
     DueTimeReached,
     EventPublisher,
@@ -22,211 +15,9 @@ from timer_core import (
     encode_envelope,
 )
 
-if TYPE_CHECKING:
-    from timer_adapters_nats._broker import NatsBroker
-
-__all__ = ["AckedPublisher", "NatsEventPublisher", "Outgoing"]
+__all__ = ["NatsEventPublisher"]
 
 log = logging.getLogger(__name__)
-
-MSG_ID = "Nats-Msg-Id"
-_NO_RESPONDERS = "503"
-_CHUNK = 32  # publishes written to the socket at once while the next ones are encoded
-_T = TypeVar("_T")
-
-
-@attrs.frozen
-class Outgoing:
-    """One message to publish to JetStream, deduplicated on ``msg_id``."""
-
-    subject: str
-    data: bytes
-    msg_id: str
-    headers: dict[str, str] = attrs.field(factory=dict)
-
-
-class _Refused(Exception):
-    """JetStream answered the publish with an error instead of an ack."""
-
-
-class AckedPublisher:
-    """Publishes to JetStream with up to ``window`` acks outstanding; each ack is checked.
-
-    All acks come back on one wildcard inbox subscription, matched to their message by a
-    token (nats-py's own ``publish_async`` turns a refusal into a timeout, so it is not used).
-    The oldest outstanding ack is awaited when the window is full; a stream acks in order, so
-    this rarely waits longer than needed. A message counts as published only on a positive
-    ack; a refusal, a timeout or a disconnect is a :class:`PublishError` for it alone.
-    """
-
-    def __init__(self, nc: Client, *, window: int, ack_timeout_s: float) -> None:
-        self._nc = nc
-        self._window = window
-        self._refill = max(1, window // 4)
-        self._ack_timeout_s = ack_timeout_s
-        self._inbox: str | None = None
-        self._waiting: dict[str, asyncio.Future[None]] = {}
-        self._tokens = itertools.count()
-        self._subscribing = asyncio.Lock()
-
-    @property
-    def client(self) -> Client:
-        """The connection it publishes on."""
-        return self._nc
-
-    async def publish_many(self, messages: Sequence[Outgoing]) -> list[PublishError | None]:
-        """Publish all, ``window`` at a time; one result per message, in order, never raises."""
-        return await self.publish_each(messages, _itself)
-
-    async def publish_each(
-        self, items: Sequence[_T], build: Callable[[_T], Outgoing]
-    ) -> list[PublishError | None]:
-        """Like :meth:`publish_many`, building each message (encoding it) just before it goes.
-
-        Messages leave in chunks while the next ones are built, so the server stores and
-        acks the first while the client still encodes the rest.
-        """
-        results: list[PublishError | None] = [None] * len(items)
-        in_flight: deque[tuple[int, Outgoing, str, asyncio.Future[None], float]] = deque()
-        loop = asyncio.get_running_loop()
-        unflushed = 0
-        for index, item in enumerate(items):
-            if len(in_flight) >= self._window:
-                # Wait until a quarter of the window is acked, not for one ack per wake-up:
-                # the stream acks in order, so that many slots then refill in one go.
-                await self._await_ack(in_flight, min(len(in_flight), self._refill))
-                while in_flight and (in_flight[0][3].done() or len(in_flight) >= self._window):
-                    oldest = in_flight.popleft()
-                    results[oldest[0]] = await self._settle(oldest)
-            try:
-                message = build(item)
-            except Exception as exc:  # cannot even be encoded: that one fails
-                results[index] = PublishError(f"message {index} of the batch: {exc}")
-                continue
-            if not self._nc.is_connected:
-                # Reconnecting: fail now rather than buffer and time out one by one.
-                results[index] = PublishError(
-                    f"{message.msg_id} to {message.subject}: not connected to NATS"
-                )
-                continue
-            try:
-                token, future = await self._send(message)
-            except Exception as exc:  # one message's failure never fails the others
-                results[index] = _publish_error(message, exc)
-                continue
-            in_flight.append((index, message, token, future, loop.time() + self._ack_timeout_s))
-            unflushed += 1
-            if unflushed >= _CHUNK:
-                unflushed = 0
-                await asyncio.sleep(0)  # the connection's flusher writes this chunk now
-        # One wait for the last ack rather than one per message still in flight.
-        await self._await_ack(in_flight, len(in_flight))
-        while in_flight:
-            oldest = in_flight.popleft()
-            results[oldest[0]] = await self._settle(oldest)
-        return results
-
-    @staticmethod
-    async def _await_ack(
-        in_flight: deque[tuple[int, Outgoing, str, asyncio.Future[None], float]], count: int
-    ) -> None:
-        """Wait until the ``count``-th oldest message is acked, at most until the oldest's
-        deadline. Never cancels the ack it waits for (``asyncio.wait``, not ``wait_for``)."""
-        if count < 1:
-            return
-        future = in_flight[count - 1][3]
-        if not future.done():
-            timeout = in_flight[0][4] - asyncio.get_running_loop().time()
-            await asyncio.wait((future,), timeout=max(0.0, timeout))
-
-    async def publish(self, message: Outgoing) -> None:
-        """Publish one and wait for its ack; raises :class:`PublishError` unless acked."""
-        (error,) = await self.publish_many([message])
-        if error is not None:
-            raise error
-
-    async def _send(self, message: Outgoing) -> tuple[str, asyncio.Future[None]]:
-        inbox = self._inbox or await self._subscribe()
-        token = str(next(self._tokens))
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiting[token] = future
-        try:
-            await self._nc.publish(
-                message.subject,
-                message.data,
-                reply=inbox + token,
-                headers=(
-                    {**message.headers, MSG_ID: message.msg_id}
-                    if message.headers
-                    else {MSG_ID: message.msg_id}
-                ),
-            )
-        except BaseException:
-            del self._waiting[token]
-            raise
-        return token, future
-
-    async def _subscribe(self) -> str:
-        async with self._subscribing:
-            if self._inbox is None:
-                inbox = self._nc.new_inbox() + "."
-                await self._nc.subscribe(inbox + "*", cb=self._on_ack)
-                self._inbox = inbox
-        return self._inbox
-
-    async def _on_ack(self, msg: Msg) -> None:
-        assert self._inbox is not None
-        future = self._waiting.pop(msg.subject[len(self._inbox) :], None)
-        if future is None or future.done():
-            return  # answered after its timeout
-        if msg.headers and msg.headers.get("Status") == _NO_RESPONDERS:
-            future.set_exception(_Refused("no stream is bound to this subject"))
-            return
-        data = msg.data
-        if b'"seq"' in data and b'"error"' not in data:
-            future.set_result(None)  # the common case, without a JSON parse per ack
-            return
-        try:
-            answer = json.loads(data)
-            error = answer.get("error")
-            if error is not None:
-                future.set_exception(
-                    _Refused(f"{error.get('description')} (error {error.get('err_code')})")
-                )
-            elif "stream" in answer and "seq" in answer:
-                future.set_result(None)
-            else:
-                raise ValueError("no stream and seq")
-        except (ValueError, TypeError, AttributeError) as exc:
-            future.set_exception(_Refused(f"unreadable ack {msg.data[:100]!r}: {exc}"))
-
-    async def _settle(
-        self, pending: tuple[int, Outgoing, str, asyncio.Future[None], float]
-    ) -> PublishError | None:
-        _, message, token, future, deadline = pending
-        try:
-            if not future.done():  # wait_for would yield even for a done future
-                remaining = deadline - asyncio.get_running_loop().time()
-                await asyncio.wait_for(future, timeout=max(0.0, remaining))
-            future.result()
-        except Exception as exc:
-            self._waiting.pop(token, None)
-            return _publish_error(message, exc)
-        return None
-
-
-def _itself(message: Outgoing) -> Outgoing:
-    return message
-
-
-def _publish_error(message: Outgoing, exc: BaseException) -> PublishError:
-    if isinstance(exc, TimeoutError):
-        reason = "no ack from JetStream in time"
-    else:
-        reason = str(exc) or type(exc).__name__
-    error = PublishError(f"{message.msg_id} to {message.subject}: {reason}")
-    error.__cause__ = exc
-    return error
 
 
 class NatsEventPublisher(EventPublisher):
@@ -234,18 +25,19 @@ class NatsEventPublisher(EventPublisher):
 
     The body is the contract's JSON, the ``Nats-Msg-Id`` header the envelope id, so a
     re-publish of the same firing within the stream's duplicate window is stored once. Uses
-    the :class:`NatsBroker`'s connection; :meth:`start` and :meth:`aclose` are no-ops.
+    the :class:`NatsConnection` it is given (a :class:`NatsBroker` is one); :meth:`start` and
+    :meth:`aclose` are no-ops.
     """
 
-    def __init__(self, broker: NatsBroker) -> None:
-        self._broker = broker
-        self._subjects = broker.settings.subjects
+    def __init__(self, connection: NatsConnection) -> None:
+        self._connection = connection
+        self._subjects = connection.settings.subjects
         self._acked: AckedPublisher | None = None
 
     def _publisher(self) -> AckedPublisher:
-        nc = self._broker.client
+        nc = self._connection.client
         if self._acked is None or self._acked.client is not nc:  # first use, or a new start()
-            settings = self._broker.settings
+            settings = self._connection.settings
             self._acked = AckedPublisher(
                 nc, window=settings.publish_window, ack_timeout_s=settings.ack_timeout_s
             )

@@ -6,13 +6,14 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import attrs
 import nats.errors
 from nats.aio.msg import Msg
 
-from timer_adapters_nats._publisher import AckedPublisher, Outgoing
+from timer_adapters_nats._acked import AckedPublisher
+from timer_adapters_nats._connection import NatsConnection
+from timer_adapters_nats._dead_letters import ERROR_HEADER, dead_letter_message
 from timer_adapters_nats._pull import PullBatches, Settlement, settle
 from timer_core import (
     NO_INSTRUMENTATION,
@@ -28,33 +29,14 @@ from timer_core import (
     rejection_reason,
 )
 
-if TYPE_CHECKING:
-    from timer_adapters_nats._broker import NatsBroker
-
-__all__ = ["ERROR_HEADER", "ORIGINAL_SUBJECT_HEADER", "TRUNCATED_HEADER", "NatsCommandSource"]
+__all__ = ["NatsCommandSource"]
 
 log = logging.getLogger(__name__)
 
-ERROR_HEADER = "Timer-Error"
-"""The dead-letter header saying in one line why a command was rejected."""
-ORIGINAL_SUBJECT_HEADER = "Timer-Original-Subject"
-"""The dead-letter header naming the subject the rejected command was sent to."""
-
-TRUNCATED_HEADER = "Timer-Truncated"
-"""Set on a dead letter whose body had to be cut to fit the server's max_payload beside the
-headers: the original length in bytes (the whole command stays in the commands stream)."""
-
-_MAX_REASON = 1000
 # How long a read-ahead waits for the server's answer (a local one answers in a millisecond).
 _READ_AHEAD_WAIT_S = 0.05
 # The longest later commands are held back for unsettled earlier ones (at least 3 ack waits).
 _BARRIER_GIVE_UP_S = 30.0
-
-
-def _headers_size(headers: dict[str, str]) -> int:
-    """Bytes of the NATS/1.0 header block these headers are sent as."""
-    lines = sum(len(key.encode()) + len(value.encode()) + 4 for key, value in headers.items())
-    return len(b"NATS/1.0\r\n") + lines + 2
 
 
 @attrs.define
@@ -63,13 +45,6 @@ class _Batch:
 
     messages: list[Msg] = attrs.field(factory=list)
     envelopes: list[MessageEnvelope[Command]] = attrs.field(factory=list)
-
-
-def _one_line(reason: str) -> str:
-    """A header-safe reason: one ASCII line of bounded length."""
-    text = " ".join(reason.split())
-    text = text.encode("ascii", "backslashreplace").decode("ascii")
-    return text if len(text) <= _MAX_REASON else text[: _MAX_REASON - 3] + "..."
 
 
 class NatsCommandSource(CommandSource):
@@ -101,11 +76,11 @@ class NatsCommandSource(CommandSource):
     """
 
     def __init__(
-        self, broker: NatsBroker, *, instrumentation: Instrumentation = NO_INSTRUMENTATION
+        self, connection: NatsConnection, *, instrumentation: Instrumentation = NO_INSTRUMENTATION
     ) -> None:
-        self._broker = broker
-        self._settings = broker.settings
-        self._subjects = broker.settings.subjects
+        self._connection = connection
+        self._settings = connection.settings
+        self._subjects = connection.settings.subjects
         self._instrumentation = instrumentation
         self._stop = asyncio.Event()
         self._done = asyncio.Event()
@@ -123,7 +98,7 @@ class NatsCommandSource(CommandSource):
         self._in_hand: dict[int, Msg] = {}
         self._puller: PullBatches | None = None
         # The consumer's ack wait as the server has it (provisioning may be off).
-        self._ack_wait = broker.settings.ack_wait_s
+        self._ack_wait = connection.settings.ack_wait_s
 
     @property
     def running(self) -> bool:
@@ -133,7 +108,7 @@ class NatsCommandSource(CommandSource):
     async def run(self, handler: CommandBatchHandler) -> None:
         if self._run_task is not None:
             raise RuntimeError("this command source is already running")
-        self._broker.jetstream  # noqa: B018 - raises now if the broker was never started
+        self._connection.jetstream  # noqa: B018 - raises now if it was never started
         self._run_task = asyncio.current_task()
         self._done.clear()
         try:
@@ -159,7 +134,7 @@ class NatsCommandSource(CommandSource):
                     if puller is None:
                         self._barrier = await self._unsettled_at_start()
                         puller = PullBatches(
-                            self._broker.client,
+                            self._connection.client,
                             stream=settings.commands_stream,
                             consumer=settings.consumer_name,
                         )
@@ -225,7 +200,7 @@ class NatsCommandSource(CommandSource):
     async def _unsettled_at_start(self) -> tuple[int, float] | None:
         """The barrier for commands a predecessor may have left in hand, or None."""
         settings = self._settings
-        info = await self._broker.jetstream.consumer_info(
+        info = await self._connection.jetstream.consumer_info(
             settings.commands_stream, settings.consumer_name
         )
         ack_wait = self._ack_wait = info.config.ack_wait or settings.ack_wait_s
@@ -279,11 +254,11 @@ class NatsCommandSource(CommandSource):
         """Whether every command up to stream sequence ``seq`` is acked or terminated; asks
         up to ``tries`` times, as acks just sent take a moment to show in the ack floor."""
         settings = self._settings
-        await self._broker.client.flush()
+        await self._connection.client.flush()
         for attempt in range(tries):
             if attempt:
                 await asyncio.sleep(0.1)
-            info = await self._broker.jetstream.consumer_info(
+            info = await self._connection.jetstream.consumer_info(
                 settings.commands_stream, settings.consumer_name
             )
             if info.ack_floor is not None and info.ack_floor.stream_seq >= seq:
@@ -299,8 +274,9 @@ class NatsCommandSource(CommandSource):
             for message in await puller.finish():
                 await self._settle(message, "nak")
         with contextlib.suppress(Exception):
-            if self._broker.is_connected:
-                await self._broker.client.flush(timeout=max(1, int(self._settings.ack_timeout_s)))
+            if self._connection.is_connected:
+                timeout = max(1, int(self._settings.ack_timeout_s))
+                await self._connection.client.flush(timeout=timeout)
         if puller is not None:
             await puller.aclose()
 
@@ -430,25 +406,14 @@ class NatsCommandSource(CommandSource):
         """Republish unchanged to the DLQ with the reason; terminate once that is acked.
 
         ``counted``: the rejection was already reported to the instrumentation."""
-        reason = _one_line(reason)
-        subject = self._subjects.dlq(self._subjects.tenant_of_command(message.subject))
-        metadata = message.metadata
-        # A redelivery dead-lettered again (crash before term) is dropped as a duplicate.
-        msg_id = f"{metadata.stream}-{metadata.sequence.stream}"
-        headers = {ERROR_HEADER: reason, ORIGINAL_SUBJECT_HEADER: message.subject}
-        data = message.data
-        # The server counts headers against max_payload and drops the whole connection when
-        # a publish exceeds it, so a command that only just fit cannot go out unchanged.
-        room = self._broker.client.max_payload - _headers_size(
-            {**headers, TRUNCATED_HEADER: str(len(data)), "Nats-Msg-Id": msg_id}
+        outgoing = dead_letter_message(
+            message, reason, self._subjects, max_payload=self._connection.client.max_payload
         )
-        if len(data) > room:
-            headers[TRUNCATED_HEADER] = str(len(data))
-            data = data[: max(0, room)]
-        outgoing = Outgoing(subject=subject, data=data, msg_id=msg_id, headers=headers)
+        reason = outgoing.headers[ERROR_HEADER]
+        metadata = message.metadata
         if self._dlq is None:
             self._dlq = AckedPublisher(
-                self._broker.client, window=1, ack_timeout_s=self._settings.ack_timeout_s
+                self._connection.client, window=1, ack_timeout_s=self._settings.ack_timeout_s
             )
         try:
             await self._dlq.publish(outgoing)
@@ -470,7 +435,7 @@ class NatsCommandSource(CommandSource):
             "rejected command seq %s on %s, dead-lettered to %s: %s",
             metadata.sequence.stream,
             message.subject,
-            subject,
+            outgoing.subject,
             reason,
         )
 

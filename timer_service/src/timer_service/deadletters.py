@@ -11,7 +11,13 @@ import json
 import sys
 from pathlib import Path
 
-from timer_adapters_nats import BrokerUnavailable, DeadLetter, DeadLetters, NatsSettings, connect
+from timer_adapters_nats import (
+    BrokerUnavailable,
+    DeadLetter,
+    DeadLetters,
+    NatsConnection,
+    NatsSettings,
+)
 from timer_core import InvalidIdentifier, redact_url
 from timer_service.app import StartupError
 from timer_service.settings import Settings
@@ -49,15 +55,20 @@ async def run_dlq(settings: Settings, args: argparse.Namespace, url: str) -> int
         except OSError as exc:
             print(f"timer-service: dlq replay --data {args.data}: {exc}", file=sys.stderr)
             return 2
-    try:
-        nc = await connect(
-            url, connect_timeout_s=5.0, name="timer-service-dlq", **settings.broker_security
+    connection = NatsConnection(
+        NatsSettings(
+            url=url,
+            subject_prefix=settings.subject_prefix,
+            connect_timeout_s=5.0,
+            client_name="timer-service-dlq",
+            **settings.broker_security,
         )
+    )
+    try:
+        await connection.start()
     except BrokerUnavailable as exc:
         raise StartupError(f"TIMER_BROKER_URL={redact_url(url)}: {exc}") from exc
-    dead_letters = DeadLetters(
-        nc.jetstream(), NatsSettings(url=url, subject_prefix=settings.subject_prefix)
-    )
+    dead_letters = DeadLetters(connection)
     try:
         if args.dlq_command == "list":
             letters = await dead_letters.list(tenant=args.tenant, limit=args.limit)
@@ -84,4 +95,4 @@ async def run_dlq(settings: Settings, args: argparse.Namespace, url: str) -> int
         print(f"timer-service: dlq {args.dlq_command} --tenant: {exc}", file=sys.stderr)
         return 2
     finally:
-        await nc.close()
+        await connection.aclose()

@@ -48,10 +48,10 @@ class Reports(Instrumentation):
 class Rig:
     """A memory store and bus, a fake clock, and one worker with the defaults' backoff."""
 
-    def __init__(self) -> None:
-        self.store = MemoryTimerStore()
-        self.bus = MemoryEventBus()
+    def __init__(self, *, lease_s: float | None = None) -> None:
         self.clock = FakeClock(T0)
+        self.store = MemoryTimerStore(lease_s=lease_s, clock=self.clock)
+        self.bus = MemoryEventBus()
         self.reports = Reports()
         self.worker = TimerWorker(
             self.store,
@@ -81,7 +81,11 @@ class Rig:
         """Let fake time pass up to T0 + ``seconds``, one worker wake-up after another."""
         end = T0 + timedelta(seconds=seconds)
         while True:
-            await self.clock.wait_for_sleepers(1)
+            # The worker's own sleep, never longer than its polling interval (a publish in
+            # flight sleeps on the clock too, for its claim lease, with a leasing store).
+            async with asyncio.timeout(5):
+                while not self.clock.pending_sleeps() or self.clock.pending_sleeps()[0] > 5.0:
+                    await asyncio.sleep(0)
             (wait,) = self.clock.pending_sleeps()
             left = (end - self.clock.now()).total_seconds()
             if left <= 0:
@@ -186,3 +190,31 @@ class TestPoisonTimer:
         await rig.run_until(180)
         assert rig.worker.quarantined == []
         assert rig.reports.sizes == [1, 0]
+
+
+class TestLeasingStore:
+    async def test_a_left_out_timer_is_not_held_by_its_claim(self) -> None:
+        """With a leasing store (several instances), the poison timer left out of a pass has
+        its claim released at once: another instance may take it without waiting for the
+        lease, and this one's other timers keep their lateness."""
+        rig = Rig(lease_s=30.0)
+        await rig.store.start()
+        other = MemoryTimerStore(shared_with=rig.store, lease_s=30.0, clock=rig.clock)
+        await other.start()
+        rig.bus.fail_when(lambda event: event.payload.service_call_id == POISON)
+        rig.task = asyncio.ensure_future(rig.worker.run())
+        try:
+            await rig.schedule(POISON, 0)
+            for i in range(120):
+                await rig.schedule(f"call-{i}", 0.5 * i)
+            await rig.run_until(60)
+            assert [q.entry.service_call_id for q in rig.worker.quarantined] == [POISON]
+            lateness = [
+                (e.payload.reached_at - e.payload.due_at).total_seconds() for e in rig.bus.published
+            ]
+            assert len(lateness) == 120 and max(lateness) <= 0.25
+            (claimed,) = await other.find_due(rig.clock.now(), 10)
+            assert claimed.service_call_id == POISON
+        finally:
+            rig.worker.stop()
+            await asyncio.wait_for(rig.task, 5)

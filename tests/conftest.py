@@ -7,6 +7,8 @@ teardown even when the test failed.
 
 from __future__ import annotations
 
+import itertools
+import os
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
@@ -102,3 +104,17 @@ def postgres_cluster() -> Iterator[PostgresCluster]:
         if cluster is not None:
             cluster.stop()
         shutil.rmtree(root, ignore_errors=True)
+
+
+_database_numbers = itertools.count()
+
+
+@pytest.fixture
+def fresh_postgres_url(postgres_cluster: PostgresCluster) -> Iterator[str]:
+    """The SQLAlchemy URL of a new, empty database of its own (never migrated)."""
+    name = f"timer_test_{os.getpid()}_{next(_database_numbers)}"
+    url = postgres_cluster.create_database(name)
+    try:
+        yield url
+    finally:
+        postgres_cluster.drop_database(name)

@@ -4,7 +4,6 @@ per test, on the session's throwaway cluster (``postgres_cluster``, see :mod:`te
 
 from __future__ import annotations
 
-import itertools
 import os
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
@@ -16,19 +15,6 @@ import sqlalchemy as sa
 
 from tests.pg import PostgresCluster
 from timer_adapters_postgres import PostgresTimerStore
-
-_database_numbers = itertools.count()
-
-
-@pytest.fixture
-def fresh_postgres_url(postgres_cluster: PostgresCluster) -> Iterator[str]:
-    """The SQLAlchemy URL of a new, empty database of its own (never migrated)."""
-    name = f"timer_test_{os.getpid()}_{next(_database_numbers)}"
-    url = postgres_cluster.create_database(name)
-    try:
-        yield url
-    finally:
-        postgres_cluster.drop_database(name)
 
 
 @pytest.fixture(scope="session")

@@ -4,9 +4,7 @@ they say clearly what is missing instead."""
 from __future__ import annotations
 
 import asyncio
-import os
 import sqlite3
-from collections.abc import Iterator
 from pathlib import Path
 
 import nats
@@ -14,22 +12,10 @@ import psycopg
 import pytest
 import sqlalchemy as sa
 
-from tests.pg import PostgresCluster
 from timer_adapters_nats.embedded import NatsServerProcess
 from timer_adapters_sqlite import SqliteTimerStore
 from timer_core import SchemaNotFound
 from timer_service.cli import EXIT_CONFIG, main
-
-
-@pytest.fixture
-def empty_postgres_url(postgres_cluster: PostgresCluster) -> Iterator[str]:
-    """A new, empty PostgreSQL database of its own."""
-    name = f"timer_read_only_cli_{os.getpid()}"
-    url = postgres_cluster.create_database(name)
-    try:
-        yield url
-    finally:
-        postgres_cluster.drop_database(name)
 
 
 def _tables(path: Path) -> list[str]:
@@ -97,15 +83,15 @@ class TestInspectOnSqlite:
 
 class TestInspectOnPostgres:
     def test_an_empty_database_gets_no_schema(
-        self, empty_postgres_url: str, capsys: pytest.CaptureFixture[str]
+        self, fresh_postgres_url: str, capsys: pytest.CaptureFixture[str]
     ) -> None:
         """`inspect` against an empty PostgreSQL database says so and creates no table."""
-        code = main(["inspect", "tenant-a", "--database-url", empty_postgres_url])
+        code = main(["inspect", "tenant-a", "--database-url", fresh_postgres_url])
         assert code == EXIT_CONFIG
         error = capsys.readouterr().err
         assert "TIMER_DATABASE_URL: no Timer schema in postgresql" in error
         assert "run the service first" in error
-        conninfo = sa.make_url(empty_postgres_url).set(drivername="postgresql")
+        conninfo = sa.make_url(fresh_postgres_url).set(drivername="postgresql")
         with psycopg.connect(conninfo.render_as_string(hide_password=False)) as connection:
             tables = connection.execute(
                 "SELECT count(*) FROM pg_tables WHERE schemaname = 'public'"

@@ -238,3 +238,16 @@ class TimerStoreLeaseContract:
         await owner.find_due(NOW, 10)
         assert await owner.next_due_at() == timer("held", -10).due_at
         assert await other.next_due_at() == timer("later", 3600).due_at
+
+    async def test_finds_shared_among_tenants_claim_too(
+        self, instances: Callable[..., Awaitable[TimerStore]]
+    ) -> None:
+        """``find_due_by_tenant`` claims what it returns, as ``find_due`` does (when offered)."""
+        owner, other = await instances(), await instances()
+        if not owner.finds_due_by_tenant:
+            return
+        await owner.apply([timer("a-1", -2, "tenant-a"), timer("b-1", -1, "tenant-b")])
+        claimed = await owner.find_due_by_tenant(NOW, 10, after={})
+        assert sorted(calls(claimed)) == ["a-1", "b-1"]
+        assert await other.find_due_by_tenant(NOW, 10, after={}) == []
+        assert await other.find_due(NOW, 10) == []

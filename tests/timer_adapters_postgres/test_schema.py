@@ -7,6 +7,7 @@ import socket
 from datetime import UTC, datetime
 from typing import Any
 
+import attrs
 import psycopg
 import pytest
 import sqlalchemy as sa
@@ -22,7 +23,10 @@ from timer_core import (
     TenantId,
     TimerEntry,
     TimerKey,
+    TraceContext,
 )
+
+_TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 
 
 def connect(url: str) -> psycopg.Connection[Any]:
@@ -169,6 +173,58 @@ class TestMigrations:
         }
         for column in ("tenant_id", "service_call_id", "correlation_id", "state"):
             assert collations[column] == "C"
+
+
+#: The migrations up to the one that adds the trace context (the previous schema version).
+_BEFORE_TRACE_CONTEXT = [
+    m
+    for m in MIGRATIONS
+    if m.version < next(t.version for t in MIGRATIONS if "trace context" in t.description)
+]
+
+
+class TestTraceContextMigration:
+    """The trace context columns come to a database the previous version made."""
+
+    async def test_previous_version_migrates_and_keeps_its_timers(
+        self, fresh_postgres_url: str
+    ) -> None:
+        """A database at the previous version gains the trace columns; its timers read back
+        without context and keep their command position."""
+        with connect(fresh_postgres_url) as conn:
+            conn.execute(
+                "CREATE TABLE timer_schema_migrations (version integer PRIMARY KEY, "
+                "description text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())"
+            )
+            for migration in _BEFORE_TRACE_CONTEXT:
+                for statement in migration.statements:
+                    conn.execute(statement)
+                conn.execute(
+                    "INSERT INTO timer_schema_migrations (version, description) VALUES (%s, %s)",
+                    (migration.version, migration.description),
+                )
+            conn.execute(
+                "INSERT INTO timer_schedules (tenant_id, service_call_id, correlation_id, due_at,"
+                " registered_at, command_position)"
+                " VALUES ('t', 'old', 'corr', '2030-01-01Z', '2030-01-01Z', 7)"
+            )
+        async with PostgresTimerStore(fresh_postgres_url, listen=False) as store:
+            old = await store.get(TenantId("t"), ServiceCallId("old"))
+            assert old is not None
+            assert old.correlation_id == "corr"
+            assert old.trace_context is None
+            stale = PositionedOperation(timer("old"), 6, old.registered_at)
+            assert await store.apply([stale]) == [CommandOutcome.STALE]
+            traced = attrs.evolve(
+                timer("new"), trace_context=TraceContext(_TRACEPARENT, "vendor=opaque")
+            )
+            await store.schedule(traced)
+            assert await store.get(TenantId("t"), ServiceCallId("new")) == traced
+        with connect(fresh_postgres_url) as conn:
+            versions = conn.execute(
+                "SELECT version FROM timer_schema_migrations ORDER BY version"
+            ).fetchall()
+        assert versions == [(v,) for v in range(1, SCHEMA_VERSION + 1)]
 
 
 class TestConstraints:

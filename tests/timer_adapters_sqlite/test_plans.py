@@ -108,8 +108,8 @@ class TestOtherPlans:
     @pytest.mark.parametrize(
         ("sql", "params"),
         [
-            (queries._UPSERT, ("t", "c", None, _NOW, _NOW, None)),
-            (queries._UPSERT, ("t", "c", None, _NOW, _NOW, 7)),
+            (queries._UPSERT, ("t", "c", None, _NOW, _NOW, None, None, None)),
+            (queries._UPSERT, ("t", "c", None, _NOW, _NOW, 7, "00-x-y-01", None)),
             (queries._CANCEL, ("t", "c")),
             (queries._MARK_REACHED, (_NOW, "t", "c", _NOW)),
             (queries._POSITIONS, ("t", "c")),

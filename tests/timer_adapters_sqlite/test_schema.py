@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 import sqlalchemy as sa
 
@@ -22,11 +23,13 @@ from timer_core import (
     StoreUnavailable,
     TenantId,
     TimerKey,
+    TraceContext,
 )
 
 from .conftest import entry
 
 _GOOD_TS = "2030-01-01T12:00:00.000Z"
+_TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 
 
 def _create_from_metadata(path: Path) -> None:
@@ -172,6 +175,80 @@ class TestMigrations:
             migrate(path)
 
 
+#: The migrations up to the one that adds the trace context (the previous schema version).
+_BEFORE_TRACE_CONTEXT = [
+    m
+    for m in MIGRATIONS
+    if m.version < next(t.version for t in MIGRATIONS if "trace context" in t.description)
+]
+
+
+def _create_version_before_trace_context(path: Path) -> None:
+    """A database exactly as the schema version before the trace context left it, with a
+    timer that has a command position."""
+    connection = sqlite3.connect(path, isolation_level=None)
+    try:
+        connection.execute(
+            "CREATE TABLE timer_schema_version (version INTEGER PRIMARY KEY, "
+            "description TEXT NOT NULL) STRICT"
+        )
+        for migration in _BEFORE_TRACE_CONTEXT:
+            for statement in migration.statements("standalone"):
+                connection.execute(statement)
+            for table, column, declaration in migration.columns:
+                connection.execute(f"ALTER TABLE {table} ADD COLUMN {column} {declaration}")
+            connection.execute(
+                "INSERT INTO timer_schema_version VALUES (?, ?)",
+                (migration.version, migration.description),
+            )
+        connection.execute(
+            "INSERT INTO timer_schedules (tenant_id, service_call_id, correlation_id, due_at, "
+            "registered_at, command_position) VALUES ('tenant-a', 'old', 'corr', ?, ?, 7)",
+            (_GOOD_TS, _GOOD_TS),
+        )
+    finally:
+        connection.close()
+
+
+class TestTraceContextMigration:
+    async def test_previous_version_migrates_and_keeps_its_timers(self, db_path: Path) -> None:
+        """A database at the previous version gains the trace columns; its timers read back
+        without context and keep their command position."""
+        _create_version_before_trace_context(db_path)
+        async with SqliteTimerStore(db_path) as store:
+            old = await store.get(TenantId("tenant-a"), ServiceCallId("old"))
+            assert old is not None
+            assert old.correlation_id == "corr"
+            assert old.trace_context is None
+            stale = PositionedOperation(entry("tenant-a", "old"), 6, old.registered_at)
+            assert await store.apply([stale]) == [CommandOutcome.STALE]
+            traced = attrs.evolve(
+                entry(), trace_context=TraceContext(_TRACEPARENT, "vendor=opaque")
+            )
+            await store.schedule(traced)
+            assert await store.get(traced.tenant_id, traced.service_call_id) == traced
+        connection = sqlite3.connect(db_path)
+        try:
+            versions = connection.execute("SELECT version FROM timer_schema_version").fetchall()
+        finally:
+            connection.close()
+        assert versions == [(v,) for v in range(1, SCHEMA_VERSION + 1)]
+
+    def test_migrated_previous_version_matches_a_fresh_schema(self, tmp_path: Path) -> None:
+        """Migrating from the previous version builds the same schema as a fresh database."""
+        _create_version_before_trace_context(tmp_path / "old.db")
+        assert migrate(tmp_path / "old.db") == SCHEMA_VERSION
+        migrate(tmp_path / "fresh.db")
+        described = []
+        for name in ("old.db", "fresh.db"):
+            connection = sqlite3.connect(tmp_path / name)
+            try:
+                described.append(_describe(connection))
+            finally:
+                connection.close()
+        assert described[0] == described[1]
+
+
 class TestSchema:
     def test_metadata_matches_the_migrations(self, tmp_path: Path) -> None:
         """``metadata.create_all`` and the migrations build the same table and indexes."""
@@ -205,6 +282,8 @@ class TestSchema:
             "reached_at": ("TEXT", 0, 0),
             "state": ("TEXT", 1, 0),
             "command_position": ("INTEGER", 0, 0),
+            "traceparent": ("TEXT", 0, 0),
+            "tracestate": ("TEXT", 0, 0),
         }
         indexes = {
             name: [c[2] for c in schema_db.execute(f"PRAGMA index_info({name})")]

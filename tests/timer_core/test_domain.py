@@ -25,6 +25,7 @@ from timer_core import (
     TimerEntry,
     TimerKey,
     TimerState,
+    TraceContext,
     Uuid7EnvelopeIds,
     format_timestamp,
     parse_timestamp,
@@ -208,6 +209,7 @@ class TestHotPathConstruction:
             correlation_id=entry.correlation_id,
             state=TimerState.REACHED,
             reached_at=reached_at,
+            trace_context=entry.trace_context,
         )
         assert fast == slow
         for field in attrs.fields(TimerEntry):
@@ -228,6 +230,7 @@ class TestHotPathConstruction:
             timestamp_ms=to_epoch_ms(reached),
             aggregate_id=entry.service_call_id,
             correlation_id=entry.correlation_id,
+            trace_context=entry.trace_context,
         )
         assert fast == slow
         for field in attrs.fields(MessageEnvelope):
@@ -237,11 +240,12 @@ class TestHotPathConstruction:
                 getattr(slow.payload, field.name)
             )
 
-    @given(ts.command_envelopes(), ts.utc_datetimes())
+    @given(ts.command_envelopes(), ts.utc_datetimes(), st.none() | ts.trace_contexts())
     def test_stored_entries_equal_the_constructors(
-        self, envelope: MessageEnvelope[Command], now: datetime
+        self, envelope: MessageEnvelope[Command], now: datetime, trace: TraceContext | None
     ) -> None:
         """The entry a ScheduleTimer is stored as is the constructor's, field by field."""
+        envelope = attrs.evolve(envelope, trace_context=trace)
         operation = _operation(envelope, now)
         command = envelope.payload
         if not isinstance(command, ScheduleTimer):
@@ -253,6 +257,7 @@ class TestHotPathConstruction:
             due_at=command.due_at,
             registered_at=now,
             correlation_id=envelope.correlation_id,
+            trace_context=trace,
         )
         assert operation == slow
         for field in attrs.fields(TimerEntry):

@@ -18,10 +18,11 @@ class TestImports:
     """What `import timer_core` loads."""
 
     def test_import_loads_no_driver(self) -> None:
-        """Importing timer_core loads neither sqlalchemy nor nats (nor the test kit)."""
+        """Importing timer_core loads neither sqlalchemy, nats nor opentelemetry (nor the test
+        kit)."""
         code = (
             "import sys, timer_core; "
-            "loaded = [m for m in ('sqlalchemy', 'nats', 'pytest', 'hypothesis',"
+            "loaded = [m for m in ('sqlalchemy', 'nats', 'opentelemetry', 'pytest', 'hypothesis',"
             " 'timer_core.testing') if m in sys.modules]; "
             "assert not loaded, loaded"
         )

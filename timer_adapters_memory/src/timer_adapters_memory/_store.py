@@ -234,7 +234,11 @@ class MemoryTimerStore(TimerStore):
             return CommandOutcome.SCHEDULED
         if not current.is_scheduled:
             return CommandOutcome.IGNORED_REACHED
-        storage.put(current.reschedule(entry.due_at, entry.registered_at, entry.correlation_id))
+        storage.put(
+            current.reschedule(
+                entry.due_at, entry.registered_at, entry.correlation_id, entry.trace_context
+            )
+        )
         storage.drop_lease(entry.key)  # the old claim was for the old due time
         return CommandOutcome.SCHEDULED
 

@@ -13,6 +13,7 @@ from nats.aio.client import Client
 from timer_adapters_nats._acked import AckedPublisher, Outgoing
 from timer_adapters_nats._connection import NatsConnection, connect
 from timer_adapters_nats._settings import Subjects
+from timer_adapters_nats._tracing import current_trace_context
 from timer_core import (
     CancelTimer,
     Clock,
@@ -25,6 +26,7 @@ from timer_core import (
     ServiceCallId,
     SystemClock,
     TenantId,
+    TraceContext,
     Uuid7EnvelopeIds,
     command_envelope,
     encode_envelope,
@@ -45,7 +47,10 @@ class TimerClient:
     Each call fills in a fresh UUID v7 envelope id (also the ``Nats-Msg-Id``, so a retried
     send within the duplicate window is stored once), ``timestampMs`` from ``clock``,
     ``aggregateId`` (the service call id), and returns the envelope id once JetStream acked
-    the command. The correlation id defaults to that envelope id, starting a new trace. A
+    the command. The correlation id defaults to that envelope id, starting a new trace.
+    ``schedule`` also sends the caller's current W3C trace context (``traceparent`` and
+    ``tracestate`` headers) when OpenTelemetry is installed and a span is active, so the
+    ``DueTimeReached`` can be linked to it; otherwise the command is sent without. A
     failed or unacknowledged send raises :class:`~timer_core.errors.PublishError`; invalid
     ids or a naive or out-of-range ``due_at`` raise
     :class:`~timer_core.errors.ValidationError` before anything is sent. It implements
@@ -137,10 +142,16 @@ class TimerClient:
         *,
         correlation_id: str | None = None,
         causation_id: str | None = None,
+        trace_context: TraceContext | None = None,
     ) -> MessageEnvelope[ScheduleTimer]:
-        """The ``ScheduleTimer`` envelope :meth:`schedule` would send (validated)."""
+        """The ``ScheduleTimer`` envelope :meth:`schedule` would send (validated).
+
+        ``trace_context`` defaults to the caller's current one (see the class docstring).
+        """
         payload = ScheduleTimer(TenantId(tenant_id), ServiceCallId(service_call_id), due_at)
-        return self._envelope(payload, correlation_id, causation_id)
+        if trace_context is None:
+            trace_context = current_trace_context()
+        return self._envelope(payload, correlation_id, causation_id, trace_context)
 
     def cancel_envelope(
         self,
@@ -159,6 +170,7 @@ class TimerClient:
         payload: _C,
         correlation_id: str | None,
         causation_id: str | None,
+        trace_context: TraceContext | None = None,
     ) -> MessageEnvelope[_C]:
         return command_envelope(
             payload,
@@ -166,6 +178,7 @@ class TimerClient:
             self._clock.now(),
             correlation_id=correlation_id,
             causation_id=causation_id,
+            trace_context=trace_context,
         )
 
     async def schedule(
@@ -176,6 +189,7 @@ class TimerClient:
         *,
         correlation_id: str | None = None,
         causation_id: str | None = None,
+        trace_context: TraceContext | None = None,
     ) -> EnvelopeId:
         """Ask for ``DueTimeReached`` at ``due_at`` (aware datetime); a later call reschedules."""
         envelope = self.schedule_envelope(
@@ -184,6 +198,7 @@ class TimerClient:
             due_at,
             correlation_id=correlation_id,
             causation_id=causation_id,
+            trace_context=trace_context,
         )
         return await self.send(envelope)
 
@@ -215,8 +230,10 @@ class TimerClient:
         return await self._publisher.publish_many([self._outgoing(e) for e in envelopes])
 
     def _outgoing(self, envelope: CommandEnvelope) -> Outgoing:
+        trace_context = envelope.trace_context
         return Outgoing(
             subject=self.subjects.commands(envelope.tenant_id),
             data=encode_envelope(envelope),
             msg_id=str(envelope.id),
+            headers={} if trace_context is None else trace_context.headers(),
         )

@@ -24,7 +24,8 @@ class NatsEventPublisher(EventPublisher):
     """Publishes ``DueTimeReached`` to ``<prefix>.events.<tenantId>.<serviceCallId>``.
 
     The body is the contract's JSON, the ``Nats-Msg-Id`` header the envelope id, so a
-    re-publish of the same firing within the stream's duplicate window is stored once. Uses
+    re-publish of the same firing within the stream's duplicate window is stored once. An
+    envelope's ``trace_context`` goes out as ``traceparent``/``tracestate`` headers. Uses
     the :class:`NatsConnection` it is given (a :class:`NatsBroker` is one); :meth:`start` and
     :meth:`aclose` are no-ops.
     """
@@ -45,10 +46,12 @@ class NatsEventPublisher(EventPublisher):
 
     def _outgoing(self, envelope: MessageEnvelope[DueTimeReached]) -> Outgoing:
         payload = envelope.payload
+        trace_context = envelope.trace_context
         return Outgoing(
             subject=self._subjects.events(payload.tenant_id, payload.service_call_id),
             data=encode_envelope(envelope),
             msg_id=str(envelope.id),
+            headers={} if trace_context is None else trace_context.headers(),
         )
 
     async def publish_many(

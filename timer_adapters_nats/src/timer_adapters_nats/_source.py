@@ -17,6 +17,7 @@ from timer_adapters_nats._dead_letters import ERROR_HEADER, dead_letter_message
 from timer_adapters_nats._pull import PullBatches, Settlement, settle
 from timer_core import (
     NO_INSTRUMENTATION,
+    TRACEPARENT_HEADER,
     Command,
     CommandBatchHandler,
     CommandOutcome,
@@ -25,6 +26,7 @@ from timer_core import (
     Instrumentation,
     MessageEnvelope,
     PublishError,
+    TraceContext,
     decode_command,
     rejection_reason,
 )
@@ -50,6 +52,8 @@ class _Batch:
 class NatsCommandSource(CommandSource):
     """Reads the durable pull consumer and hands valid commands to the handler, in batches.
 
+    - A ``traceparent`` (and ``tracestate``) header is kept as the command's
+      ``trace_context``; an invalid one is ignored, the command still handled.
     - A message is rejected when it does not decode or when its subject's tenant differs from
       the envelope's (a producer on tenant A's subject never touches tenant B). It is
       republished unchanged to ``<prefix>.dlq.<subject tenant>`` (``_`` when the subject's
@@ -392,6 +396,11 @@ class NatsCommandSource(CommandSource):
                 f"{message.subject!r} is not {self._subjects.prefix}.commands.<tenantId>",
             )
         envelope = decode_command(message.data)
+        headers = message.headers
+        if headers and TRACEPARENT_HEADER in headers:
+            trace_context = TraceContext.from_headers(headers)
+            if trace_context is not None:
+                envelope = attrs.evolve(envelope, trace_context=trace_context)
         if envelope.tenant_id != subject_tenant:
             raise DecodeError(
                 "tenantId",

@@ -46,6 +46,8 @@ timer_schedules = sa.Table(
     sa.Column("lease_until", sa.DateTime(timezone=True), nullable=True),
     sa.Column("lease_token", sa.BigInteger, nullable=False, server_default="0"),
     sa.Column("command_position", sa.BigInteger, nullable=True),
+    sa.Column("traceparent", sa.Text, nullable=True),
+    sa.Column("tracestate", sa.Text, nullable=True),
     sa.CheckConstraint("state IN ('Scheduled', 'Reached')", name="ck_timer_schedules_state"),
     sa.CheckConstraint(
         "(state = 'Reached') = (reached_at IS NOT NULL)", name="ck_timer_schedules_reached_at"
@@ -192,6 +194,15 @@ MIGRATIONS: tuple[Migration, ...] = (
                 WHERE state = 'Scheduled'
             """,
             "DROP INDEX ix_timer_schedules_tenant_state_due",
+        ),
+    ),
+    Migration(
+        4,
+        "keep the W3C trace context a timer was scheduled with",
+        (
+            # Nullable without a default: a catalog-only change, no table rewrite or scan.
+            "ALTER TABLE timer_schedules ADD COLUMN traceparent text",
+            "ALTER TABLE timer_schedules ADD COLUMN tracestate text",
         ),
     ),
 )

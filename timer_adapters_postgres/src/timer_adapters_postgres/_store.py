@@ -44,6 +44,7 @@ from timer_core import (
     TimerOperation,
     TimerState,
     TimerStore,
+    TraceContext,
     redact_url,
     require_utc,
     scheduled_entry,
@@ -69,8 +70,13 @@ _ENTRY_COLUMNS = (
     t.c.registered_at,
     t.c.state,
     t.c.reached_at,
+    t.c.traceparent,
+    t.c.tracestate,
 )
-_RETURNING = "tenant_id, service_call_id, correlation_id, due_at, registered_at, state, reached_at"
+_RETURNING = (
+    "tenant_id, service_call_id, correlation_id, due_at, registered_at, state, reached_at, "
+    "traceparent, tracestate"
+)
 
 # Claiming: the LIMIT sits inside the locking subquery, which walks ix_timer_schedules_due in
 # order, skips rows another transaction holds, and stops after :limit rows (no sort, no scan
@@ -175,11 +181,13 @@ FOR UPDATE OF c
 _INSERT = sa.text(
     """
 INSERT INTO timer_schedules
-    (tenant_id, service_call_id, correlation_id, due_at, registered_at, command_position)
+    (tenant_id, service_call_id, correlation_id, due_at, registered_at, command_position,
+     traceparent, tracestate)
 SELECT * FROM unnest(
     CAST(:tenant_ids AS text[]), CAST(:service_call_ids AS text[]),
     CAST(:correlation_ids AS text[]), CAST(:due_ats AS timestamptz[]),
-    CAST(:registered_ats AS timestamptz[]), CAST(:positions AS bigint[]))
+    CAST(:registered_ats AS timestamptz[]), CAST(:positions AS bigint[]),
+    CAST(:traceparents AS text[]), CAST(:tracestates AS text[]))
 ON CONFLICT (tenant_id, service_call_id) DO NOTHING
 RETURNING tenant_id
 """
@@ -191,12 +199,15 @@ _RESCHEDULE = sa.text(
 UPDATE timer_schedules AS s
 SET due_at = v.due_at, registered_at = v.registered_at, correlation_id = v.correlation_id,
     command_position = coalesce(v.position, s.command_position),
+    traceparent = v.traceparent, tracestate = v.tracestate,
     lease_owner = NULL, lease_until = NULL
 FROM unnest(
     CAST(:tenant_ids AS text[]), CAST(:service_call_ids AS text[]),
     CAST(:correlation_ids AS text[]), CAST(:due_ats AS timestamptz[]),
-    CAST(:registered_ats AS timestamptz[]), CAST(:positions AS bigint[]))
-    AS v(tenant_id, service_call_id, correlation_id, due_at, registered_at, position)
+    CAST(:registered_ats AS timestamptz[]), CAST(:positions AS bigint[]),
+    CAST(:traceparents AS text[]), CAST(:tracestates AS text[]))
+    AS v(tenant_id, service_call_id, correlation_id, due_at, registered_at, position,
+         traceparent, tracestate)
 WHERE s.tenant_id = v.tenant_id AND s.service_call_id = v.service_call_id
 """
 )
@@ -311,6 +322,9 @@ def _entry(row: Any) -> TimerEntry:
         correlation_id=row.correlation_id,
         state=row.state,
         reached_at=row.reached_at,
+        trace_context=(
+            None if row.traceparent is None else TraceContext(row.traceparent, row.tracestate)
+        ),
     )
 
 
@@ -329,6 +343,8 @@ def _columns(
         "due_ats": [e.due_at for e in rows],
         "registered_ats": [e.registered_at for e in rows],
         "positions": [positions.get(e.key) for e in rows],
+        "traceparents": [e.trace_context and e.trace_context.traceparent for e in rows],
+        "tracestates": [e.trace_context and e.trace_context.tracestate for e in rows],
     }
 
 

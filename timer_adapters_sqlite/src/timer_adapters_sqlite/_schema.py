@@ -142,6 +142,12 @@ def _tenant_due_v3(_mode: StoreMode) -> list[str]:
     ]
 
 
+def _no_statements(_mode: StoreMode) -> list[str]:
+    # Only columns (added unless present): nullable at the end, so SQLite rewrites nothing
+    # and existing rows read NULL.
+    return []
+
+
 @attrs.frozen
 class Migration:
     """One forward step of the schema; ``statements`` may differ by mode, never by data.
@@ -170,6 +176,12 @@ MIGRATIONS: tuple[Migration, ...] = (
         "tenant fairness: idx_timer_schedules_tenant_due replaces idx_timer_schedules_due_at",
         _tenant_due_v3,
     ),
+    Migration(
+        4,
+        "keep the W3C trace context a timer was scheduled with",
+        _no_statements,
+        columns=((TABLE, "traceparent", "TEXT"), (TABLE, "tracestate", "TEXT")),
+    ),
 )
 assert [m.version for m in MIGRATIONS] == list(range(1, len(MIGRATIONS) + 1))
 
@@ -192,6 +204,8 @@ def timer_schedules_table(metadata: sa.MetaData, *, mode: StoreMode = "standalon
         sa.Column("reached_at", sa.Text, nullable=True),
         sa.Column("state", sa.Text, nullable=False, server_default=sa.text("'Scheduled'")),
         sa.Column("command_position", sa.Integer, nullable=True),
+        sa.Column("traceparent", sa.Text, nullable=True),
+        sa.Column("tracestate", sa.Text, nullable=True),
         sa.PrimaryKeyConstraint("tenant_id", "service_call_id", name="pk_timer_schedules"),
     ]
     if mode == "shared":

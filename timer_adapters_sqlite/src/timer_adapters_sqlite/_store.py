@@ -53,6 +53,7 @@ from timer_core import (
     TimerOperation,
     TimerState,
     TimerStore,
+    TraceContext,
     format_timestamp,
     require_utc,
     scheduled_entry,
@@ -64,7 +65,10 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-_COLUMNS = "tenant_id, service_call_id, correlation_id, due_at, registered_at, state, reached_at"
+_COLUMNS = (
+    "tenant_id, service_call_id, correlation_id, due_at, registered_at, state, reached_at, "
+    "traceparent, tracestate"
+)
 
 # ADR-0003 section 5: a Reached timer is never re-armed, so the update is guarded by state.
 # Command order (a PositionedOperation's position, the 6th value, NULL without one): a
@@ -75,6 +79,8 @@ ON CONFLICT (tenant_id, service_call_id) DO UPDATE SET
     due_at = excluded.due_at,
     correlation_id = excluded.correlation_id,
     registered_at = excluded.registered_at,
+    traceparent = excluded.traceparent,
+    tracestate = excluded.tracestate,
     command_position = coalesce(excluded.command_position, {TABLE}.command_position)
 WHERE {TABLE}.state = 'Scheduled'
   AND (excluded.command_position IS NULL OR {TABLE}.command_position IS NULL
@@ -82,8 +88,9 @@ WHERE {TABLE}.state = 'Scheduled'
 """
 _UPSERT = f"""
 INSERT INTO {TABLE}
-    (tenant_id, service_call_id, correlation_id, due_at, registered_at, state, command_position)
-SELECT ?1, ?2, ?3, ?4, ?5, 'Scheduled', ?6
+    (tenant_id, service_call_id, correlation_id, due_at, registered_at, state, command_position,
+     traceparent, tracestate)
+SELECT ?1, ?2, ?3, ?4, ?5, 'Scheduled', ?6, ?7, ?8
 WHERE ?6 IS NULL OR NOT EXISTS (
     SELECT 1 FROM {TOMBSTONES} AS c
     WHERE c.tenant_id = ?1 AND c.service_call_id = ?2 AND c.command_position > ?6)
@@ -114,13 +121,16 @@ WHERE tenant_id = ? AND service_call_id = ? AND state = 'Scheduled' AND due_at =
 # 0.3-3k upserts/s that way, 8k/s as one statement, the event loop running on meanwhile).
 _UPSERT_JSON = f"""
 INSERT INTO {TABLE}
-    (tenant_id, service_call_id, correlation_id, due_at, registered_at, state, command_position)
-SELECT tenant_id, service_call_id, correlation_id, due_at, registered_at, 'Scheduled', position
+    (tenant_id, service_call_id, correlation_id, due_at, registered_at, state, command_position,
+     traceparent, tracestate)
+SELECT tenant_id, service_call_id, correlation_id, due_at, registered_at, 'Scheduled', position,
+       traceparent, tracestate
 FROM (
     SELECT key, json_extract(value, '$[0]') AS tenant_id,
            json_extract(value, '$[1]') AS service_call_id,
            json_extract(value, '$[2]') AS correlation_id, json_extract(value, '$[3]') AS due_at,
-           json_extract(value, '$[4]') AS registered_at, json_extract(value, '$[5]') AS position
+           json_extract(value, '$[4]') AS registered_at, json_extract(value, '$[5]') AS position,
+           json_extract(value, '$[6]') AS traceparent, json_extract(value, '$[7]') AS tracestate
     FROM json_each(?)
 ) AS v
 WHERE position IS NULL OR NOT EXISTS (
@@ -271,7 +281,17 @@ def _tenant_id(value: str) -> TenantId:
 
 
 def _entry(row: Sequence[Any]) -> TimerEntry:
-    tenant_id, service_call_id, correlation_id, due_at, registered_at, state, reached_at = row
+    (
+        tenant_id,
+        service_call_id,
+        correlation_id,
+        due_at,
+        registered_at,
+        state,
+        reached_at,
+        traceparent,
+        tracestate,
+    ) = row
     return TimerEntry(
         tenant_id=_tenant_id(tenant_id),
         service_call_id=service_call_id,
@@ -280,14 +300,16 @@ def _entry(row: Sequence[Any]) -> TimerEntry:
         correlation_id=correlation_id,
         state=_STATES[state],
         reached_at=None if reached_at is None else _read_timestamp(reached_at),
+        trace_context=None if traceparent is None else TraceContext(traceparent, tracestate),
     )
 
 
-# An operation as the writer runs it: its SQL parameters. A schedule has six (the upsert's,
-# the last its command position or None), a cancel two (the key) or, with a position, four
-# (key, position, time): the length alone tells them apart.
+# An operation as the writer runs it: its SQL parameters. A schedule has eight (the
+# upsert's: the 6th its command position or None, the last two its trace context or None), a
+# cancel two (the key) or, with a position, four (key, position, time): the length alone
+# tells them apart.
 _Op = tuple[Any, ...]
-_SCHEDULE_SIZE = 6
+_SCHEDULE_SIZE = 8
 _SCHEDULED = TimerState.SCHEDULED
 
 
@@ -315,6 +337,7 @@ def _as_ops(operations: Sequence[TimerOperation]) -> list[_Op]:
             if operation.registered_at != registered:
                 registered = operation.registered_at
                 registered_text = _write_timestamp(registered)
+            trace = operation.trace_context
             ops.append(
                 (
                     operation.tenant_id,
@@ -323,6 +346,8 @@ def _as_ops(operations: Sequence[TimerOperation]) -> list[_Op]:
                     _write_timestamp(operation.due_at),
                     registered_text,
                     position,
+                    None if trace is None else trace.traceparent,
+                    None if trace is None else trace.tracestate,
                 )
             )
         elif isinstance(operation, tuple) and len(operation) == 2:

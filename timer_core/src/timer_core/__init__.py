@@ -27,6 +27,7 @@ from timer_core._time import (
     require_utc,
     to_epoch_ms,
 )
+from timer_core._trace import TRACEPARENT_HEADER, TRACESTATE_HEADER, TraceContext
 from timer_core.codec import (
     MAX_MESSAGE_BYTES,
     decode_command,
@@ -50,7 +51,12 @@ from timer_core.errors import (
     TimerError,
     ValidationError,
 )
-from timer_core.instrumentation import NO_INSTRUMENTATION, Instrumentation
+from timer_core.instrumentation import (
+    NO_BATCH_OBSERVER,
+    NO_INSTRUMENTATION,
+    BatchObserver,
+    Instrumentation,
+)
 from timer_core.ports import (
     AsyncResource,
     Clock,
@@ -85,9 +91,13 @@ from timer_core.workflows import (
 
 __all__ = [
     "MAX_MESSAGE_BYTES",
+    "NO_BATCH_OBSERVER",
     "NO_INSTRUMENTATION",
     "REDACTED",
+    "TRACEPARENT_HEADER",
+    "TRACESTATE_HEADER",
     "AsyncResource",
+    "BatchObserver",
     "CancelTimer",
     "CausationId",
     "Clock",
@@ -135,6 +145,7 @@ __all__ = [
     "TimerState",
     "TimerStore",
     "TimerWorker",
+    "TraceContext",
     "Uuid7EnvelopeIds",
     "ValidationError",
     "build_due_event",

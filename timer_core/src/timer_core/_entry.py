@@ -10,6 +10,7 @@ import attrs
 
 from timer_core._ids import CorrelationId, ServiceCallId, TenantId
 from timer_core._time import ceil_ms, floor_ms, require_utc
+from timer_core._trace import TraceContext
 from timer_core.errors import IllegalTransition
 
 __all__ = ["TimerEntry", "TimerKey", "TimerState"]
@@ -68,6 +69,8 @@ class TimerEntry:
     )
     state: TimerState = attrs.field(default=TimerState.SCHEDULED, converter=_state)
     reached_at: datetime | None = attrs.field(default=None, converter=_optional_instant)
+    trace_context: TraceContext | None = None
+    """The W3C trace context of the ``ScheduleTimer`` that scheduled it last, if it had one."""
 
     def __attrs_post_init__(self) -> None:
         if (self.state is TimerState.REACHED) != (self.reached_at is not None):
@@ -117,18 +120,28 @@ class TimerEntry:
             self.correlation_id,
             TimerState.REACHED,
             reached_at,
+            self.trace_context,
         )
 
     def reschedule(
-        self, due_at: datetime, registered_at: datetime, correlation_id: str | None
+        self,
+        due_at: datetime,
+        registered_at: datetime,
+        correlation_id: str | None,
+        trace_context: TraceContext | None = None,
     ) -> TimerEntry:
-        """The same timer with a new due time; raises :class:`IllegalTransition` if Reached."""
+        """The same timer with a new due time, correlation id and trace context (the last
+        schedule's); raises :class:`IllegalTransition` if Reached."""
         if self.state is not TimerState.SCHEDULED:
             raise IllegalTransition(
                 f"timer {self.tenant_id}/{self.service_call_id} is Reached and is never re-armed"
             )
         return attrs.evolve(
-            self, due_at=due_at, registered_at=registered_at, correlation_id=correlation_id
+            self,
+            due_at=due_at,
+            registered_at=registered_at,
+            correlation_id=correlation_id,
+            trace_context=trace_context,
         )
 
 
@@ -140,6 +153,7 @@ def _unchecked_entry(
     correlation_id: CorrelationId | None,
     state: TimerState,
     reached_at: datetime | None,
+    trace_context: TraceContext | None = None,
 ) -> TimerEntry:
     """A TimerEntry from values already of its fields' types and forms, without running the
     converters and checks again: for the hot paths only (a fired timer, a stored command).
@@ -153,4 +167,5 @@ def _unchecked_entry(
     put(entry, "correlation_id", correlation_id)
     put(entry, "state", state)
     put(entry, "reached_at", reached_at)
+    put(entry, "trace_context", trace_context)
     return entry

@@ -10,6 +10,7 @@ import attrs
 from timer_core._entry import _due, _instant, _optional_correlation
 from timer_core._ids import CausationId, CorrelationId, EnvelopeId, ServiceCallId, TenantId
 from timer_core._time import to_epoch_ms
+from timer_core._trace import TraceContext
 
 __all__ = [
     "CancelTimer",
@@ -77,7 +78,8 @@ class MessageEnvelope(Generic[P]):
     """One message on the wire: routing and tracing fields around a payload.
 
     ``type`` is always ``payload.tag`` and ``tenant_id`` always ``payload.tenant_id``;
-    the constructor derives both so they cannot disagree.
+    the constructor derives both so they cannot disagree. ``trace_context`` travels in the
+    message's headers (``traceparent``, ``tracestate``), not in its JSON body.
     """
 
     id: EnvelopeId = attrs.field(converter=EnvelopeId)
@@ -92,6 +94,9 @@ class MessageEnvelope(Generic[P]):
     """Where the message sits in its source's order (the JetStream stream sequence of a
     command a :class:`~timer_core.ports.CommandSource` delivered), or None. Not on the wire;
     commands of one timer apply in this order (older ones are ``STALE``)."""
+    trace_context: TraceContext | None = attrs.field(default=None, kw_only=True)
+    """The W3C trace context the message travels with, in its headers (``traceparent``,
+    ``tracestate``), not in its JSON body; None when it has none."""
 
     @property
     def type(self) -> str:
@@ -136,6 +141,7 @@ def _unchecked_due_event(
     reached_at: datetime,
     timestamp_ms: int,
     correlation_id: CorrelationId | None,
+    trace_context: TraceContext | None = None,
 ) -> MessageEnvelope[DueTimeReached]:
     """A ``DueTimeReached`` envelope from values already of its fields' types and forms,
     without running the converters again: for the hot path only (a timer fired). A new field
@@ -155,6 +161,7 @@ def _unchecked_due_event(
     put(envelope, "correlation_id", correlation_id)
     put(envelope, "causation_id", None)
     put(envelope, "position", None)
+    put(envelope, "trace_context", trace_context)
     return envelope
 
 
@@ -168,6 +175,7 @@ def command_envelope(
     *,
     correlation_id: str | None = None,
     causation_id: str | None = None,
+    trace_context: TraceContext | None = None,
 ) -> MessageEnvelope[C]:
     """A command as a producer sends it: ``aggregateId`` is the service call, ``timestampMs``
     is ``now``, and the correlation id, when none is given, the envelope's own id (a new
@@ -179,4 +187,5 @@ def command_envelope(
         aggregate_id=payload.service_call_id,
         correlation_id=correlation_id if correlation_id is not None else envelope_id,
         causation_id=causation_id,
+        trace_context=trace_context,
     )

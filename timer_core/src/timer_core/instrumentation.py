@@ -5,10 +5,30 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from timer_core._entry import TimerEntry
-from timer_core._messages import Command, MessageEnvelope
+from timer_core._messages import Command, DueTimeReached, MessageEnvelope
 from timer_core.errors import PublishError
 
-__all__ = ["Instrumentation", "NO_INSTRUMENTATION"]
+__all__ = ["NO_BATCH_OBSERVER", "NO_INSTRUMENTATION", "BatchObserver", "Instrumentation"]
+
+
+class BatchObserver:
+    """One batch followed from start to end (a tracer's span around it); does nothing here.
+
+    :meth:`Instrumentation.commands_started` and :meth:`Instrumentation.firing_started`
+    return one per batch; the workflows call :meth:`finished` exactly once when the batch is
+    done, unless the task running it is cancelled first.
+    """
+
+    def published(self, results: Sequence[PublishError | None]) -> None:
+        """A firing batch's publish returned: ``results[i]`` for the i-th envelope (None:
+        acknowledged). Not called for command batches."""
+
+    def finished(self, error: BaseException | None = None) -> None:
+        """The batch is done (commands stored; timers published and marked), or failed with
+        ``error``."""
+
+
+NO_BATCH_OBSERVER = BatchObserver()
 
 
 class Instrumentation:
@@ -16,6 +36,20 @@ class Instrumentation:
 
     The base class does nothing, so libraries can call it unconditionally.
     """
+
+    def commands_started(self, envelopes: Sequence[MessageEnvelope[Command]]) -> BatchObserver:
+        """A batch of valid commands is about to be stored; the observer sees it finish."""
+        return NO_BATCH_OBSERVER
+
+    def firing_started(self, envelopes: list[MessageEnvelope[DueTimeReached]]) -> BatchObserver:
+        """These ``DueTimeReached`` are about to be published; the observer sees the publish
+        results and the mark.
+
+        It may replace an envelope of the list with the same envelope carrying another
+        ``trace_context`` (e.g. of a span it started for that firing): the list's envelopes
+        are what is published. Nothing else may change.
+        """
+        return NO_BATCH_OBSERVER
 
     def command_handled(self, envelope: MessageEnvelope[Command], outcome: str) -> None:
         """A valid command was applied; ``outcome`` is a :class:`CommandOutcome` value."""

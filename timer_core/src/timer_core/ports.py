@@ -168,10 +168,11 @@ class TimerStore(AsyncResource, abc.ABC):
         """Apply schedules and cancels in the given order, atomically, and durably.
 
         A :class:`TimerEntry` (state ``Scheduled``) is an upsert: a new key is stored; a key
-        that is ``Scheduled`` gets the entry's ``due_at``, ``registered_at`` and
-        ``correlation_id`` (outcome ``SCHEDULED`` either way); a ``Reached`` key is left
-        untouched (``IGNORED_REACHED``). A :class:`TimerKey` cancels: a ``Scheduled`` timer is
-        deleted (``CANCELLED``); a ``Reached`` or unknown key is a no-op (``CANCEL_NOOP``).
+        that is ``Scheduled`` gets the entry's ``due_at``, ``registered_at``,
+        ``correlation_id`` and ``trace_context`` (outcome ``SCHEDULED`` either way); a
+        ``Reached`` key is left untouched (``IGNORED_REACHED``). A :class:`TimerKey` cancels:
+        a ``Scheduled`` timer is deleted (``CANCELLED``); a ``Reached`` or unknown key is a
+        no-op (``CANCEL_NOOP``).
         Later operations see the effects of earlier ones. Returns one outcome per operation,
         in order, only after all of them are committed durably; on error none is applied.
 

@@ -21,8 +21,14 @@ from timer_core._messages import (
     _unchecked_due_event,
 )
 from timer_core._time import floor_ms, is_utc_ms, to_epoch_ms
+from timer_core._trace import TraceContext
 from timer_core.errors import PublishError, StoreError
-from timer_core.instrumentation import NO_INSTRUMENTATION, Instrumentation
+from timer_core.instrumentation import (
+    NO_BATCH_OBSERVER,
+    NO_INSTRUMENTATION,
+    BatchObserver,
+    Instrumentation,
+)
 from timer_core.ports import (
     Clock,
     CommandOutcome,
@@ -77,8 +83,11 @@ def _unpositioned(envelope: MessageEnvelope[Command], now: datetime) -> TimerEnt
                 correlation_id,
                 TimerState.SCHEDULED,
                 None,
+                envelope.trace_context,
             )
-        return scheduled_entry(command, now, correlation_id=correlation_id)
+        return scheduled_entry(
+            command, now, correlation_id=correlation_id, trace_context=envelope.trace_context
+        )
     return TimerKey(command.tenant_id, command.service_call_id)
 
 
@@ -104,24 +113,30 @@ async def handle_commands(
     if not envelopes:
         return []
     now = floor_ms(clock.now())
-    refused: set[int] = set()
-    if max_pending_per_tenant is not None:
-        refused = await _over_quota(store, envelopes, max_pending_per_tenant)
-    if refused:
-        admitted = [e for i, e in enumerate(envelopes) if i not in refused]
-        applied = iter(await store.apply([_operation(envelope, now) for envelope in admitted]))
-        outcomes = [
-            CommandOutcome.OVER_QUOTA if i in refused else next(applied)
-            for i in range(len(envelopes))
-        ]
-        log.warning(
-            "%d ScheduleTimer commands over the cap of %d pending timers per tenant refused",
-            len(refused),
-            max_pending_per_tenant,
-        )
-    else:
-        outcomes = await store.apply([_operation(envelope, now) for envelope in envelopes])
+    observer = instrumentation.commands_started(envelopes)
+    try:
+        refused: set[int] = set()
+        if max_pending_per_tenant is not None:
+            refused = await _over_quota(store, envelopes, max_pending_per_tenant)
+        if refused:
+            admitted = [e for i, e in enumerate(envelopes) if i not in refused]
+            applied = iter(await store.apply([_operation(envelope, now) for envelope in admitted]))
+            outcomes = [
+                CommandOutcome.OVER_QUOTA if i in refused else next(applied)
+                for i in range(len(envelopes))
+            ]
+            log.warning(
+                "%d ScheduleTimer commands over the cap of %d pending timers per tenant refused",
+                len(refused),
+                max_pending_per_tenant,
+            )
+        else:
+            outcomes = await store.apply([_operation(envelope, now) for envelope in envelopes])
+    except Exception as exc:
+        observer.finished(exc)
+        raise
     instrumentation.commands_handled(envelopes, outcomes)
+    observer.finished()
     if log.isEnabledFor(logging.DEBUG):
         for envelope, outcome in zip(envelopes, outcomes, strict=True):
             log.debug(
@@ -179,14 +194,21 @@ async def schedule_timer(
     clock: Clock,
     *,
     correlation_id: str | None = None,
+    trace_context: TraceContext | None = None,
 ) -> CommandOutcome:
     """Store or reschedule one timer; a ``Reached`` timer is never re-armed."""
-    entry = scheduled_entry(command, clock.now(), correlation_id=correlation_id)
+    entry = scheduled_entry(
+        command, clock.now(), correlation_id=correlation_id, trace_context=trace_context
+    )
     return await store.schedule(entry)
 
 
 def scheduled_entry(
-    command: ScheduleTimer, now: datetime, *, correlation_id: str | None = None
+    command: ScheduleTimer,
+    now: datetime,
+    *,
+    correlation_id: str | None = None,
+    trace_context: TraceContext | None = None,
 ) -> TimerEntry:
     """The ``Scheduled`` timer a ``ScheduleTimer`` received at ``now`` stores."""
     return TimerEntry(
@@ -195,6 +217,7 @@ def scheduled_entry(
         due_at=command.due_at,
         registered_at=floor_ms(now),
         correlation_id=correlation_id,
+        trace_context=trace_context,
     )
 
 
@@ -224,6 +247,7 @@ def build_due_event(
             timestamp_ms=to_epoch_ms(reached_at),
             aggregate_id=entry.service_call_id,
             correlation_id=entry.correlation_id,
+            trace_context=entry.trace_context,
         )
     # The hot path, once per timer fired: every value is already of its field's type and
     # form (a TimerEntry's fields, a UTC millisecond instant), so the converters are not run
@@ -236,6 +260,7 @@ def build_due_event(
         reached_at,
         to_epoch_ms(reached_at),
         entry.correlation_id,
+        entry.trace_context,
     )
 
 
@@ -287,9 +312,11 @@ async def fire_due_timers(
     found = await _find(store, clock, batch_size, after, instrumentation)
     if not found.due:
         return found.report([], [])
-    fired, failed, expired = await _publish(store, publisher, clock, found, ids, instrumentation)
+    fired, failed, expired, observer = await _publish(
+        store, publisher, clock, found, ids, instrumentation
+    )
     if not expired:
-        await _mark(store, clock, found, fired, instrumentation)
+        await _mark(store, clock, found, fired, instrumentation, observer)
     return found.report(fired, failed, expired)
 
 
@@ -395,7 +422,7 @@ async def drain_due_timers(
                         exclude=exclude,
                     )
                 )
-            reached, lost, late = await _publish(
+            reached, lost, late, observer = await _publish(
                 store, publisher, clock, found, ids, instrumentation
             )
             batches += 1
@@ -407,7 +434,7 @@ async def drain_due_timers(
                 await previous  # one mark at a time, in due order
             marking = asyncio.ensure_future(
                 _mark_and_report(
-                    store, clock, found, reached, lost, late, instrumentation, on_batch
+                    store, clock, found, reached, lost, late, instrumentation, observer, on_batch
                 )
             )
             marked = reached
@@ -556,8 +583,11 @@ async def _publish(
     found: _Found,
     ids: EnvelopeIdGenerator,
     instrumentation: Instrumentation,
-) -> tuple[list[TimerEntry], list[tuple[TimerEntry, PublishError]], list[TimerEntry]]:
-    """Publish a found batch (within its lease); the reached entries, failures and expired."""
+) -> tuple[
+    list[TimerEntry], list[tuple[TimerEntry, PublishError]], list[TimerEntry], BatchObserver
+]:
+    """Publish a found batch (within its lease); the reached entries, failures and expired,
+    and the instrumentation's observer of the batch (to be finished by the mark)."""
     due, now = found.due, found.now
     lease = store.claim_lease_s
     deadline = None if lease is None else found.started + lease
@@ -567,12 +597,20 @@ async def _publish(
         )
         await _release(store, due)
         instrumentation.poll_completed(clock.monotonic() - found.started, 0)
-        return [], [], due
+        return [], [], due, NO_BATCH_OBSERVER
     envelopes = [build_due_event(entry, now, ids) for entry in due]
-    if deadline is None:
-        results = await publisher.publish_many(envelopes)
-    else:
-        results = await _publish_within(publisher, envelopes, clock, deadline - clock.monotonic())
+    observer = instrumentation.firing_started(envelopes)
+    try:
+        if deadline is None:
+            results = await publisher.publish_many(envelopes)
+        else:
+            results = await _publish_within(
+                publisher, envelopes, clock, deadline - clock.monotonic()
+            )
+    except Exception as exc:
+        observer.finished(exc)
+        raise
+    observer.published(results)
     reached: list[TimerEntry] = []
     failed: list[tuple[TimerEntry, PublishError]] = []
     for entry, error in zip(due, results, strict=True):
@@ -591,7 +629,7 @@ async def _publish(
             failed[0][1],
         )
         await _release(store, [entry for entry, _ in failed])
-    return reached, failed, []
+    return reached, failed, [], observer
 
 
 async def _mark(
@@ -600,10 +638,16 @@ async def _mark(
     found: _Found,
     reached: list[TimerEntry],
     instrumentation: Instrumentation,
+    observer: BatchObserver = NO_BATCH_OBSERVER,
 ) -> None:
     if reached:
-        await store.mark_reached(reached)
+        try:
+            await store.mark_reached(reached)
+        except Exception as exc:
+            observer.finished(exc)
+            raise
         instrumentation.timers_fired(reached)
+    observer.finished()
     instrumentation.poll_completed(clock.monotonic() - found.started, len(reached))
 
 
@@ -615,10 +659,11 @@ async def _mark_and_report(
     failed: list[tuple[TimerEntry, PublishError]],
     expired: list[TimerEntry],
     instrumentation: Instrumentation,
+    observer: BatchObserver,
     on_batch: Callable[[FiringReport], None] | None,
 ) -> None:
     if not expired:
-        await _mark(store, clock, found, reached, instrumentation)
+        await _mark(store, clock, found, reached, instrumentation, observer)
     if on_batch is not None:
         on_batch(found.report(reached, failed, expired))
 

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 from timer_adapters_nats.embedded import NatsServerProcess
-from timer_core import redact_url
+from timer_core import Instrumentation, redact_url
 from timer_service.bootstrap import bootstrap, build_store
 from timer_service.service import HEALTHY_POLL_AGE_S, StartupError, TimerService
 from timer_service.settings import Settings
@@ -48,7 +48,13 @@ async def serve(
         broker_url = settings.broker_url
         if broker_url is None:
             broker_url = await stack.enter_async_context(embedded_broker(settings))
-        service = await stack.enter_async_context(bootstrap(settings, broker_url))
+        telemetry = None
+        if settings.otel:
+            telemetry, shutdown = _opentelemetry(settings)
+            stack.callback(shutdown)  # after the service stopped: flushes the last spans
+        service = await stack.enter_async_context(
+            bootstrap(settings, broker_url, telemetry=telemetry)
+        )
         log.info(
             "timer-service running: database %s, broker %s, polling every %d ms, batch %d",
             redact_url(settings.database_url or str(settings.db_path)),
@@ -89,6 +95,31 @@ async def embedded_broker(settings: Settings) -> AsyncIterator[str]:
         await asyncio.to_thread(server.stop)
         with contextlib.suppress(OSError):
             broker_url_file(settings).unlink()
+
+
+def _opentelemetry(
+    settings: Settings,
+) -> tuple[Callable[[Instrumentation], Instrumentation], Callable[[], None]]:
+    """OpenTelemetry's instrumentation (around the Prometheus one) on SDK providers set up
+    from the environment, and their shutdown; :class:`StartupError` without the extra."""
+    try:
+        from timer_service.otel import OtelInstrumentation, configure
+    except ImportError as exc:
+        raise StartupError(
+            f"TIMER_OTEL: OpenTelemetry is not installed ({exc}); "
+            "install timer-service[otel] or set TIMER_OTEL=0"
+        ) from None
+    tracer_provider, meter_provider, shutdown = configure()
+
+    def telemetry(inner: Instrumentation) -> Instrumentation:
+        return OtelInstrumentation(
+            inner,
+            tracer_provider=tracer_provider,
+            meter_provider=meter_provider,
+            timer_spans=settings.otel_timer_spans,
+        )
+
+    return telemetry, shutdown
 
 
 def _port_free(port: int) -> bool:

@@ -6,10 +6,11 @@ Everything is built here and nothing is started; the caller runs the result with
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import timedelta
 
 from timer_adapters_nats import NatsBroker, NatsSettings
-from timer_core import SystemClock, Timer, TimerStore
+from timer_core import Instrumentation, SystemClock, Timer, TimerStore
 from timer_service.metrics import PrometheusInstrumentation
 from timer_service.service import TimerService
 from timer_service.settings import Settings
@@ -17,9 +18,19 @@ from timer_service.settings import Settings
 __all__ = ["bootstrap", "build_store", "nats_settings"]
 
 
-def bootstrap(settings: Settings, broker_url: str) -> TimerService:
-    """The service for ``settings`` on the broker at ``broker_url``, built but not started."""
-    instrumentation = PrometheusInstrumentation()
+def bootstrap(
+    settings: Settings,
+    broker_url: str,
+    *,
+    telemetry: Callable[[Instrumentation], Instrumentation] | None = None,
+) -> TimerService:
+    """The service for ``settings`` on the broker at ``broker_url``, built but not started.
+
+    ``telemetry`` wraps the Prometheus instrumentation in what the parts report to instead
+    (OpenTelemetry's: :func:`timer_service.otel.configure`).
+    """
+    metrics = PrometheusInstrumentation()
+    instrumentation = metrics if telemetry is None else telemetry(metrics)
     broker = NatsBroker(nats_settings(settings, broker_url), instrumentation=instrumentation)
     timer = Timer(
         build_store(settings),
@@ -32,7 +43,7 @@ def bootstrap(settings: Settings, broker_url: str) -> TimerService:
         instrumentation=instrumentation,
         max_pending_per_tenant=settings.max_pending_per_tenant,
     )
-    return TimerService(settings, broker, timer, instrumentation)
+    return TimerService(settings, broker, timer, metrics, telemetry=instrumentation)
 
 
 def nats_settings(settings: Settings, broker_url: str) -> NatsSettings:

@@ -17,14 +17,14 @@ from timer_core import (
     TimerEntry,
 )
 
-__all__ = ["PrometheusInstrumentation"]
+__all__ = ["COUNTED_AS", "LATENESS_BUCKETS", "POLL_BUCKETS", "PrometheusInstrumentation"]
 
 log = logging.getLogger("timer_service.events")
 
 #: The ``outcome`` label of ``timer_commands_received_total`` for each command outcome:
 #: ``stored`` when the store changed, ``stale`` for a command older than one already applied
 #: to its timer, ``rejected`` for one refused (over quota), else ``ignored``.
-_COUNTED_AS: dict[str, str] = {
+COUNTED_AS: dict[str, str] = {
     CommandOutcome.SCHEDULED: "stored",
     CommandOutcome.CANCELLED: "stored",
     CommandOutcome.IGNORED_REACHED: "ignored",
@@ -33,7 +33,8 @@ _COUNTED_AS: dict[str, str] = {
     CommandOutcome.OVER_QUOTA: "rejected",  # dead-lettered by the source, counted here once
 }
 
-_LATENESS_BUCKETS = (
+#: Buckets of the firing-lateness histogram, in seconds (OpenTelemetry's uses them too).
+LATENESS_BUCKETS = (
     0.001,
     0.0025,
     0.005,
@@ -52,7 +53,8 @@ _LATENESS_BUCKETS = (
     300.0,
     3600.0,
 )
-_POLL_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0)
+#: Buckets of the worker-pass duration histogram, in seconds.
+POLL_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0)
 
 
 class PrometheusInstrumentation(Instrumentation):
@@ -95,13 +97,13 @@ class PrometheusInstrumentation(Instrumentation):
         self.polling = Histogram(
             "timer_polling_duration_seconds",
             "Duration of one worker pass (find due, publish, mark).",
-            buckets=_POLL_BUCKETS,
+            buckets=POLL_BUCKETS,
             registry=self.registry,
         )
         self.lateness = Histogram(
             "timer_firing_lateness_seconds",
             "Firing lateness: reachedAt - dueAt.",
-            buckets=_LATENESS_BUCKETS,
+            buckets=LATENESS_BUCKETS,
             registry=self.registry,
         )
         self.pending = Gauge(
@@ -118,7 +120,7 @@ class PrometheusInstrumentation(Instrumentation):
             self.commands.labels(outcome)
 
     def command_handled(self, envelope: MessageEnvelope[Command], outcome: str) -> None:
-        self.commands.labels(_COUNTED_AS[outcome]).inc()
+        self.commands.labels(COUNTED_AS[outcome]).inc()
         if log.isEnabledFor(logging.DEBUG):
             log.debug(
                 "%s %s",
@@ -140,7 +142,7 @@ class PrometheusInstrumentation(Instrumentation):
             super().commands_handled(envelopes, outcomes)
             return
         for outcome, count in collections.Counter(outcomes).items():
-            self.commands.labels(_COUNTED_AS[outcome]).inc(count)
+            self.commands.labels(COUNTED_AS[outcome]).inc(count)
 
     def command_rejected(self, subject: str, reason: str) -> None:
         self.commands.labels("rejected").inc()

@@ -7,10 +7,10 @@ import asyncio
 import contextlib
 import logging
 from types import TracebackType
-from typing import Self
+from typing import Protocol, Self, runtime_checkable
 
 from timer_adapters_nats import NatsBroker
-from timer_core import StoreError, Timer, redact_url
+from timer_core import Instrumentation, StoreError, Timer, redact_url
 from timer_service.http import HealthEndpoint
 from timer_service.metrics import PrometheusInstrumentation
 from timer_service.settings import Settings
@@ -22,6 +22,13 @@ log = logging.getLogger("timer_service")
 #: ``/healthz`` answers 200 while a worker pass completed at most this long ago.
 HEALTHY_POLL_AGE_S = 30.0
 _PENDING_REFRESH_S = 5.0
+
+
+@runtime_checkable
+class PendingGauge(Protocol):
+    """Telemetry with a gauge of pending timers of its own (OpenTelemetry's)."""
+
+    def set_pending(self, count: int) -> None: ...
 
 
 class StartupError(RuntimeError):
@@ -43,11 +50,15 @@ class TimerService:
         broker: NatsBroker,
         timer: Timer,
         instrumentation: PrometheusInstrumentation,
+        *,
+        telemetry: Instrumentation | None = None,
     ) -> None:
         self.settings = settings
         self.broker = broker
         self.timer = timer
         self.instrumentation = instrumentation
+        #: What the parts report to: ``instrumentation``, or OpenTelemetry's around it.
+        self.telemetry = instrumentation if telemetry is None else telemetry
         self.http = HealthEndpoint(
             settings.http_host,
             settings.http_port,
@@ -138,7 +149,10 @@ class TimerService:
         """Refresh the pending-timers gauge every few seconds."""
         while True:
             try:
-                self.instrumentation.pending.set(await self.timer.store.count_scheduled())
+                pending = await self.timer.store.count_scheduled()
+                self.instrumentation.pending.set(pending)
+                if isinstance(self.telemetry, PendingGauge):
+                    self.telemetry.set_pending(pending)
             except StoreError as exc:
                 log.warning("could not count pending timers: %s", exc)
             await asyncio.sleep(_PENDING_REFRESH_S)

@@ -16,7 +16,7 @@ import attrs
 
 from timer_core import REDACTED, InvalidIdentifier, TenantId, redact_url
 
-__all__ = ["ENVIRONMENT", "Settings", "SettingsError", "parse_duration"]
+__all__ = ["ENVIRONMENT", "OTLP_ENDPOINT_VARIABLES", "Settings", "SettingsError", "parse_duration"]
 
 _T = TypeVar("_T")
 
@@ -68,6 +68,11 @@ class Settings:
     broker_nkey_seed_file: Path | None = None
     broker_token: str | None = attrs.field(default=None, repr=_shown_secret)
     broker_inbox_prefix: str = "_INBOX"
+    otel: bool = False
+    """OpenTelemetry traces and metrics (the ``otel`` extra): ``TIMER_OTEL``, else on when an
+    ``OTEL_EXPORTER_OTLP_*ENDPOINT`` is set; ``OTEL_SDK_DISABLED=true`` turns it off."""
+    otel_timer_spans: bool = False
+    """A ``timer.due`` span per traced timer fired, in the trace that scheduled it."""
 
     @property
     def broker_security(self) -> dict[str, Any]:
@@ -119,6 +124,10 @@ class Settings:
             if raw is None or raw == "":
                 continue
             values[field] = parse(variable, raw)
+        if "otel" not in values:
+            values["otel"] = any(env.get(name) for name in OTLP_ENDPOINT_VARIABLES)
+        if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+            values["otel"] = False
         if "database_url" in values and "db_path" in values:
             raise SettingsError(
                 "TIMER_DATABASE_URL",
@@ -303,4 +312,14 @@ ENVIRONMENT: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "TIMER_BROKER_NKEY_SEED_FILE": ("broker_nkey_seed_file", _file),
     "TIMER_BROKER_TOKEN": ("broker_token", _secret),
     "TIMER_BROKER_INBOX_PREFIX": ("broker_inbox_prefix", _subject_prefix),
+    "TIMER_OTEL": ("otel", _bool),
+    "TIMER_OTEL_TIMER_SPANS": ("otel_timer_spans", _bool),
 }
+
+#: The standard OpenTelemetry variables naming where OTLP goes: any of them set turns
+#: OpenTelemetry on (unless ``TIMER_OTEL`` says otherwise) and exporting with it.
+OTLP_ENDPOINT_VARIABLES = (
+    "OTEL_EXPORTER_OTLP_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
+)

@@ -6,11 +6,13 @@ import asyncio
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime, timedelta, timezone
 
+import attrs
 import pytest
 import pytest_asyncio
 
 from timer_core._entry import TimerEntry, TimerKey, TimerState
 from timer_core._ids import CorrelationId, ServiceCallId, TenantId
+from timer_core._trace import TraceContext
 from timer_core.errors import StoreUnavailable
 from timer_core.ports import (
     CommandOutcome,
@@ -25,6 +27,8 @@ __all__ = ["TimerStoreContract"]
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
 A = TenantId("tenant-a")
 B = TenantId("tenant-b")
+TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+TRACEPARENT_2 = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00"
 
 
 def at(seconds: float) -> datetime:
@@ -143,6 +147,50 @@ class TimerStoreContract:
         assert outcome is CommandOutcome.IGNORED_REACHED
         assert await store.get(A, ServiceCallId("call-1")) == reached
         assert await store.find_due(at(1000), 10) == []
+
+    # -- trace context -----------------------------------------------------------------------
+
+    async def test_trace_context_round_trips(self, store: TimerStore) -> None:
+        """A timer's W3C trace context (traceparent and tracestate) reads back unchanged."""
+        traced = attrs.evolve(
+            entry("tenant-a", "call-1", 60), trace_context=TraceContext(TRACEPARENT, "a=1,b=2")
+        )
+        plain = attrs.evolve(
+            entry("tenant-a", "call-2", 60), trace_context=TraceContext(TRACEPARENT_2)
+        )
+        await store.apply([traced, plain, entry("tenant-a", "call-3", 60)])
+        assert await store.get(A, ServiceCallId("call-1")) == traced
+        assert await store.get(A, ServiceCallId("call-2")) == plain
+        untraced = await store.get(A, ServiceCallId("call-3"))
+        assert untraced is not None
+        assert untraced.trace_context is None
+        assert await store.find_due(at(60), 10) == [traced, plain, entry("tenant-a", "call-3", 60)]
+
+    async def test_reschedule_replaces_the_trace_context(self, store: TimerStore) -> None:
+        """The last schedule's trace context wins, including none at all."""
+        first = attrs.evolve(
+            entry("tenant-a", "call-1", 60), trace_context=TraceContext(TRACEPARENT, "a=1")
+        )
+        second = attrs.evolve(
+            entry("tenant-a", "call-1", 90), trace_context=TraceContext(TRACEPARENT_2)
+        )
+        await store.schedule(first)
+        await store.schedule(second)
+        assert await store.get(A, ServiceCallId("call-1")) == second
+        await store.schedule(entry("tenant-a", "call-1", 120))
+        stored = await store.get(A, ServiceCallId("call-1"))
+        assert stored is not None
+        assert stored.trace_context is None
+
+    async def test_reached_timer_keeps_its_trace_context(self, store: TimerStore) -> None:
+        """Marking a timer Reached keeps the trace context it was scheduled with."""
+        traced = attrs.evolve(
+            entry("tenant-a", "call-1", 10), trace_context=TraceContext(TRACEPARENT)
+        )
+        await store.schedule(traced)
+        (due,) = await store.find_due(at(10), 10)
+        await store.mark_reached([due.reach(at(11))])
+        assert await store.get(A, ServiceCallId("call-1")) == traced.reach(at(11))
 
     # -- cancel ------------------------------------------------------------------------------
 

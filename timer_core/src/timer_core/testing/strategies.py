@@ -23,9 +23,11 @@ from timer_core._messages import (
     ScheduleTimer,
 )
 from timer_core._time import floor_ms
+from timer_core._trace import TraceContext
 from timer_core.errors import InvalidIdentifier
 
 __all__ = [
+    "trace_contexts",
     "ID_ALPHABET",
     "cancel_timers",
     "causation_ids",
@@ -153,6 +155,19 @@ def utc_datetimes(
     return st.datetimes(low, high).map(lambda value: floor_ms(value.replace(tzinfo=UTC)))
 
 
+def trace_contexts() -> st.SearchStrategy[TraceContext]:
+    """Valid W3C trace contexts, with or without a ``tracestate``."""
+    return st.builds(
+        lambda trace, span, flags, state: TraceContext(
+            f"00-{trace:032x}-{span:016x}-{flags:02x}", state
+        ),
+        st.integers(1, 2**128 - 1),
+        st.integers(1, 2**64 - 1),
+        st.integers(0, 255),
+        st.none() | st.text(st.characters(min_codepoint=0x20, max_codepoint=0x7E), max_size=64),
+    )
+
+
 def timer_entries(
     *,
     tenant_id: st.SearchStrategy[TenantId] | None = None,
@@ -172,6 +187,7 @@ def timer_entries(
         due_at=utc_datetimes(),
         registered_at=utc_datetimes(),
         correlation_id=st.none() | correlation_ids(),
+        trace_context=st.none() | trace_contexts(),
         state=states,
         lateness=st.integers(0, 10**9).map(lambda ms: timedelta(milliseconds=ms)),
     )
@@ -183,6 +199,7 @@ def _entry(
     due_at: datetime,
     registered_at: datetime,
     correlation_id: CorrelationId | None,
+    trace_context: TraceContext | None,
     state: TimerState,
     lateness: timedelta,
 ) -> TimerEntry:
@@ -192,6 +209,7 @@ def _entry(
         due_at=due_at,
         registered_at=registered_at,
         correlation_id=correlation_id,
+        trace_context=trace_context,
     )
     if state is TimerState.REACHED:
         entry = entry.reach(min(due_at + lateness, MAX_INSTANT))

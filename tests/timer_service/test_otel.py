@@ -1,0 +1,241 @@
+"""OpenTelemetry: a timer's story in one trace, across a real nats-server and a service restart."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import attrs
+import nats
+import pytest
+from nats.aio.msg import Msg
+from opentelemetry import propagate
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanContext, SpanKind
+
+from tests.timer_adapters_nats.jetstream import wait_until
+from timer_adapters_nats import TimerClient
+from timer_core import Instrumentation, ServiceCallId, TenantId, decode_event
+from timer_service.bootstrap import bootstrap
+from timer_service.otel import OtelInstrumentation
+from timer_service.service import TimerService
+from timer_service.settings import Settings
+
+
+class Telemetry:
+    """An SDK tracer and meter provider of their own, recording into memory."""
+
+    def __init__(self) -> None:
+        self.spans = InMemorySpanExporter()
+        self.tracer_provider = TracerProvider()
+        self.tracer_provider.add_span_processor(SimpleSpanProcessor(self.spans))
+        self.metrics = InMemoryMetricReader()
+        self.meter_provider = MeterProvider(metric_readers=[self.metrics])
+
+    def named(self, name: str) -> list[ReadableSpan]:
+        return [span for span in self.spans.get_finished_spans() if span.name == name]
+
+    def metric(self, name: str) -> list[Any]:
+        """The data points of one metric, as last collected."""
+        data = self.metrics.get_metrics_data()
+        assert data is not None
+        return [
+            point
+            for resource in data.resource_metrics
+            for scope in resource.scope_metrics
+            for metric in scope.metrics
+            if metric.name == name
+            for point in metric.data.data_points
+        ]
+
+
+@contextlib.asynccontextmanager
+async def running_service(
+    settings: Settings, telemetry: Telemetry, *, timer_spans: bool = False
+) -> AsyncIterator[TimerService]:
+    """The service in this process, reporting to ``telemetry``; stopped cleanly on exit."""
+
+    def otel(inner: Instrumentation) -> Instrumentation:
+        return OtelInstrumentation(
+            inner,
+            tracer_provider=telemetry.tracer_provider,
+            meter_provider=telemetry.meter_provider,
+            timer_spans=timer_spans,
+        )
+
+    assert settings.broker_url is not None
+    stop = asyncio.Event()
+    async with bootstrap(settings, settings.broker_url, telemetry=otel) as service:
+        task = asyncio.create_task(service.run(stop))
+        try:
+            yield service
+        finally:
+            stop.set()
+            await task
+
+
+def settings_for(tmp_path: Path, nats_url: str) -> Settings:
+    return Settings(
+        db_path=tmp_path / "timer.db",
+        broker_url=nats_url,
+        http_port=0,
+        polling_interval_ms=200,
+    )
+
+
+@attrs.frozen
+class Story:
+    """What one scheduled-then-fired timer left behind, on every side."""
+
+    client_side: Telemetry
+    before: Telemetry
+    after: Telemetry
+    scheduling: SpanContext
+    traced_event: Msg
+    plain_event: Msg
+
+
+async def schedule_restart_fire(tmp_path: Path, nats_url: str, *, timer_spans: bool) -> Story:
+    """Schedule a traced and an untraced timer on one service, stop it before they are due,
+    start another on the same database, and consume both events in a span of their own."""
+    settings = settings_for(tmp_path, nats_url)
+    client_side, before, after = Telemetry(), Telemetry(), Telemetry()
+    tracer = client_side.tracer_provider.get_tracer("shop")
+    due = datetime.now(UTC) + timedelta(seconds=4)
+    tenant, traced_call, plain_call = "tenant-o", "call-traced", "call-plain"
+    async with running_service(settings, before, timer_spans=timer_spans) as service:
+        async with TimerClient.connect(nats_url) as client:
+            with tracer.start_as_current_span("checkout") as checkout:
+                await client.schedule(tenant, traced_call, due)
+            await client.schedule(tenant, plain_call, due)
+        store = service.timer.store
+
+        async def both_stored() -> bool:
+            return all(
+                [
+                    await store.get(TenantId(tenant), ServiceCallId(call)) is not None
+                    for call in (traced_call, plain_call)
+                ]
+            )
+
+        await wait_until(both_stored, what="both timers stored")
+    assert datetime.now(UTC) < due, "the first service ran past the due time"
+
+    nc = await nats.connect(nats_url)
+    try:
+        subscription = await nc.jetstream().subscribe(
+            f"timer.events.{tenant}.>", ordered_consumer=True
+        )
+        async with running_service(settings, after, timer_spans=timer_spans):
+            first = await subscription.next_msg(timeout=30)
+            second = await subscription.next_msg(timeout=30)
+    finally:
+        await nc.close()
+    events = {decode_event(m.data).payload.service_call_id: m for m in (first, second)}
+    with tracer.start_as_current_span(
+        "handle DueTimeReached",
+        context=propagate.extract(events[traced_call].headers or {}),
+        kind=SpanKind.CONSUMER,
+    ):
+        pass
+    return Story(
+        client_side,
+        before,
+        after,
+        checkout.get_span_context(),
+        events[traced_call],
+        events[plain_call],
+    )
+
+
+def traceparent_of(span: ReadableSpan) -> str:
+    context = span.get_span_context()
+    assert context is not None
+    return f"00-{context.trace_id:032x}-{context.span_id:016x}-{int(context.trace_flags):02x}"
+
+
+def links_of(span: ReadableSpan) -> list[tuple[int, int]]:
+    return [(link.context.trace_id, link.context.span_id) for link in span.links]
+
+
+class TestTraceAcrossRestart:
+    async def test_firing_span_links_to_the_scheduling_span(
+        self, tmp_path: Path, nats_url: str
+    ) -> None:
+        """Scheduled in a span before a restart, fired after it: the timer.fire span links to
+        the scheduling span, the event carries timer.fire's context and the consumer's span
+        is its child; the store span links too; an untraced timer's event has no trace
+        headers."""
+        story = await schedule_restart_fire(tmp_path, nats_url, timer_spans=False)
+        scheduling = (story.scheduling.trace_id, story.scheduling.span_id)
+
+        stored = story.before.named("timer.commands.store")
+        assert [link for span in stored for link in links_of(span)] == [scheduling]
+        assert sum(span.attributes["timer.batch_size"] for span in stored) == 2  # type: ignore[index,misc]
+        assert story.before.named("timer.fire") == []
+
+        (fire,) = [span for span in story.after.named("timer.fire") if span.links]
+        assert links_of(fire) == [scheduling]
+        assert fire.kind is SpanKind.PRODUCER
+        assert fire.attributes is not None and fire.attributes["timer.tenant_id"] == "tenant-o"
+        assert story.after.named("timer.due") == []
+        assert (story.traced_event.headers or {})["traceparent"] == traceparent_of(fire)
+        (consumer,) = story.client_side.named("handle DueTimeReached")
+        assert consumer.parent is not None and consumer.parent.span_id == fire.context.span_id
+        assert set(story.plain_event.headers or {}) == {"Nats-Msg-Id"}
+
+        (received,) = story.before.metric("timer.commands.received")
+        assert received.attributes == {"outcome": "stored"} and received.value == 2
+        (processed,) = story.after.metric("timer.schedules.processed")
+        assert processed.value == 2
+        (lateness,) = story.after.metric("timer.firing.lateness")
+        assert lateness.count == 2
+
+    async def test_timer_spans_put_the_whole_story_in_one_trace(
+        self, tmp_path: Path, nats_url: str
+    ) -> None:
+        """With timer_spans, the fired timer gets a timer.due span in the scheduling trace,
+        a child of and linked to the scheduling span, and the consumer continues it."""
+        story = await schedule_restart_fire(tmp_path, nats_url, timer_spans=True)
+        scheduling = story.scheduling
+
+        (due_span,) = story.after.named("timer.due")
+        assert due_span.kind is SpanKind.PRODUCER
+        assert due_span.context.trace_id == scheduling.trace_id
+        assert due_span.parent is not None and due_span.parent.span_id == scheduling.span_id
+        assert links_of(due_span) == [(scheduling.trace_id, scheduling.span_id)]
+        assert due_span.attributes is not None
+        assert due_span.attributes["timer.tenant_id"] == "tenant-o"
+        assert due_span.attributes["timer.service_call_id"] == "call-traced"
+        assert (story.traced_event.headers or {})["traceparent"] == traceparent_of(due_span)
+        (consumer,) = story.client_side.named("handle DueTimeReached")
+        assert consumer.context.trace_id == scheduling.trace_id
+        assert consumer.parent is not None and consumer.parent.span_id == due_span.context.span_id
+        assert set(story.plain_event.headers or {}) == {"Nats-Msg-Id"}
+
+
+class TestSwitch:
+    @pytest.mark.parametrize(
+        ("environ", "on"),
+        [
+            ({}, False),
+            ({"TIMER_OTEL": "1"}, True),
+            ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318"}, True),
+            ({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://127.0.0.1:4318/v1/traces"}, True),
+            ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318", "TIMER_OTEL": "0"}, False),
+            ({"TIMER_OTEL": "1", "OTEL_SDK_DISABLED": "true"}, False),
+        ],
+    )
+    def test_timer_otel_or_an_otlp_endpoint_turns_it_on(
+        self, environ: dict[str, str], on: bool
+    ) -> None:
+        """TIMER_OTEL decides; unset, an OTLP endpoint turns it on; OTEL_SDK_DISABLED wins."""
+        assert Settings.from_environment(environ).otel is on

@@ -1,0 +1,443 @@
+"""OpenTelemetry for Timer: spans around command batches and firings, and the service's metrics.
+
+Needs the ``otel`` extra (``pip install 'timer-service[otel]'``). :class:`OtelInstrumentation`
+is a :class:`timer_core.Instrumentation` any host can pass to the workflows, the worker and
+the NATS command source; :func:`configure` sets up the SDK for ``timer-service`` from
+``TIMER_OTEL`` and the standard ``OTEL_*`` variables.
+
+Spans:
+
+- ``timer.commands.store`` (CONSUMER) per command batch stored, linked to the span each
+  traced ``ScheduleTimer`` was sent from;
+- ``timer.fire`` (PRODUCER) per batch of due timers published and marked ``Reached``,
+  linked to the scheduling span of each traced timer in it; the ``DueTimeReached`` of a
+  traced timer carries its context, so the consumer's span continues the firing's trace;
+- with ``timer_spans=True``, instead: a ``timer.due`` span (PRODUCER) per traced timer, a
+  child of its scheduling span (and linked to it), from publish to mark, whose context the
+  event carries: schedule, firing and consumer in one trace. It costs a span per traced,
+  sampled timer (bench/README.md), so it is off by default.
+
+Untraced timers get no span of their own and their events no trace headers.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+import attrs
+from opentelemetry import metrics, trace
+from opentelemetry.metrics import CallbackOptions, MeterProvider, Observation
+from opentelemetry.trace import (
+    Link,
+    NonRecordingSpan,
+    SpanContext,
+    SpanKind,
+    Status,
+    StatusCode,
+    TraceFlags,
+    TracerProvider,
+    TraceState,
+)
+
+from timer_core import (
+    NO_INSTRUMENTATION,
+    BatchObserver,
+    Command,
+    DueTimeReached,
+    Instrumentation,
+    MessageEnvelope,
+    PublishError,
+    TimerEntry,
+    TraceContext,
+)
+from timer_service.metrics import COUNTED_AS, LATENESS_BUCKETS, POLL_BUCKETS
+from timer_service.settings import OTLP_ENDPOINT_VARIABLES
+
+__all__ = ["OtelInstrumentation", "configure"]
+
+log = logging.getLogger(__name__)
+
+_SCOPE = "timer_service"
+
+
+def _span_context(context: TraceContext) -> SpanContext:
+    """The remote span a stored trace context names."""
+    trace_state = (
+        TraceState.from_header([context.tracestate]) if context.tracestate else TraceState()
+    )
+    return SpanContext(
+        trace_id=int(context.trace_id, 16),
+        span_id=int(context.span_id, 16),
+        is_remote=True,
+        trace_flags=TraceFlags(int(context.traceparent[53:55], 16)),
+        trace_state=trace_state,
+    )
+
+
+def _trace_context(span_context: SpanContext) -> TraceContext:
+    """A span's context as Timer carries it (the W3C header values)."""
+    state = span_context.trace_state.to_header() if span_context.trace_state else ""
+    return TraceContext(
+        f"00-{span_context.trace_id:032x}-{span_context.span_id:016x}"
+        f"-{int(span_context.trace_flags):02x}",
+        state or None,
+    )
+
+
+def _linked(context: TraceContext) -> SpanContext:
+    """The span a link points to: trace and span id are enough (no trace state to parse)."""
+    return SpanContext(
+        trace_id=int(context.trace_id, 16),
+        span_id=int(context.span_id, 16),
+        is_remote=True,
+        trace_flags=TraceFlags(int(context.traceparent[53:55], 16)),
+    )
+
+
+def _carrying(
+    envelope: MessageEnvelope[DueTimeReached], context: TraceContext
+) -> MessageEnvelope[DueTimeReached]:
+    """The same envelope with another trace context (nothing else changes)."""
+    return attrs.evolve(envelope, trace_context=context)
+
+
+def _tenant_attributes(tenants: Iterable[str]) -> dict[str, Any]:
+    """``timer.tenant_id`` when a batch is one tenant's, else the number of tenants."""
+    distinct = set(tenants)
+    if len(distinct) == 1:
+        return {"timer.tenant_id": next(iter(distinct))}
+    return {"timer.tenant_count": len(distinct)}
+
+
+class _CommandsObserver(BatchObserver):
+    __slots__ = ("_span",)
+
+    def __init__(self, span: trace.Span) -> None:
+        self._span = span
+
+    def finished(self, error: BaseException | None = None) -> None:
+        if error is not None:
+            self._span.record_exception(error)
+            self._span.set_status(Status(StatusCode.ERROR, str(error)))
+        self._span.end()
+
+
+class _FiringObserver(BatchObserver):
+    """The batch's ``timer.fire`` span and the ``timer.due`` span of each traced timer in it."""
+
+    __slots__ = ("_batch", "_timers")
+
+    def __init__(self, batch: trace.Span, timers: list[tuple[int, trace.Span]]) -> None:
+        self._batch = batch
+        self._timers = timers
+
+    def published(self, results: Sequence[PublishError | None]) -> None:
+        failed = 0
+        for error in results:
+            if error is not None:
+                failed += 1
+        self._batch.set_attribute("timer.published", len(results) - failed)
+        if failed:
+            self._batch.set_attribute("timer.publish_failures", failed)
+        for index, span in self._timers:
+            error = results[index]
+            if error is not None:
+                span.record_exception(error)
+                span.set_status(Status(StatusCode.ERROR, str(error)))
+
+    def finished(self, error: BaseException | None = None) -> None:
+        if error is not None:
+            self._batch.record_exception(error)
+            self._batch.set_status(Status(StatusCode.ERROR, str(error)))
+        for _, span in self._timers:
+            if error is not None:
+                span.set_status(Status(StatusCode.ERROR, str(error)))
+            span.end()
+        self._batch.end()
+
+
+@attrs.define
+class _Gauges:
+    """The latest values behind the observable gauges."""
+
+    pending: int | None = None
+    last_poll: float | None = None
+
+
+class OtelInstrumentation(Instrumentation):
+    """Traces and metrics through the OpenTelemetry API, then whatever ``inner`` does.
+
+    ``inner`` (e.g. the service's :class:`~timer_service.metrics.PrometheusInstrumentation`)
+    sees every call as if it were used alone. The providers default to the global ones;
+    ``timer_spans`` adds a ``timer.due`` span per traced timer (see the module docstring).
+    The metrics are the Prometheus ones under OpenTelemetry names: ``timer.commands.received``
+    (attribute ``outcome``), ``timer.schedules.processed``, ``timer.publish.failures``,
+    ``timer.worker.errors``, ``timer.polling.duration`` and ``timer.firing.lateness``
+    (histograms, seconds), ``timer.timers.pending`` and ``timer.last_poll.timestamp``
+    (gauges; set the first with :meth:`set_pending`).
+    """
+
+    def __init__(
+        self,
+        inner: Instrumentation = NO_INSTRUMENTATION,
+        *,
+        tracer_provider: TracerProvider | None = None,
+        meter_provider: MeterProvider | None = None,
+        timer_spans: bool = False,
+    ) -> None:
+        self.inner = inner
+        self.timer_spans = timer_spans
+        self._tracer = trace.get_tracer(_SCOPE, tracer_provider=tracer_provider)
+        meter = metrics.get_meter(_SCOPE, meter_provider=meter_provider)
+        self._commands = meter.create_counter(
+            "timer.commands.received",
+            unit="{command}",
+            description="Commands received, by outcome (stored, ignored, rejected).",
+        )
+        self._processed = meter.create_counter(
+            "timer.schedules.processed",
+            unit="{timer}",
+            description="Timers fired: DueTimeReached acknowledged and marked Reached.",
+        )
+        self._publish_failures = meter.create_counter(
+            "timer.publish.failures",
+            unit="{event}",
+            description="DueTimeReached publishes not acknowledged (the timer stays Scheduled).",
+        )
+        self._worker_errors = meter.create_counter(
+            "timer.worker.errors",
+            unit="{pass}",
+            description="Worker passes that failed as a whole; retried with backoff.",
+        )
+        self._polling = meter.create_histogram(
+            "timer.polling.duration",
+            unit="s",
+            description="Duration of one worker pass (find due, publish, mark).",
+            explicit_bucket_boundaries_advisory=POLL_BUCKETS,
+        )
+        self._lateness = meter.create_histogram(
+            "timer.firing.lateness",
+            unit="s",
+            description="Firing lateness: reachedAt - dueAt.",
+            explicit_bucket_boundaries_advisory=LATENESS_BUCKETS,
+        )
+        self._gauges = _Gauges()
+        meter.create_observable_gauge(
+            "timer.timers.pending",
+            callbacks=[self._observe_pending],
+            unit="{timer}",
+            description="Timers stored and still Scheduled.",
+        )
+        meter.create_observable_gauge(
+            "timer.last_poll.timestamp",
+            callbacks=[self._observe_last_poll],
+            unit="s",
+            description="Unix time of the last completed worker pass.",
+        )
+        self._forward_other_hooks()
+
+    def _forward_other_hooks(self) -> None:
+        # A hook added to Instrumentation later still reaches ``inner`` unchanged.
+        for name, value in vars(Instrumentation).items():
+            if callable(value) and not name.startswith("_") and name not in vars(type(self)):
+                setattr(self, name, getattr(self.inner, name))
+
+    # -- gauges -------------------------------------------------------------------------------
+
+    def set_pending(self, count: int) -> None:
+        """Report how many timers are stored and still ``Scheduled``."""
+        self._gauges.pending = count
+
+    def _observe_pending(self, options: CallbackOptions) -> Iterable[Observation]:
+        pending = self._gauges.pending
+        return () if pending is None else (Observation(pending),)
+
+    def _observe_last_poll(self, options: CallbackOptions) -> Iterable[Observation]:
+        last = self._gauges.last_poll
+        return () if last is None else (Observation(last),)
+
+    # -- spans --------------------------------------------------------------------------------
+
+    def commands_started(self, envelopes: Sequence[MessageEnvelope[Command]]) -> BatchObserver:
+        links = [
+            Link(_span_context(envelope.trace_context))
+            for envelope in envelopes
+            if envelope.trace_context is not None
+        ]
+        attributes: dict[str, Any] = {"timer.batch_size": len(envelopes)}
+        attributes.update(_tenant_attributes(envelope.tenant_id for envelope in envelopes))
+        span = self._tracer.start_span(
+            "timer.commands.store", kind=SpanKind.CONSUMER, attributes=attributes, links=links
+        )
+        inner = self.inner.commands_started(envelopes)
+        return _span_then(_CommandsObserver(span), inner)
+
+    def firing_started(self, envelopes: list[MessageEnvelope[DueTimeReached]]) -> BatchObserver:
+        start = time.time_ns()
+        attributes: dict[str, Any] = {"timer.batch_size": len(envelopes)}
+        attributes.update(_tenant_attributes(envelope.tenant_id for envelope in envelopes))
+        traced = [
+            (index, envelope.trace_context)
+            for index, envelope in enumerate(envelopes)
+            if envelope.trace_context is not None
+        ]
+        if not self.timer_spans:
+            # One span for the batch, linked to every scheduling span (as far as the SDK's
+            # link limit goes); traced timers' events carry its context.
+            links = [Link(_linked(context)) for _, context in traced]
+            batch = self._tracer.start_span(
+                "timer.fire",
+                kind=SpanKind.PRODUCER,
+                attributes=attributes,
+                links=links,
+                start_time=start,
+            )
+            if traced:
+                carried = _trace_context(batch.get_span_context())
+                for index, _ in traced:
+                    envelopes[index] = _carrying(envelopes[index], carried)
+            return _span_then(_FiringObserver(batch, []), self.inner.firing_started(envelopes))
+        batch = self._tracer.start_span("timer.fire", attributes=attributes, start_time=start)
+        timers: list[tuple[int, trace.Span]] = []
+        for index, context in traced:
+            envelope = envelopes[index]
+            remote = _span_context(context)
+            payload = envelope.payload
+            span = self._tracer.start_span(
+                "timer.due",
+                context=trace.set_span_in_context(NonRecordingSpan(remote)),
+                kind=SpanKind.PRODUCER,
+                links=[Link(remote)],
+                attributes={
+                    "timer.tenant_id": payload.tenant_id,
+                    "timer.service_call_id": payload.service_call_id,
+                    "messaging.message.id": str(envelope.id),
+                },
+                start_time=start,
+            )
+            timers.append((index, span))
+            envelopes[index] = _carrying(envelope, _trace_context(span.get_span_context()))
+        return _span_then(_FiringObserver(batch, timers), self.inner.firing_started(envelopes))
+
+    # -- metrics, then the inner instrumentation ---------------------------------------------
+
+    def command_handled(self, envelope: MessageEnvelope[Command], outcome: str) -> None:
+        self._commands.add(1, {"outcome": COUNTED_AS[outcome]})
+        self.inner.command_handled(envelope, outcome)
+
+    def commands_handled(
+        self, envelopes: Sequence[MessageEnvelope[Command]], outcomes: Sequence[str]
+    ) -> None:
+        for outcome, count in collections.Counter(outcomes).items():
+            self._commands.add(count, {"outcome": COUNTED_AS[outcome]})
+        self.inner.commands_handled(envelopes, outcomes)
+
+    def command_rejected(self, subject: str, reason: str) -> None:
+        self._commands.add(1, {"outcome": "rejected"})
+        self.inner.command_rejected(subject, reason)
+
+    def timers_fired(self, entries: Sequence[TimerEntry]) -> None:
+        self._processed.add(len(entries))
+        record = self._lateness.record
+        for entry in entries:
+            assert entry.reached_at is not None
+            record((entry.reached_at - entry.due_at).total_seconds())
+        self.inner.timers_fired(entries)
+
+    def publish_failed(self, entry: TimerEntry, error: PublishError) -> None:
+        self._publish_failures.add(1)
+        self.inner.publish_failed(entry, error)
+
+    def poll_completed(self, duration_s: float, fired: int) -> None:
+        self._polling.record(duration_s)
+        self._gauges.last_poll = time.time()
+        self.inner.poll_completed(duration_s, fired)
+
+    def worker_error(self, error: BaseException) -> None:
+        self._worker_errors.add(1)
+        self.inner.worker_error(error)
+
+
+class _Both(BatchObserver):
+    __slots__ = ("_first", "_second")
+
+    def __init__(self, first: BatchObserver, second: BatchObserver) -> None:
+        self._first = first
+        self._second = second
+
+    def published(self, results: Sequence[PublishError | None]) -> None:
+        self._first.published(results)
+        self._second.published(results)
+
+    def finished(self, error: BaseException | None = None) -> None:
+        self._first.finished(error)
+        self._second.finished(error)
+
+
+def _span_then(span: BatchObserver, inner: BatchObserver) -> BatchObserver:
+    """One observer telling ``span`` first, then ``inner`` (left out when it does nothing)."""
+    if type(inner) is BatchObserver:
+        return span
+    return _Both(span, inner)
+
+
+# -- timer-service's setup ---------------------------------------------------------------------
+
+
+def configure(
+    environ: Mapping[str, str] | None = None,
+) -> tuple[TracerProvider, MeterProvider, Callable[[], None]]:
+    """SDK providers for ``timer-service``, set as the global ones, and a shutdown function.
+
+    The resource comes from ``OTEL_SERVICE_NAME`` (default ``timer-service``) and
+    ``OTEL_RESOURCE_ATTRIBUTES``. Spans and metrics are exported by OTLP when an endpoint is
+    configured (``OTEL_EXPORTER_OTLP_ENDPOINT`` or the per-signal ones; protocol from
+    ``OTEL_EXPORTER_OTLP_PROTOCOL``, ``http/protobuf`` by default, or ``grpc``); otherwise
+    they are made (events still carry the firing's trace context) but not exported.
+    """
+    from opentelemetry.sdk.metrics import MeterProvider as SdkMeterProvider
+    from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider as SdkTracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    env = os.environ if environ is None else environ
+    resource = Resource.create({"service.name": env.get("OTEL_SERVICE_NAME") or "timer-service"})
+    tracer_provider = SdkTracerProvider(resource=resource)
+    readers: list[MetricReader] = []
+    endpoint = next((env[name] for name in OTLP_ENDPOINT_VARIABLES if env.get(name)), None)
+    if endpoint is not None:
+        protocol = env.get("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf").strip().lower()
+        if protocol == "grpc":
+            from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import (
+                OTLPMetricExporter,
+            )
+            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+        else:
+            from opentelemetry.exporter.otlp.proto.http.metric_exporter import (  # type: ignore[assignment]
+                OTLPMetricExporter,
+            )
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import (  # type: ignore[assignment]
+                OTLPSpanExporter,
+            )
+        tracer_provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+        readers.append(PeriodicExportingMetricReader(OTLPMetricExporter()))
+        log.info(
+            "OpenTelemetry on: exporting spans and metrics by OTLP (%s) to %s", protocol, endpoint
+        )
+    else:
+        log.info("OpenTelemetry on, but no OTLP endpoint is configured: nothing is exported")
+    meter_provider = SdkMeterProvider(resource=resource, metric_readers=readers)
+    trace.set_tracer_provider(tracer_provider)
+    metrics.set_meter_provider(meter_provider)
+
+    def shutdown() -> None:
+        tracer_provider.shutdown()
+        meter_provider.shutdown()
+
+    return tracer_provider, meter_provider, shutdown

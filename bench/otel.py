@@ -10,7 +10,8 @@ last mark. Variants:
   periodic metric reader every second, both exporting to a sink that drops everything, so
   what is measured is Timer's instrumentation and the SDK, not a collector), timers untraced;
 - ``sdk-traced``: the same with every timer scheduled with a sampled trace context, so each
-  firing also gets its ``timer.due`` span and its event the span's headers;
+  firing batch's span links to 100 scheduling spans and every event carries trace headers;
+- ``sdk-timer-spans``: traced timers with ``timer_spans=True``, a ``timer.due`` span each;
 - ``baseline`` (with ``--baseline-ref``): ``off`` run on the sources of another commit (e.g.
   the one before OpenTelemetry), to see what the hooks cost when nothing listens.
 
@@ -42,11 +43,7 @@ from io import BytesIO
 from pathlib import Path
 from typing import Any
 
-from _readme import write_section  # this script's directory, before it leaves the path
-
-# bench/nats.py is named like the ``nats`` package: keep this directory off the import path.
-_HERE = Path(__file__).resolve().parent
-sys.path[:] = [entry for entry in sys.path if Path(entry or ".").resolve() != _HERE]
+from _readme import write_section
 
 README = Path(__file__).with_name("README.md")
 SECTION = "## OpenTelemetry (bench/otel.py)"
@@ -59,7 +56,7 @@ PACKAGES = (
     "timer_adapters_postgres",
     "timer_service",
 )
-VARIANTS = ("off", "sdk", "sdk-traced")
+VARIANTS = ("off", "sdk", "sdk-traced", "sdk-timer-spans")
 BATCH = 100
 
 
@@ -77,8 +74,10 @@ async def fire_path(variant: str, timers: int, work: Path) -> dict[str, Any]:
     instrumentation: Instrumentation = PrometheusInstrumentation()
     shutdown = None
     if variant.startswith("sdk"):
-        instrumentation, shutdown = _sdk_instrumentation(instrumentation)
-    traced = variant == "sdk-traced"
+        instrumentation, shutdown = _sdk_instrumentation(
+            instrumentation, timer_spans=variant == "sdk-timer-spans"
+        )
+    traced = variant in ("sdk-traced", "sdk-timer-spans")
     now = datetime.now(UTC)
     store = SqliteTimerStore(work / "timer.db", pragmas={"cache_size": -32768})
     server = NatsServerProcess(work / "nats", host="127.0.0.1", port=0)
@@ -140,7 +139,7 @@ def _traced(entry: Any, i: int) -> Any:
     )
 
 
-def _sdk_instrumentation(inner: Any) -> tuple[Any, Any]:
+def _sdk_instrumentation(inner: Any, *, timer_spans: bool) -> tuple[Any, Any]:
     """OtelInstrumentation on SDK providers that export to a sink."""
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import (
@@ -182,7 +181,10 @@ def _sdk_instrumentation(inner: Any) -> tuple[Any, Any]:
         meter_provider.shutdown()
 
     instrumentation = OtelInstrumentation(
-        inner, tracer_provider=tracer_provider, meter_provider=meter_provider
+        inner,
+        tracer_provider=tracer_provider,
+        meter_provider=meter_provider,
+        timer_spans=timer_spans,
     )
     return instrumentation, shutdown
 
@@ -253,17 +255,20 @@ def report(
     variants: list[str], rounds: list[dict[str, dict[str, Any]]], timers: int, args: Any
 ) -> str:
     lines = [
-        "| variant | timers/s (median) | CPU per timer (median) | vs `off`, median of rounds "
-        "| vs `off`, each round |",
-        "| --- | ---: | ---: | ---: | --- |",
+        "| variant | timers/s (median) | rate vs `off` (median of rounds) | rate vs `off`, "
+        "each round | CPU per timer (median) | CPU vs `off` (median of rounds) |",
+        "| --- | ---: | ---: | --- | ---: | ---: |",
     ]
     for variant in variants:
         rates = [r[variant]["rate"] for r in rounds]
         cpus = [r[variant]["cpu_us"] for r in rounds]
         ratios = [r[variant]["rate"] / r["off"]["rate"] for r in rounds]
+        cpu_ratios = [r[variant]["cpu_us"] / r["off"]["cpu_us"] for r in rounds]
         lines.append(
-            f"| `{variant}` | {statistics.median(rates):,.0f} | {statistics.median(cpus):.0f} us "
-            f"| {statistics.median(ratios):.3f}x | " + ", ".join(f"{x:.2f}" for x in ratios) + " |"
+            f"| `{variant}` | {statistics.median(rates):,.0f} | "
+            f"{statistics.median(ratios):.3f}x | "
+            + ", ".join(f"{x:.2f}" for x in ratios)
+            + f" | {statistics.median(cpus):.0f} us | {statistics.median(cpu_ratios):.3f}x |"
         )
     return "\n".join(lines)
 

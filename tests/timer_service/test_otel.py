@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+import http.server
+import sqlite3
+import threading
+from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -14,6 +17,10 @@ import nats
 import pytest
 from nats.aio.msg import Msg
 from opentelemetry import propagate
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+    ExportMetricsServiceRequest,
+)
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
@@ -22,8 +29,16 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanContext, SpanKind
 
 from tests.timer_adapters_nats.jetstream import wait_until
+from tests.timer_service.process import ServiceProcess
 from timer_adapters_nats import TimerClient
-from timer_core import Instrumentation, ServiceCallId, TenantId, decode_event
+from timer_core import (
+    Instrumentation,
+    ServiceCallId,
+    TenantId,
+    TraceContext,
+    decode_event,
+    format_timestamp,
+)
 from timer_service.bootstrap import bootstrap
 from timer_service.otel import OtelInstrumentation
 from timer_service.service import TimerService
@@ -105,11 +120,14 @@ class Story:
 
 async def schedule_restart_fire(tmp_path: Path, nats_url: str, *, timer_spans: bool) -> Story:
     """Schedule a traced and an untraced timer on one service, stop it before they are due,
-    start another on the same database, and consume both events in a span of their own."""
+    let their due time come while it is down, start another service on the same database,
+    and consume both events in a span of their own."""
     settings = settings_for(tmp_path, nats_url)
     client_side, before, after = Telemetry(), Telemetry(), Telemetry()
     tracer = client_side.tracer_provider.get_tracer("shop")
-    due = datetime.now(UTC) + timedelta(seconds=4)
+    # Far ahead, so the first service cannot fire them however slowly it stops; the time
+    # "passes" while it is down (their due time is moved to now in the database).
+    due = datetime.now(UTC) + timedelta(hours=1)
     tenant, traced_call, plain_call = "tenant-o", "call-traced", "call-plain"
     async with running_service(settings, before, timer_spans=timer_spans) as service:
         async with TimerClient.connect(nats_url) as client:
@@ -127,7 +145,8 @@ async def schedule_restart_fire(tmp_path: Path, nats_url: str, *, timer_spans: b
             )
 
         await wait_until(both_stored, what="both timers stored")
-    assert datetime.now(UTC) < due, "the first service ran past the due time"
+    with contextlib.closing(sqlite3.connect(settings.db_path)) as db, db:
+        db.execute("UPDATE timer_schedules SET due_at = ?", (format_timestamp(datetime.now(UTC)),))
 
     nc = await nats.connect(nats_url)
     try:
@@ -239,3 +258,108 @@ class TestSwitch:
     ) -> None:
         """TIMER_OTEL decides; unset, an OTLP endpoint turns it on; OTEL_SDK_DISABLED wins."""
         assert Settings.from_environment(environ).otel is on
+
+
+class Collector:
+    """An OTLP/HTTP receiver on loopback that keeps every export request it is sent."""
+
+    def __init__(self) -> None:
+        self.requests: list[tuple[str, bytes]] = []
+        received = self.requests
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+                received.append((self.path, body))
+                self.send_response(200)
+                self.send_header("Content-Type", "application/x-protobuf")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def spans(self) -> list[Any]:
+        found = []
+        for path, body in list(self.requests):
+            if path == "/v1/traces":
+                request = ExportTraceServiceRequest.FromString(body)
+                for resource in request.resource_spans:
+                    for scope in resource.scope_spans:
+                        found += list(scope.spans)
+        return found
+
+    def metric_names(self) -> set[str]:
+        names = set()
+        for path, body in list(self.requests):
+            if path == "/v1/metrics":
+                request = ExportMetricsServiceRequest.FromString(body)
+                for resource in request.resource_metrics:
+                    for scope in resource.scope_metrics:
+                        names |= {metric.name for metric in scope.metrics}
+        return names
+
+
+@pytest.fixture
+def collector() -> Iterator[Collector]:
+    receiver = Collector()
+    receiver.thread.start()
+    try:
+        yield receiver
+    finally:
+        receiver.server.shutdown()
+        receiver.server.server_close()
+
+
+class TestExport:
+    async def test_an_otlp_endpoint_turns_it_on_and_gets_spans_and_metrics(
+        self, service: ServiceProcess, nats_url: str, collector: Collector
+    ) -> None:
+        """timer-service with OTEL_EXPORTER_OTLP_ENDPOINT set exports the store and firing
+        spans (linked to the scheduling span) and the metrics to it by OTLP/HTTP."""
+        service.env.update(
+            OTEL_EXPORTER_OTLP_ENDPOINT=collector.url,
+            OTEL_SERVICE_NAME="timer-under-test",
+            OTEL_BSP_SCHEDULE_DELAY="100",
+            OTEL_METRIC_EXPORT_INTERVAL="200",
+        )
+        service.start()
+        await asyncio.to_thread(service.wait_healthy)
+        scheduling = TraceContext("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")
+        nc = await nats.connect(nats_url)
+        try:
+            subscription = await nc.jetstream().subscribe(
+                "timer.events.tenant-x.>", ordered_consumer=True
+            )
+            async with TimerClient.connect(nats_url) as client:
+                await client.schedule(
+                    "tenant-x",
+                    "call-x",
+                    datetime.now(UTC) + timedelta(milliseconds=200),
+                    trace_context=scheduling,
+                )
+            event = await subscription.next_msg(timeout=30)
+        finally:
+            await nc.close()
+        assert (event.headers or {})["traceparent"] != scheduling.traceparent
+
+        def exported() -> bool:
+            names = {span.name for span in collector.spans()}
+            return {"timer.commands.store", "timer.fire"} <= names and (
+                "timer.schedules.processed" in collector.metric_names()
+            )
+
+        await wait_until(exported, within=30, what="spans and metrics at the collector")
+        assert service.terminate() == 0
+        fire = [span for span in collector.spans() if span.name == "timer.fire" and span.links]
+        assert [link.span_id.hex() for link in fire[0].links] == [scheduling.span_id]
+        assert (event.headers or {})["traceparent"].startswith(
+            f"00-{fire[0].trace_id.hex()}-{fire[0].span_id.hex()}-"
+        )

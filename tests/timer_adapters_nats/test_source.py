@@ -449,3 +449,30 @@ class TestPredecessorCrash:
         assert recorder.ids == held + later
         # Deliveries: the dead instance's three, their redelivery, and one of each later one.
         assert info.delivered.consumer_seq == 3 + 3 + 4
+
+    async def test_holding_back_up_to_max_ack_pending_does_not_stall(
+        self, settings: NatsSettings
+    ) -> None:
+        """Later commands held back fill the consumer's max_ack_pending (1000): the server
+        still redelivers the dead instance's commands, and everything is applied in order."""
+        async with NatsBroker(attrs.evolve(settings, ack_wait_s=1.0, fetch_batch=10)) as broker:
+            info = await broker.jetstream.consumer_info("TIMER_COMMANDS", "timer-service")
+            assert info.config.max_ack_pending == 1000
+            client = TimerClient(broker)
+            held = [await client.schedule("tenant-a", f"held-{i}", DUE) for i in range(10)]
+            dead = await nats.connect(broker.settings.url)
+            try:
+                pull = await dead.jetstream().pull_subscribe_bind(
+                    "timer-service", stream="TIMER_COMMANDS"
+                )
+                assert len(await pull.fetch(10, timeout=5)) == 10
+            finally:
+                await dead.close()
+            later = [client.schedule_envelope("tenant-a", f"later-{i}", DUE) for i in range(1100)]
+            assert await client.send_many(later) == [None] * len(later)
+            recorder = Recorder()
+            async with consuming(broker.command_source(), recorder):
+                await wait_until(
+                    lambda: len(recorder.ids) == 1110, within=RECOVERY_S, what="every command"
+                )
+        assert recorder.ids == held + [envelope.id for envelope in later]

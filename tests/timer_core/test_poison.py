@@ -48,7 +48,9 @@ class Reports(Instrumentation):
 class Rig:
     """A memory store and bus, a fake clock, and one worker with the defaults' backoff."""
 
-    def __init__(self, *, lease_s: float | None = None) -> None:
+    def __init__(
+        self, *, lease_s: float | None = None, instrumentation: Instrumentation | None = None
+    ) -> None:
         self.clock = FakeClock(T0)
         self.store = MemoryTimerStore(lease_s=lease_s, clock=self.clock)
         self.bus = MemoryEventBus()
@@ -59,7 +61,7 @@ class Rig:
             self.clock,
             polling_interval=5.0,
             batch_size=10,
-            instrumentation=self.reports,
+            instrumentation=instrumentation or self.reports,
             quarantine_after=QUARANTINE_AFTER,
         )
         self.task: asyncio.Future[None] | None = None

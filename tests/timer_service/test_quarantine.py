@@ -5,25 +5,27 @@ from __future__ import annotations
 
 import asyncio
 import json
+import urllib.request
 from collections.abc import AsyncIterator
 
 import pytest
-from prometheus_client import CollectorRegistry
 
 from tests.timer_core.test_poison import POISON, Rig
 from timer_service.cli import EXIT_CONFIG, main
 from timer_service.http import HealthEndpoint
+from timer_service.metrics import PrometheusInstrumentation
 
 
 @pytest.fixture
 async def quarantined() -> AsyncIterator[tuple[Rig, int]]:
     """A worker that quarantined the poison timer, and the port of its HTTP endpoint."""
-    rig = Rig()
+    metrics = PrometheusInstrumentation()
+    rig = Rig(instrumentation=metrics)
     await rig.store.start()
     rig.bus.fail_when(lambda event: event.payload.service_call_id == POISON)
     rig.task = asyncio.ensure_future(rig.worker.run())
     endpoint = HealthEndpoint(
-        "127.0.0.1", 0, CollectorRegistry(), lambda: (True, {}), quarantine=rig.worker
+        "127.0.0.1", 0, metrics.registry, lambda: (True, {}), quarantine=rig.worker
     )
     await endpoint.start()
     try:
@@ -39,6 +41,19 @@ async def quarantined() -> AsyncIterator[tuple[Rig, int]]:
         await asyncio.wait_for(rig.task, 5)
 
 
+async def scrape(port: int, series: str) -> float:
+    """One series' value as /metrics shows it (read on a thread: the endpoint runs here)."""
+
+    def read() -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+            return str(response.read().decode())
+
+    for line in (await asyncio.to_thread(read)).splitlines():
+        if line.startswith(series + " "):
+            return float(line.split()[1])
+    raise AssertionError(f"{series} is not exposed")
+
+
 async def cli(*args: str) -> int:
     return await asyncio.to_thread(main, ["quarantine", *args])
 
@@ -50,6 +65,8 @@ class TestQuarantineCommand:
         """`quarantine list` shows the quarantined timer with its last error; once its cause
         is fixed, `quarantine retry TENANT CALL` puts it back and it fires."""
         rig, port = quarantined
+        assert await scrape(port, "timer_quarantined_total") == 1.0
+        assert await scrape(port, "timer_timers_quarantined") == 1.0
         assert await cli("list", "--json", "--http-port", str(port)) == 0
         (row,) = json.loads(capsys.readouterr().out)
         assert (row["tenantId"], row["serviceCallId"]) == ("tenant-a", POISON)
@@ -63,6 +80,7 @@ class TestQuarantineCommand:
         assert POISON in {e.payload.service_call_id for e in published}
         assert await cli("list", "--json", "--http-port", str(port)) == 0
         assert json.loads(capsys.readouterr().out) == []
+        assert await scrape(port, "timer_timers_quarantined") == 0.0
 
     async def test_retry_of_nothing_and_bad_usage(
         self, quarantined: tuple[Rig, int], capsys: pytest.CaptureFixture[str]

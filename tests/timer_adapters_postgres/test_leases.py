@@ -139,7 +139,8 @@ class TestClaimingByTenant:
         await slow.apply([timer("call-1"), timer("call-2", tenant="tenant-b")])
         mine = await slow.find_due_by_tenant(datetime.now(UTC), 10, after={})
         assert len(mine) == 2
-        assert await fast.find_due_by_tenant(datetime.now(UTC), 10, after={}) == []
+        # (That nobody else gets them while the lease lasts is the concurrent test's: here the
+        # lease is short, and a busy machine may outlast it before any check.)
         async with asyncio.timeout(10):
             while not (theirs := await fast.find_due_by_tenant(datetime.now(UTC), 10, after={})):
                 await asyncio.sleep(0.02)  # polling the database: no event says "lease ran out"

@@ -149,6 +149,18 @@ class TestOtherPlans:
         assert_index_search(details, "idx_timer_schedules_reached_at (reached_at<?)")
         assert_index_search(details, "sqlite_autoindex_timer_schedules_1")
 
+    @pytest.mark.parametrize("name", ["_POSITIONS_JSON", "_CANCEL_JSON", "_TOMBSTONE_JSON"])
+    def test_positioned_cancel_runs_seek_by_key(
+        self, planner: sqlite3.Connection, name: str
+    ) -> None:
+        """A run of positioned cancels reads, deletes and writes tombstones key by key."""
+        keys = json.dumps([["tenant-1", "call-1", 7, _NOW], ["tenant-2", "call-2", 8, _NOW]])
+        details = plan(planner, getattr(queries, name), (keys,))
+        assert not any(
+            d.startswith("SCAN") and "json_each" not in d and "VIRTUAL TABLE" not in d
+            for d in details
+        ), details
+
     def test_tombstone_writes_and_purge_seek_their_indexes(
         self, planner: sqlite3.Connection
     ) -> None:

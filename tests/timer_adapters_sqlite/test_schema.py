@@ -48,6 +48,15 @@ def _describe(connection: sqlite3.Connection) -> dict[str, Any]:
 _TABLES = ("timer_schedules", "timer_tombstones")
 
 
+def _describe_file(path: Path) -> dict[str, Any]:
+    """:func:`_describe` of the database file at ``path``."""
+    connection = sqlite3.connect(path)
+    try:
+        return _describe(connection)
+    finally:
+        connection.close()
+
+
 def _describe_table(connection: sqlite3.Connection, table: str) -> dict[str, Any]:
     # (name, unique, origin, partial) without the position, which depends on creation order.
     indexes = sorted(row[1:] for row in connection.execute(f"PRAGMA index_list({table})"))
@@ -254,14 +263,7 @@ class TestSchema:
         """``metadata.create_all`` and the migrations build the same table and indexes."""
         migrate(tmp_path / "migrated.db")
         _create_from_metadata(tmp_path / "metadata.db")
-        described = []
-        for name in ("migrated.db", "metadata.db"):
-            connection = sqlite3.connect(tmp_path / name)
-            try:
-                described.append(_describe(connection))
-            finally:
-                connection.close()
-        assert described[0] == described[1]
+        assert _describe_file(tmp_path / "migrated.db") == _describe_file(tmp_path / "metadata.db")
 
     def test_table_is_strict_with_the_seed_columns(self, schema_db: sqlite3.Connection) -> None:
         """timer_schedules is STRICT, keyed by (tenant_id, service_call_id), as in the seed."""
@@ -395,14 +397,7 @@ class TestMigrationFromVersion1:
         _create_version_1(tmp_path / "old.db")
         assert migrate(tmp_path / "old.db") == SCHEMA_VERSION
         migrate(tmp_path / "fresh.db")
-        described = []
-        for name in ("old.db", "fresh.db"):
-            connection = sqlite3.connect(tmp_path / name)
-            try:
-                described.append(_describe(connection))
-            finally:
-                connection.close()
-        assert described[0] == described[1]
+        assert _describe_file(tmp_path / "old.db") == _describe_file(tmp_path / "fresh.db")
 
 
 class TestModes:

@@ -99,16 +99,18 @@ WHERE ctid = ANY(ARRAY(
       AND due_at <= :now
       AND (lease_until IS NULL OR lease_until < now() OR lease_owner = :owner)
       {after}
-    ORDER BY due_at, tenant_id, service_call_id
+    ORDER BY {order}
     LIMIT :limit
     FOR UPDATE SKIP LOCKED
 ))
 RETURNING {returning}, lease_token
 """
-_CLAIM_FIRST = sa.text(_CLAIM.format(after="", returning=_RETURNING))
+_DUE_ORDER = "due_at, tenant_id, service_call_id"
+_CLAIM_FIRST = sa.text(_CLAIM.format(after="", order=_DUE_ORDER, returning=_RETURNING))
 _CLAIM_AFTER = sa.text(
     _CLAIM.format(
         after="AND (due_at, tenant_id, service_call_id) > (:after_due, :after_tenant, :after_call)",
+        order=_DUE_ORDER,
         returning=_RETURNING,
     )
 )
@@ -133,25 +135,11 @@ SELECT tenant_id FROM pending WHERE due_at <= :now ORDER BY due_at, tenant_id
 )
 # ... then one tenant's share, claimed like _CLAIM, in its own order after its cursor.
 _CLAIM_OF_TENANT = sa.text(
-    f"""
-UPDATE timer_schedules
-SET lease_owner = :owner,
-    lease_until = now() + CAST(:lease AS interval),
-    lease_token = lease_token + 1
-WHERE ctid = ANY(ARRAY(
-    SELECT ctid
-    FROM timer_schedules
-    WHERE tenant_id = :tenant
-      AND state = 'Scheduled'
-      AND due_at <= :now
-      AND (due_at, service_call_id) > (:after_due, :after_call)
-      AND (lease_until IS NULL OR lease_until < now() OR lease_owner = :owner)
-    ORDER BY due_at, service_call_id
-    LIMIT :limit
-    FOR UPDATE SKIP LOCKED
-))
-RETURNING {_RETURNING}, lease_token
-"""
+    _CLAIM.format(
+        after="AND tenant_id = :tenant AND (due_at, service_call_id) > (:after_due, :after_call)",
+        order="due_at, service_call_id",
+        returning=_RETURNING,
+    )
 )
 _BEFORE_ALL = datetime(1, 1, 1, tzinfo=UTC)
 

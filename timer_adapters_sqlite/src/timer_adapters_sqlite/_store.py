@@ -104,6 +104,29 @@ SELECT (SELECT state FROM {TABLE} WHERE tenant_id = ?1 AND service_call_id = ?2)
        (SELECT command_position FROM {TABLE} WHERE tenant_id = ?1 AND service_call_id = ?2),
        (SELECT command_position FROM {TOMBSTONES} WHERE tenant_id = ?1 AND service_call_id = ?2)
 """
+# The same three for a run of positioned cancels of distinct keys, as JSON arrays.
+_POSITIONS_JSON = f"""
+SELECT s.state, s.command_position, c.command_position
+FROM json_each(?) AS j
+LEFT JOIN {TABLE} AS s ON s.tenant_id = json_extract(j.value, '$[0]')
+    AND s.service_call_id = json_extract(j.value, '$[1]')
+LEFT JOIN {TOMBSTONES} AS c ON c.tenant_id = json_extract(j.value, '$[0]')
+    AND c.service_call_id = json_extract(j.value, '$[1]')
+ORDER BY j.key
+"""
+_CANCEL_JSON = f"""
+DELETE FROM {TABLE} WHERE state = 'Scheduled' AND (tenant_id, service_call_id) IN (
+    SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]') FROM json_each(?))
+"""
+_TOMBSTONE_JSON = f"""
+INSERT INTO {TOMBSTONES} AS c (tenant_id, service_call_id, command_position, cancelled_at)
+SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]'), json_extract(value, '$[2]'),
+       json_extract(value, '$[3]')
+FROM json_each(?) WHERE true
+ON CONFLICT (tenant_id, service_call_id) DO UPDATE SET
+    command_position = max(c.command_position, excluded.command_position),
+    cancelled_at = excluded.cancelled_at
+"""
 _TOMBSTONE = f"""
 INSERT INTO {TOMBSTONES} (tenant_id, service_call_id, command_position, cancelled_at)
 VALUES (?, ?, ?, ?)
@@ -420,8 +443,35 @@ def _write_ops(cursor: _Cursor, ops: list[_Op]) -> list[CommandOutcome]:
                     CommandOutcome.CANCELLED if cursor.rowcount == 1 else CommandOutcome.CANCEL_NOOP
                 )
         else:
-            outcomes += [_positioned_cancel(cursor, op) for op in params]
+            outcomes += _positioned_cancel_run(cursor, params)
         start = end
+    return outcomes
+
+
+def _positioned_cancel_run(cursor: _Cursor, params: list[_Op]) -> list[CommandOutcome]:
+    """A run of positioned cancels: three statements for the run when its keys are distinct
+    (what the keys hold, the deletes, the tombstones), else one cancel after another."""
+    if not _JSON_STATEMENTS or len({op[:2] for op in params}) < len(params):
+        return [_positioned_cancel(cursor, op) for op in params]
+    held = cursor.execute(_POSITIONS_JSON, (json.dumps([op[:2] for op in params]),)).fetchall()
+    outcomes: list[CommandOutcome] = []
+    applied: list[_Op] = []
+    for op, (state, stored, tombstone) in zip(params, held, strict=True):
+        position = op[2]
+        if (stored is not None and stored > position) or (
+            tombstone is not None and tombstone > position
+        ):
+            outcomes.append(CommandOutcome.STALE)
+            continue
+        applied.append(op)
+        outcomes.append(
+            CommandOutcome.CANCELLED
+            if state == TimerState.SCHEDULED
+            else CommandOutcome.CANCEL_NOOP
+        )
+    if applied:
+        cursor.execute(_CANCEL_JSON, (json.dumps([op[:2] for op in applied]),))
+        cursor.execute(_TOMBSTONE_JSON, (json.dumps(applied),))
     return outcomes
 
 

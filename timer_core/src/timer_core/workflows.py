@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Collection, Generator, Mapping, Sequence
+from collections.abc import Callable, Collection, Coroutine, Generator, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -407,21 +407,24 @@ async def drain_due_timers(
     marking: asyncio.Future[None] | None = None if carried is None else carried.marking
     # What ``marking`` marks once this drain started a mark of its own (else the carried).
     marked: list[TimerEntry] | None = None
+
+    def find_after(batch: _Found) -> Coroutine[Any, Any, _Found]:
+        """The batch after ``batch``: by its cursor, or shared among tenants after theirs."""
+        return _find(
+            store,
+            clock,
+            batch_size,
+            batch.cursor,
+            instrumentation,
+            skip,
+            batch.tenants,
+            exclude=exclude,
+        )
+
     try:
         while found.due:
             if pipelined and found.cursor is not None and not stopping():
-                ahead = asyncio.ensure_future(
-                    _find(
-                        store,
-                        clock,
-                        batch_size,
-                        found.cursor,
-                        instrumentation,
-                        skip,
-                        found.tenants,
-                        exclude=exclude,
-                    )
-                )
+                ahead = asyncio.ensure_future(find_after(found))
             reached, lost, late, observer = await _publish(
                 store, publisher, clock, found, ids, instrumentation
             )
@@ -445,16 +448,7 @@ async def drain_due_timers(
                 break
             await asyncio.sleep(0)  # a long drain still lets the command consumer run
             if ahead is None:
-                found = await _find(
-                    store,
-                    clock,
-                    batch_size,
-                    found.cursor,
-                    instrumentation,
-                    skip,
-                    found.tenants,
-                    exclude=exclude,
-                )
+                found = await find_after(found)
             else:
                 found, ahead = await ahead, None
         unfinished: asyncio.Future[None] | None = None

@@ -744,6 +744,43 @@ class TimerStoreContract:
         ]
         assert await store.get(A, ServiceCallId("k")) is None
 
+    async def test_a_run_of_positioned_cancels_gets_each_its_outcome(
+        self, store: TimerStore
+    ) -> None:
+        """Cancels one after another in a batch: each stale, cancelled or a no-op on its own."""
+        await store.apply(
+            [
+                positioned(entry("tenant-a", "newer", 10), 50),
+                positioned(entry("tenant-a", "pending", 10), 5),
+                positioned(entry("tenant-a", "fired", 1), 5),
+            ]
+        )
+        await store.mark_reached([entry("tenant-a", "fired", 1).reach(at(2))])
+        outcomes = await store.apply(
+            [
+                positioned(cancel("tenant-a", "newer"), 20),
+                positioned(cancel("tenant-a", "pending"), 20),
+                positioned(cancel("tenant-a", "fired"), 20),
+                positioned(cancel("tenant-a", "unknown"), 20),
+            ]
+        )
+        assert outcomes == [
+            CommandOutcome.STALE,
+            CommandOutcome.CANCELLED,
+            CommandOutcome.CANCEL_NOOP,
+            CommandOutcome.CANCEL_NOOP,
+        ]
+        assert keys(await store.list_for_tenant(A)) == [
+            ("tenant-a", "fired"),
+            ("tenant-a", "newer"),
+        ]
+        assert await store.apply(
+            [
+                positioned(entry("tenant-a", "pending", 10), 19),
+                positioned(entry("tenant-a", "unknown", 10), 19),
+            ]
+        ) == [CommandOutcome.STALE, CommandOutcome.STALE]
+
     async def test_positions_are_per_key(self, store: TimerStore) -> None:
         """A high position on one timer does not make another tenant's or call's command stale."""
         await store.apply(

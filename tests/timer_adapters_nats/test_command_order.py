@@ -14,6 +14,7 @@ from tests.timer_adapters_nats.jetstream import read_stream, wait_until
 from tests.timer_adapters_nats.test_source import consuming, settled
 from timer_adapters_memory import FakeClock, MemoryTimerStore
 from timer_adapters_nats import ERROR_HEADER, NatsBroker, NatsSettings, TimerClient
+from timer_adapters_postgres import PostgresTimerStore
 from timer_adapters_sqlite import SqliteTimerStore
 from timer_core import (
     Command,
@@ -48,12 +49,15 @@ class Applier:
         return sum(self.outcomes.values())
 
 
-@pytest.fixture(params=["memory", "sqlite"])
+@pytest.fixture(params=["memory", "sqlite", "postgres"])
 def make_store(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[[], TimerStore]:
-    """A factory of stores over one storage: in memory, or one SQLite file."""
+    """A factory of stores over one storage: in memory, one SQLite file, or one database."""
     if request.param == "memory":
         first = MemoryTimerStore()
         return lambda: MemoryTimerStore(shared_with=first)
+    if request.param == "postgres":
+        url: str = request.getfixturevalue("fresh_postgres_url")
+        return lambda: PostgresTimerStore(url, listen=False)
     return lambda: SqliteTimerStore(tmp_path / "timer.db")
 
 

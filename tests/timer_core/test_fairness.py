@@ -7,8 +7,6 @@ the order of the publishes shows who waited for whom.
 
 from __future__ import annotations
 
-import itertools
-import os
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -16,7 +14,6 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from tests.pg import PostgresCluster
 from timer_adapters_memory import FakeClock, MemoryEventBus, MemoryTimerStore
 from timer_adapters_postgres import PostgresTimerStore
 from timer_adapters_sqlite import SqliteTimerStore
@@ -27,27 +24,21 @@ T = datetime(2030, 1, 1, tzinfo=UTC)
 STORM = "a-storm"  # sorts before the quiet tenant: in plain due order it would go first
 QUIET = "z-quiet"
 BATCH = 100
-_databases = itertools.count()
 
 
 @pytest_asyncio.fixture(params=["memory", "sqlite", "postgres"])
 async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[TimerStore]:
     """A started store of each kind, empty."""
     make: Callable[[], TimerStore]
-    name = ""
     if request.param == "memory":
         make = MemoryTimerStore
     elif request.param == "sqlite":
         make = lambda: SqliteTimerStore(tmp_path / "timer.db")  # noqa: E731
     else:
-        cluster: PostgresCluster = request.getfixturevalue("postgres_cluster")
-        name = f"timer_fairness_{os.getpid()}_{next(_databases)}"
-        url = cluster.create_database(name)
+        url: str = request.getfixturevalue("fresh_postgres_url")
         make = lambda: PostgresTimerStore(url, listen=False)  # noqa: E731
     async with make() as opened:
         yield opened
-    if name:
-        cluster.drop_database(name)
 
 
 def timer(tenant: str, call: str, due: datetime) -> TimerEntry:

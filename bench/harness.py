@@ -41,6 +41,10 @@ _HERE = Path(__file__).resolve().parent
 RESULTS = _HERE / "results"
 TABLE = "timer_schedules"
 DEFAULT_BATCH = 100
+#: The yardsticks' batch: the hand-written pipelines fetch, select and mark 1,000 at a time.
+RAW_BATCH = 1000
+#: The service's default TIMER_COMMAND_BATCH_SIZE (commands fetched and stored at once).
+DEFAULT_COMMAND_BATCH = 1000
 TENANTS = 50
 CONSUMER = "timer-service"
 
@@ -387,7 +391,14 @@ class Service:
     """``timer-service run`` as a subprocess in its own process group, on one database."""
 
     def __init__(
-        self, workdir: Path, db: Path, url: str, *, batch_size: int, profile: Path | None
+        self,
+        workdir: Path,
+        db: Path,
+        url: str,
+        *,
+        batch_size: int,
+        command_batch_size: int = DEFAULT_COMMAND_BATCH,
+        profile: Path | None,
     ) -> None:
         self.db = db
         self.batch_size = batch_size
@@ -400,6 +411,7 @@ class Service:
             TIMER_BROKER_URL=url,
             TIMER_HTTP_PORT=str(self.http_port),
             TIMER_BATCH_SIZE=str(batch_size),
+            TIMER_COMMAND_BATCH_SIZE=str(command_batch_size),
         )
         self.proc: subprocess.Popen[bytes] | None = None
         self.started_at = 0.0
@@ -501,7 +513,14 @@ async def running_service(run: Run, db: Path, url: str, *, batch_size: int, labe
     profile = None
     if run.profile:
         profile = RESULTS / f"profile-{label}.txt"
-    service = Service(run.workdir, db, url, batch_size=batch_size, profile=profile).start()
+    service = Service(
+        run.workdir,
+        db,
+        url,
+        batch_size=batch_size,
+        command_batch_size=run.command_batch_size,
+        profile=profile,
+    ).start()
     try:
         yield service
         service.stop()
@@ -524,6 +543,7 @@ class Run:
     workdir: Path
     profile: bool
     rounds: int = 1
+    command_batch_size: int = DEFAULT_COMMAND_BATCH
     results: dict[str, Any] = field(default_factory=dict)
     checks: list[dict[str, Any]] = field(default_factory=list)
     startups: list[float] = field(default_factory=list)

@@ -29,7 +29,17 @@ import tempfile
 import time
 from pathlib import Path
 
-from harness import DEFAULT_BATCH, FULL, QUICK, RESULTS, CheckFailed, Run, progress
+from harness import (
+    DEFAULT_BATCH,
+    DEFAULT_COMMAND_BATCH,
+    FULL,
+    QUICK,
+    RAW_BATCH,
+    RESULTS,
+    CheckFailed,
+    Run,
+    progress,
+)
 from report import (
     README,
     README_BEGIN,
@@ -49,9 +59,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--batch-size",
         type=int,
-        default=1000,
-        help="TIMER_BATCH_SIZE of the service in the harness (default 1000; the service's "
-        f"default, {DEFAULT_BATCH}, is measured too on the fire path)",
+        default=DEFAULT_BATCH,
+        help=f"TIMER_BATCH_SIZE of the service (default {DEFAULT_BATCH}, the service's own)",
+    )
+    parser.add_argument(
+        "--command-batch-size",
+        type=int,
+        default=DEFAULT_COMMAND_BATCH,
+        help="TIMER_COMMAND_BATCH_SIZE of the service "
+        f"(default {DEFAULT_COMMAND_BATCH}, the service's own)",
     )
     parser.add_argument(
         "--rounds",
@@ -97,6 +113,7 @@ def main(argv: list[str] | None = None) -> int:
         sizes=QUICK if args.quick else FULL,
         quick=args.quick,
         batch_size=args.batch_size,
+        command_batch_size=args.command_batch_size,
         workdir=workdir,
         profile=args.profile,
         rounds=args.rounds or (1 if args.quick else 3),
@@ -128,7 +145,9 @@ def main(argv: list[str] | None = None) -> int:
             "batch_size": run.batch_size,
             "default_batch_size": DEFAULT_BATCH,
             "polling_interval_ms": 5000,
-            "command_fetch_batch": run.batch_size,
+            "command_batch_size": run.command_batch_size,
+            "default_command_batch_size": DEFAULT_COMMAND_BATCH,
+            "yardstick_batch": RAW_BATCH,
             "rounds": run.rounds,
         },
         "sizes": run.sizes.__dict__,

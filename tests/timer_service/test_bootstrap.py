@@ -41,6 +41,18 @@ class TestBootstrap:
         assert service.health() == (False, {"last_poll_age_s": None, "broker_connected": False})
 
 
+    def test_command_fetch_has_its_own_setting(self) -> None:
+        """The command consumer fetches TIMER_COMMAND_BATCH_SIZE (default 1000), not the
+        firing batch."""
+        default = Settings.from_environment({})
+        assert (default.batch_size, default.command_batch_size) == (100, 1000)
+        assert nats_settings(default, "nats://127.0.0.1:4222").fetch_batch == 1000
+        tuned = Settings.from_environment(
+            {"TIMER_BATCH_SIZE": "50", "TIMER_COMMAND_BATCH_SIZE": "250"}
+        )
+        assert nats_settings(tuned, "nats://127.0.0.1:4222").fetch_batch == 250
+
+
 class TestFailedPart:
     async def test_run_raises_when_a_part_of_the_timer_dies(
         self, tmp_path: Path, nats_url: str

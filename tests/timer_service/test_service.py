@@ -126,6 +126,7 @@ class TestBadSettings:
         ("variable", "value"),
         [
             ("TIMER_BATCH_SIZE", "lots"),
+            ("TIMER_COMMAND_BATCH_SIZE", "0"),
             ("TIMER_POLLING_INTERVAL", "-5"),
             ("TIMER_HTTP_PORT", "70000"),
             ("TIMER_BROKER_URL", "localhost:4222"),

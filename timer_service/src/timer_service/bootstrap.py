@@ -55,9 +55,10 @@ def nats_settings(settings: Settings, broker_url: str) -> NatsSettings:
         provision=settings.provision,
         stream_replicas=settings.stream_replicas,
         ack_wait_s=settings.ack_wait_s,
-        # The same lever for both directions: commands stored per transaction, as timers
-        # fired per pass (bench/README.md measures the trade-off).
-        fetch_batch=settings.batch_size,
+        # Commands fetched and stored per transaction: their own setting, so the schedule
+        # path's throughput at the defaults does not hang on TIMER_BATCH_SIZE (the fire
+        # path's per-pass bound; bench/README.md measures both).
+        fetch_batch=settings.command_batch_size,
         **settings.broker_security,
     )
 

@@ -61,6 +61,7 @@ def _parser() -> argparse.ArgumentParser:
     _add_common(run)
     run.add_argument("--polling-interval", dest="TIMER_POLLING_INTERVAL", metavar="MS")
     run.add_argument("--batch-size", dest="TIMER_BATCH_SIZE", metavar="N")
+    run.add_argument("--command-batch-size", dest="TIMER_COMMAND_BATCH_SIZE", metavar="N")
     run.add_argument("--http-port", dest="TIMER_HTTP_PORT", metavar="PORT")
     run.add_argument("--retention", dest="TIMER_RETENTION", metavar="DURATION")
 

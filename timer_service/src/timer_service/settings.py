@@ -47,6 +47,7 @@ class Settings:
     broker_url: str | None = attrs.field(default=None, repr=_shown_url)
     polling_interval_ms: int = 5000
     batch_size: int = 100
+    command_batch_size: int = 1000
     subject_prefix: str = "timer"
     http_host: str = "127.0.0.1"
     http_port: int = 8080
@@ -288,6 +289,10 @@ ENVIRONMENT: dict[str, tuple[str, Callable[[str, str], Any]]] = {
         _int(1, 86_400_000, "milliseconds between 1 and 86400000"),
     ),
     "TIMER_BATCH_SIZE": ("batch_size", _int(1, 100_000, "an integer between 1 and 100000")),
+    "TIMER_COMMAND_BATCH_SIZE": (
+        "command_batch_size",
+        _int(1, 100_000, "an integer between 1 and 100000"),
+    ),
     "TIMER_SUBJECT_PREFIX": ("subject_prefix", _token),
     "TIMER_HTTP_HOST": ("http_host", _str_parse),
     "TIMER_HTTP_PORT": ("http_port", _int(0, 65535, "a port between 0 and 65535 (0 = off)")),

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import platform
 import shutil
@@ -45,7 +46,7 @@ import psycopg  # noqa: E402
 
 from tests.pg import PostgresCluster, postgres_bin_dir, start_cluster  # noqa: E402
 from tests.timer_service.process import ServiceProcess, free_port  # noqa: E402
-from timer_adapters_nats import TimerClient  # noqa: E402
+from timer_adapters_nats import NatsBroker, NatsSettings, TimerClient  # noqa: E402
 from timer_adapters_nats.embedded import NatsServerProcess, find_nats_server  # noqa: E402
 
 README = Path(__file__).with_name("README.md")
@@ -63,6 +64,8 @@ GROUPS = ("services", "postgres", "nats-server", "bench", "other")
 OWN = ("services", "postgres", "nats-server")
 DB_SCHEDULER = "10,600-11,840"
 TIME_LIMIT_S = 300.0
+#: TIMER_COMMAND_BATCH_SIZE of the instances (``--command-batch-size``; the service's default).
+COMMAND_BATCH = 1000
 
 
 # Where a profiled sample's time went: the leaf-most frame of a known kind names it.
@@ -164,7 +167,10 @@ class Run:
         return self.timers / self.seconds
 
     def cpu_ms(self, group: str) -> float:
-        """CPU milliseconds ``group`` spent per timer."""
+        """CPU milliseconds ``group`` spent per timer (a yardstick's pipeline, run in the bench
+        process, counts as its "services")."""
+        if group == "services" and self.instances == 0:
+            group = "bench"
         return self.cores[group] * self.seconds * 1000.0 / self.timers
 
     @property
@@ -203,6 +209,7 @@ class Rig:
                 TIMER_HTTP_PORT=str(free_port()),
                 TIMER_POLLING_INTERVAL="1000",
                 TIMER_BATCH_SIZE=str(self.batch),
+                TIMER_COMMAND_BATCH_SIZE=str(COMMAND_BATCH),
                 TIMER_INSTANCE_ID=f"bench-{index}",
                 TIMER_LOG_LEVEL="WARNING",
             )
@@ -355,6 +362,197 @@ async def fire_path(rig: Rig, timers: int) -> Run:
     )
 
 
+# -- the yardsticks: hand-written pipelines on the same PostgreSQL and nats-server ----------
+
+#: The raw pipelines' batch: 1,000 commands a fetch and upsert, 1,000 timers a claim and mark.
+RAW_BATCH = 1000
+_RAW_UPSERT = """
+INSERT INTO timer_schedules AS s (tenant_id, service_call_id, correlation_id, due_at,
+    registered_at)
+SELECT * FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[]::timestamptz[],
+    %s::text[]::timestamptz[])
+ON CONFLICT (tenant_id, service_call_id) DO UPDATE SET
+    due_at = excluded.due_at, correlation_id = excluded.correlation_id,
+    registered_at = excluded.registered_at, lease_owner = NULL, lease_until = NULL
+WHERE s.state = 'Scheduled'
+"""
+_RAW_CLAIM = """
+UPDATE timer_schedules
+SET lease_owner = 'raw', lease_until = now() + interval '30 seconds',
+    lease_token = lease_token + 1
+WHERE ctid = ANY(ARRAY(
+    SELECT ctid FROM timer_schedules
+    WHERE state = 'Scheduled' AND due_at <= now()
+      AND (lease_until IS NULL OR lease_until < now())
+    ORDER BY due_at, tenant_id, service_call_id
+    LIMIT %s
+    FOR UPDATE SKIP LOCKED
+))
+RETURNING tenant_id, service_call_id, correlation_id, due_at, lease_token
+"""
+_RAW_MARK = """
+UPDATE timer_schedules AS s
+SET state = 'Reached', reached_at = now(), lease_owner = NULL, lease_until = NULL
+FROM unnest(%s::text[], %s::text[], %s::bigint[]) AS v(tenant_id, service_call_id, token)
+WHERE s.tenant_id = v.tenant_id AND s.service_call_id = v.service_call_id
+  AND s.state = 'Scheduled' AND s.lease_owner = 'raw' AND s.lease_token = v.token
+"""
+
+
+class RawRig(Rig):
+    """PostgreSQL (the service's schema) and a nats-server (its streams and consumer), no
+    service: the yardsticks run in this process."""
+
+    def __init__(self, pg: PostgresCluster, root: Path) -> None:
+        super().__init__(pg, root, 0, RAW_BATCH, False)
+        self.database = f"raw_{int(time.time() * 1000)}"
+        self.nats = NatsServerProcess(root / f"nats-{self.database}", host="127.0.0.1")
+
+    def start(self) -> None:
+        from timer_adapters_postgres import PostgresTimerStore
+
+        url = self.pg.create_database(self.database)
+        self.nats.start()
+
+        async def provision() -> None:
+            store = PostgresTimerStore(url, owner_id="raw", listen=False)
+            await store.start()
+            await store.aclose()
+            broker = NatsBroker(NatsSettings(url=self.nats.url))
+            await broker.start()
+            await broker.aclose()
+
+        asyncio.run(provision())
+
+
+async def raw_schedule_path(rig: RawRig, timers: int) -> Run:
+    """The same commands as :func:`schedule_path`, then pull fetch -> one ``unnest`` upsert
+    per batch (its own transaction) -> ack, until all are stored."""
+    nc = await nats.connect(rig.nats.url)
+    try:
+        js = nc.jetstream(timeout=10)
+        client = TimerClient(nc, publish_window=1024)
+        envelopes = [
+            client.schedule_envelope(
+                f"tenant-{n % TENANTS}", f"call-{n:08d}", FAR + timedelta(milliseconds=n)
+            )
+            for n in range(timers)
+        ]
+        for start in range(0, timers, 5000):
+            results = await client.send_many(envelopes[start : start + 5000])
+            assert not any(results), "publishing the commands failed"
+        subscription = await js.pull_subscribe_bind(CONSUMER, "TIMER_COMMANDS")
+        conn = await psycopg.AsyncConnection.connect(rig.conninfo, autocommit=True)
+        before = await asyncio.to_thread(rig.usage)
+        stored = 0
+        while stored < timers:
+            rig.check(before.wall)
+            try:
+                messages = await subscription.fetch(RAW_BATCH, timeout=1)
+            except TimeoutError:
+                continue
+            registered = datetime.now(UTC).isoformat()
+            columns: tuple[list[str | None], ...] = ([], [], [], [], [])
+            for message in messages:
+                body = json.loads(message.data)
+                payload = body["payload"]
+                columns[0].append(payload["tenantId"])
+                columns[1].append(payload["serviceCallId"])
+                columns[2].append(body.get("correlationId"))
+                columns[3].append(payload["dueAt"])
+                columns[4].append(registered)
+            await conn.execute(_RAW_UPSERT, columns)
+            for message in messages:
+                await message.ack()
+            stored += len(messages)
+        await nc.flush()
+        after = await asyncio.to_thread(rig.usage)
+        await conn.close()
+    finally:
+        await nc.close()
+    count = await asyncio.to_thread(rig.count, "SELECT count(*) FROM timer_schedules")
+    assert count == timers, f"raw: {count} of {timers} commands stored"
+    return Run(
+        0,
+        "schedule",
+        timers,
+        after.wall - before.wall,
+        before.cores(after),
+        after.xacts - before.xacts,
+    )
+
+
+async def raw_fire_path(rig: RawRig, timers: int) -> Run:
+    """The same storm as :func:`fire_path`, fired by claim (``FOR UPDATE SKIP LOCKED``,
+    1,000 a time) -> ``publish_async`` with ``Nats-Msg-Id`` -> fenced mark, batch by batch."""
+    due = datetime.now(UTC) + timedelta(seconds=1.0)
+
+    def storm() -> None:
+        with psycopg.connect(rig.conninfo, autocommit=True) as conn:
+            conn.execute("UPDATE timer_schedules SET due_at = %s", (due,))
+
+    await asyncio.to_thread(storm)
+    nc = await nats.connect(rig.nats.url)
+    conn = await psycopg.AsyncConnection.connect(rig.conninfo, autocommit=True)
+    try:
+        js = nc.jetstream(timeout=10)
+        await asyncio.sleep(max(0.0, (due - datetime.now(UTC)).total_seconds()))
+        before = await asyncio.to_thread(rig.usage)
+        fired = 0
+        while fired < timers:
+            rig.check(before.wall)
+            rows = await (await conn.execute(_RAW_CLAIM, (RAW_BATCH,))).fetchall()
+            if not rows:
+                await asyncio.sleep(0.01)
+                continue
+            rows.sort(key=lambda row: (row[3], row[0], row[1]))
+            now = datetime.now(UTC).isoformat()
+            acks = []
+            for tenant, call, correlation, due_at, _ in rows:
+                firing = f"{tenant}.{call}.{due_at.isoformat()}"
+                body = {
+                    "id": firing,
+                    "type": "DueTimeReached",
+                    "tenantId": tenant,
+                    "aggregateId": call,
+                    "correlationId": correlation,
+                    "payload": {
+                        "_tag": "DueTimeReached",
+                        "tenantId": tenant,
+                        "serviceCallId": call,
+                        "dueAt": due_at.isoformat(),
+                        "reachedAt": now,
+                    },
+                }
+                acks.append(
+                    await js.publish_async(
+                        f"timer.events.{tenant}.{call}",
+                        json.dumps(body, separators=(",", ":")).encode(),
+                        headers={"Nats-Msg-Id": firing},
+                    )
+                )
+            await asyncio.gather(*acks)
+            await conn.execute(
+                _RAW_MARK,
+                ([r[0] for r in rows], [r[1] for r in rows], [r[4] for r in rows]),
+            )
+            fired += len(rows)
+        after = await asyncio.to_thread(rig.usage)
+        info = await js.stream_info("TIMER_EVENTS")
+    finally:
+        await conn.close()
+        await nc.close()
+    reached = await asyncio.to_thread(
+        rig.count, "SELECT count(*) FROM timer_schedules WHERE state = 'Reached'"
+    )
+    assert reached == timers == info.state.messages, (
+        f"raw: {reached} Reached, {info.state.messages} events of {timers}"
+    )
+    return Run(
+        0, "fire", timers, after.wall - before.wall, before.cores(after), after.xacts - before.xacts
+    )
+
+
 def measure(
     pg: PostgresCluster,
     root: Path,
@@ -367,14 +565,15 @@ def measure(
     """Every configuration once per round, rounds interleaved (the machine's load drifts)."""
     runs: list[Run] = []
     for round_ in range(1, rounds + 1):
-        for instances in counts:
-            rig = Rig(pg, root, instances, batch, profile)
+        # The yardsticks first in every round (instances 0), then each configuration.
+        for instances in [0, *counts] if not profile else counts:
+            rig = RawRig(pg, root) if instances == 0 else Rig(pg, root, instances, batch, profile)
+            paths = (
+                (raw_schedule_path, raw_fire_path) if instances == 0 else (schedule_path, fire_path)
+            )
             try:
                 rig.start()
-                for run in (
-                    asyncio.run(schedule_path(rig, timers)),
-                    asyncio.run(fire_path(rig, timers)),
-                ):
+                for run in (asyncio.run(paths[0](rig, timers)), asyncio.run(paths[1](rig, timers))):
                     runs.append(run)
                     cores = " ".join(f"{g}={c:.2f}" for g, c in run.cores.items())
                     print(
@@ -419,6 +618,35 @@ def _rate(runs: list[Run]) -> str:
     return f"{middle:,.0f} ({rates[0]:,.0f}-{rates[-1]:,.0f})"
 
 
+def ratios(runs: list[Run], counts: list[int]) -> str:
+    """The headline: one instance against the yardsticks round by round (each pair ran back
+    to back), and the total CPU per timer of N instances against one."""
+
+    def of(n: int, path: str) -> list[Run]:
+        return [r for r in runs if r.instances == n and r.path == path]
+
+    out = []
+    for path in ("schedule", "fire"):
+        pairs = list(zip(of(1, path), of(0, path), strict=False))
+        if pairs:
+            each = [round(timer.rate / raw.rate, 2) for timer, raw in pairs]
+            out.append(
+                f"**{path} path, 1 instance / raw pipeline: {statistics.median(each):.2f}** "
+                f"(rounds: {' / '.join(str(x) for x in each)}; target >= 0.8)"
+            )
+        one = of(1, path)
+        for n in counts:
+            if n > 1 and one and of(n, path):
+                ratio = statistics.median(r.own_cpu_ms for r in of(n, path)) / statistics.median(
+                    r.own_cpu_ms for r in one
+                )
+                out.append(
+                    f"{path} path, total CPU per timer, {n} instances / 1: {ratio:.2f} "
+                    "(target <= 1.15)"
+                )
+    return "; ".join(out) + "."
+
+
 def tables(runs: list[Run], counts: list[int]) -> str:
     """Throughput, then CPU per timer by component (medians over the rounds)."""
     cores = os.cpu_count() or 1
@@ -438,6 +666,12 @@ def tables(runs: list[Run], counts: list[int]) -> str:
         theirs = DB_SCHEDULER if n == 4 else ""
         schedule, fire = _rate(runs_of(n, "schedule")), _rate(runs_of(n, "fire"))
         lines.append(f"| {n} | {schedule} | {fire} | {theirs} |")
+    if runs_of(0, "fire"):
+        schedule, fire = _rate(runs_of(0, "schedule")), _rate(runs_of(0, "fire"))
+        lines.append(
+            f"| raw pipelines (yardstick), batches of {RAW_BATCH:,} | {schedule} | {fire} | |"
+        )
+        lines += ["", ratios(runs, counts)]
     lines += [
         "",
         "CPU per timer (ms, median over the rounds) of each part, the rest of the machine's "
@@ -448,12 +682,12 @@ def tables(runs: list[Run], counts: list[int]) -> str:
         "| commits/timer | CPU-bound rate |",
         "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
-    for n in counts:
+    for n in ([0] if runs_of(0, "fire") else []) + counts:
         for path in ("schedule", "fire"):
             chosen = runs_of(n, path)
             own = median([r.own_cpu_ms for r in chosen])
             lines.append(
-                f"| {n} | {path} | "
+                f"| {n or 'raw'} | {path} | "
                 + " | ".join(f"{median([r.cpu_ms(g) for r in chosen]):.3f}" for g in OWN)
                 + f" | {median([r.cores['other'] for r in chosen]):.2f}"
                 + f" | {median([r.xacts / r.timers for r in chosen]):.3f}"
@@ -504,6 +738,9 @@ def main() -> None:
     parser.add_argument("--instances", default="1,2,4", help="comma-separated instance counts")
     parser.add_argument("--batch-size", type=int, default=100, help="TIMER_BATCH_SIZE")
     parser.add_argument(
+        "--command-batch-size", type=int, default=1000, help="TIMER_COMMAND_BATCH_SIZE"
+    )
+    parser.add_argument(
         "--fast-pg", action="store_true", help="PostgreSQL with fsync off (as in the tests)"
     )
     parser.add_argument(
@@ -513,6 +750,8 @@ def main() -> None:
     )
     args = parser.parse_args()
     timers, rounds = (3_000, 1) if args.quick else (args.timers, args.rounds)
+    global COMMAND_BATCH
+    COMMAND_BATCH = args.command_batch_size
     counts = [int(part) for part in args.instances.split(",")]
     where = machine(not args.fast_pg)
     print(f"machine: {where}", file=sys.stderr)
@@ -530,7 +769,9 @@ def main() -> None:
     run = (
         f"`uv run --all-packages python bench/scale_out.py{' --profile' if args.profile else ''}` "
         f"on {datetime.now(UTC):%Y-%m-%d}; {timers:,} timers per path, "
-        f"`TIMER_BATCH_SIZE={args.batch_size}`, command fetch batch 100"
+        f"`TIMER_BATCH_SIZE={args.batch_size}`, "
+        f"`TIMER_COMMAND_BATCH_SIZE={args.command_batch_size}`; yardsticks (raw pipelines, "
+        f"batches of {RAW_BATCH:,}) right before the instances in every round"
     )
     if args.profile:
         body = "\n\n".join(

@@ -133,13 +133,35 @@ WITH RECURSIVE pending AS (
 SELECT tenant_id FROM pending WHERE due_at <= :now ORDER BY due_at, tenant_id
 """
 )
-# ... then one tenant's share, claimed like _CLAIM, in its own order after its cursor.
-_CLAIM_OF_TENANT = sa.text(
-    _CLAIM.format(
-        after="AND tenant_id = :tenant AND (due_at, service_call_id) > (:after_due, :after_call)",
-        order="due_at, service_call_id",
-        returning=_RETURNING,
-    )
+# ... then every tenant's share in one statement (one round trip, one commit, not one per
+# tenant): each tenant's rows claimed like _CLAIM, in its own order after its cursor.
+_CLAIM_OF_TENANTS = sa.text(
+    f"""
+UPDATE timer_schedules
+SET lease_owner = :owner,
+    lease_until = now() + CAST(:lease AS interval),
+    lease_token = lease_token + 1
+WHERE ctid = ANY(ARRAY(
+    SELECT c.ctid
+    FROM unnest(
+        CAST(:tenants AS text[]), CAST(:after_dues AS timestamptz[]),
+        CAST(:after_calls AS text[]), CAST(:shares AS integer[]))
+        AS k(tenant_id, after_due, after_call, share)
+    CROSS JOIN LATERAL (
+        SELECT ctid
+        FROM timer_schedules
+        WHERE tenant_id = k.tenant_id
+          AND state = 'Scheduled'
+          AND due_at <= :now
+          AND (due_at, service_call_id) > (k.after_due, k.after_call)
+          AND (lease_until IS NULL OR lease_until < now() OR lease_owner = :owner)
+        ORDER BY due_at, service_call_id
+        LIMIT k.share
+        FOR UPDATE SKIP LOCKED
+    ) AS c
+))
+RETURNING {_RETURNING}, lease_token
+"""
 )
 _BEFORE_ALL = datetime(1, 1, 1, tzinfo=UTC)
 
@@ -797,22 +819,23 @@ class PostgresTimerStore(TimerStore):
             rows: list[Any] = []
             while len(rows) < limit and active:
                 share = max(1, (limit - len(rows)) // len(active))
+                # Longest waiting first: when fewer are left than tenants, the first get one.
+                tenants = active[: limit - len(rows)]
+                starts = [cursors.get(tenant, (_BEFORE_ALL, "")) for tenant in tenants]
+                params = {
+                    **base,
+                    "tenants": tenants,
+                    "after_dues": [start[0] for start in starts],
+                    "after_calls": [start[1] for start in starts],
+                    "shares": [share] * len(tenants),
+                }
+                claimed: dict[str, list[Any]] = {}
+                for row in conn.execute(_CLAIM_OF_TENANTS, params).all():
+                    claimed.setdefault(row.tenant_id, []).append(row)
                 more = []
-                for tenant in active:
-                    wanted = min(share, limit - len(rows))
-                    if wanted <= 0:
-                        break
-                    after_due, after_call = cursors.get(tenant, (_BEFORE_ALL, ""))
-                    params = {
-                        **base,
-                        "tenant": tenant,
-                        "after_due": after_due,
-                        "after_call": after_call,
-                        "limit": wanted,
-                    }
+                for tenant in tenants:
                     mine = sorted(
-                        conn.execute(_CLAIM_OF_TENANT, params).all(),
-                        key=lambda row: (row.due_at, row.service_call_id),
+                        claimed.get(tenant, ()), key=lambda row: (row.due_at, row.service_call_id)
                     )
                     rows += mine
                     if mine:

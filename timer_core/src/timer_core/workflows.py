@@ -384,22 +384,25 @@ async def drain_due_timers(
     neighbouring batches overlaps the broker work: the next batch is read while this one
     is published, and this one is marked while the next one is published (marks stay in
     order, one at a time). The drain returns only once every mark it started is done.
-    A leasing store is drained one batch at a time: a batch claimed ahead would spend its
-    lease waiting. ``on_batch`` gets each batch's report once it is marked.
+    A leasing store is drained the same way: the batch claimed ahead waits one publish
+    (milliseconds) of its lease, and its claim is released if the drain stops before
+    publishing it. ``on_batch`` gets each batch's report once it is marked.
 
     With ``finish_marks=False`` the drain returns while its last mark may still run, handed
     over in the report as a :class:`PendingMark`; the caller passes it to the next drain as
     ``carried``, which leaves its timers out of what it finds (they are published) and lets
     it finish before its own first mark. A firer under steady load thus looks for the next
     due timers while the last ones are being marked.
+    Not with a leasing store: its next claim could take over those timers (they are still
+    leased to this owner) and fence their mark out, so its drain always finishes its marks.
 
     Due timers for which ``exclude(entry)`` is true are left out (the worker's per-timer
     backoff and quarantine); a leasing store's claims on them are released at once.
     """
-    pipelined = store.claim_lease_s is None
+    carries = store.claim_lease_s is None  # may hand its last mark over to the next drain
     fired = batches = expired = 0
     failed: list[tuple[TimerEntry, PublishError]] = []
-    skip = carried.keys if carried is not None and pipelined else frozenset()
+    skip = carried.keys if carried is not None and carries else frozenset()
     found = await _find(store, clock, batch_size, None, instrumentation, skip, exclude=exclude)
     if not found.due and on_batch is not None:
         on_batch(found.report([], []))
@@ -423,7 +426,7 @@ async def drain_due_timers(
 
     try:
         while found.due:
-            if pipelined and found.cursor is not None and not stopping():
+            if found.cursor is not None and not stopping():
                 ahead = asyncio.ensure_future(find_after(found))
             reached, lost, late, observer = await _publish(
                 store, publisher, clock, found, ids, instrumentation
@@ -441,9 +444,6 @@ async def drain_due_timers(
                 )
             )
             marked = reached
-            if not pipelined:
-                previous, marking = marking, None
-                await previous
             if found.cursor is None or stopping():
                 break
             await asyncio.sleep(0)  # a long drain still lets the command consumer run
@@ -454,7 +454,7 @@ async def drain_due_timers(
         unfinished: asyncio.Future[None] | None = None
         if marking is not None:
             previous, marking = marking, None
-            if finish_marks or previous.done():
+            if finish_marks or not carries or previous.done():
                 await previous
             else:
                 unfinished = previous

@@ -40,7 +40,6 @@ class TestBootstrap:
         assert (health.running, health.components) == (False, {})
         assert service.health() == (False, {"last_poll_age_s": None, "broker_connected": False})
 
-
     def test_command_fetch_has_its_own_setting(self) -> None:
         """The command consumer fetches TIMER_COMMAND_BATCH_SIZE (default 1000), not the
         firing batch."""

@@ -20,6 +20,7 @@ from timer_core import (
     MessageEnvelope,
     PublishError,
     ScheduleTimer,
+    Timer,
     TimerEntry,
     TimerKey,
     TimerWorker,
@@ -220,3 +221,28 @@ class TestLeasingStore:
         finally:
             rig.worker.stop()
             await asyncio.wait_for(rig.task, 5)
+
+
+class TestTimerRuntime:
+    async def test_the_timer_shows_and_retries_its_workers_quarantine(self) -> None:
+        """Timer.quarantined and Timer.retry_quarantined are its worker's, for hosts."""
+        clock = FakeClock(T0)
+        store, bus = MemoryTimerStore(), MemoryEventBus()
+        bus.fail_when(lambda event: event.payload.service_call_id == POISON)
+        async with Timer(store, bus, clock=clock, polling_interval=5.0) as timer:
+            await timer.schedule("tenant-a", POISON, T0)
+            for i in range(120):
+                await timer.schedule("tenant-a", f"call-{i}", T0 + timedelta(seconds=0.5 * i))
+            while not timer.quarantined:
+                async with asyncio.timeout(5):
+                    while not clock.pending_sleeps() or clock.pending_sleeps()[0] > 5.0:
+                        await asyncio.sleep(0)
+                (wait,) = clock.pending_sleeps()
+                assert clock.monotonic() < 120, "never quarantined"
+                clock.advance(wait)
+            (quarantined,) = timer.quarantined
+            assert quarantined.entry.service_call_id == POISON
+            bus.fail_when(None)
+            assert timer.retry_quarantined() == 1
+            assert timer.quarantined == []
+            await bus.wait_for_published(len(bus.published) + 1)

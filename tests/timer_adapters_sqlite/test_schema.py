@@ -57,6 +57,16 @@ def _describe_file(path: Path) -> dict[str, Any]:
         connection.close()
 
 
+def _versions(path: Path) -> list[int]:
+    """The schema versions recorded in the database file at ``path``, in order."""
+    connection = sqlite3.connect(path)
+    try:
+        rows = connection.execute("SELECT version FROM timer_schema_version ORDER BY version")
+        return [version for (version,) in rows]
+    finally:
+        connection.close()
+
+
 def _describe_table(connection: sqlite3.Connection, table: str) -> dict[str, Any]:
     # (name, unique, origin, partial) without the position, which depends on creation order.
     indexes = sorted(row[1:] for row in connection.execute(f"PRAGMA index_list({table})"))
@@ -236,26 +246,14 @@ class TestTraceContextMigration:
             )
             await store.schedule(traced)
             assert await store.get(traced.tenant_id, traced.service_call_id) == traced
-        connection = sqlite3.connect(db_path)
-        try:
-            versions = connection.execute("SELECT version FROM timer_schema_version").fetchall()
-        finally:
-            connection.close()
-        assert versions == [(v,) for v in range(1, SCHEMA_VERSION + 1)]
+        assert _versions(db_path) == list(range(1, SCHEMA_VERSION + 1))
 
     def test_migrated_previous_version_matches_a_fresh_schema(self, tmp_path: Path) -> None:
         """Migrating from the previous version builds the same schema as a fresh database."""
         _create_version_before_trace_context(tmp_path / "old.db")
         assert migrate(tmp_path / "old.db") == SCHEMA_VERSION
         migrate(tmp_path / "fresh.db")
-        described = []
-        for name in ("old.db", "fresh.db"):
-            connection = sqlite3.connect(tmp_path / name)
-            try:
-                described.append(_describe(connection))
-            finally:
-                connection.close()
-        assert described[0] == described[1]
+        assert _describe_file(tmp_path / "old.db") == _describe_file(tmp_path / "fresh.db")
 
 
 class TestSchema:
@@ -385,12 +383,7 @@ class TestMigrationFromVersion1:
             ]
             old = PositionedOperation(entry("t", "pending"), 4, at)
             assert await store.apply([old]) == [CommandOutcome.STALE]
-        connection = sqlite3.connect(db_path)
-        try:
-            versions = connection.execute("SELECT version FROM timer_schema_version").fetchall()
-        finally:
-            connection.close()
-        assert versions == [(v,) for v in range(1, SCHEMA_VERSION + 1)]
+        assert _versions(db_path) == list(range(1, SCHEMA_VERSION + 1))
 
     def test_migrated_version_1_matches_a_fresh_database(self, tmp_path: Path) -> None:
         """A version 1 database migrated forward has the same schema as a fresh one."""

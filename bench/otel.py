@@ -195,6 +195,70 @@ def child_main(variant: str, timers: int) -> None:
     print(json.dumps(result))
 
 
+# -- the hooks alone, per timer -----------------------------------------------------------------
+
+
+def micro(batches: int = 300) -> dict[str, float]:
+    """Microseconds per timer the instrumentation's hooks of a firing cost, alone: the least
+    of 5 repetitions of ``batches`` batches of 100 (the least, as other work only adds)."""
+    import attrs
+
+    from timer_core import NO_INSTRUMENTATION, TimerEntry, TraceContext, build_due_event
+    from timer_service.metrics import PrometheusInstrumentation
+
+    now = datetime.now(UTC).replace(microsecond=0)
+    plain = [
+        TimerEntry(tenant_id="t", service_call_id=f"c{i}", due_at=now, registered_at=now)
+        for i in range(BATCH)
+    ]
+    traced = [
+        attrs.evolve(e, trace_context=TraceContext(f"00-{i + 1:032x}-{i + 1:016x}-01"))
+        for i, e in enumerate(plain)
+    ]
+    prometheus = PrometheusInstrumentation()
+    sdk, shutdown = _sdk_instrumentation(PrometheusInstrumentation(), timer_spans=False)
+    spans, shutdown_spans = _sdk_instrumentation(PrometheusInstrumentation(), timer_spans=True)
+    cases = {
+        "no instrumentation": (NO_INSTRUMENTATION, plain),
+        "`off` (Prometheus)": (prometheus, plain),
+        "`sdk`, untraced timers": (sdk, plain),
+        "`sdk`, traced timers (links)": (sdk, traced),
+        "`sdk`, traced timers, `timer_spans`": (spans, traced),
+    }
+    results = {}
+    try:
+        for name, (instrumentation, entries) in cases.items():
+            reached = [entry.reach(now) for entry in entries]
+            best = float("inf")
+            for _ in range(5):
+                started = time.perf_counter()
+                for _ in range(batches):
+                    envelopes = [build_due_event(entry, now) for entry in entries]
+                    observer = instrumentation.firing_started(envelopes)
+                    observer.published([None] * len(envelopes))
+                    instrumentation.timers_fired(reached)
+                    observer.finished()
+                    instrumentation.poll_completed(0.01, len(reached))
+                best = min(best, time.perf_counter() - started)
+            results[name] = best / (batches * BATCH) * 1e6
+    finally:
+        shutdown()
+        shutdown_spans()
+    return results
+
+
+def micro_table(results: dict[str, float]) -> str:
+    base = results["no instrumentation"]
+    lines = [
+        "| hooks of one firing (build the event, then the instrumentation) | us per timer "
+        "| instrumentation's own, us per timer |",
+        "| --- | ---: | ---: |",
+    ]
+    for name, value in results.items():
+        lines.append(f"| {name} | {value:.1f} | {value - base:.1f} |")
+    return "\n".join(lines)
+
+
 # -- the driver -------------------------------------------------------------------------------
 
 
@@ -278,6 +342,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timers", type=int, default=20_000, help="timers fired per measurement")
     parser.add_argument("--rounds", type=int, default=7, help="interleaved rounds")
     parser.add_argument("--baseline-ref", help="also run `off` on the sources of this commit")
+    parser.add_argument(
+        "--variants", help=f"comma-separated subset of {', '.join(VARIANTS)} (`off` always runs)"
+    )
     parser.add_argument("--quick", action="store_true", help="2,000 timers, 2 rounds, no README")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -286,7 +353,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.quick:
         args.timers, args.rounds = 2_000, 2
-    variants = list(VARIANTS) + (["baseline"] if args.baseline_ref else [])
+    chosen = set(args.variants.split(",")) if args.variants else set(VARIANTS)
+    variants = [v for v in VARIANTS if v == "off" or v in chosen]
+    variants += ["baseline"] if args.baseline_ref else []
     started_load = load()
     rounds: list[dict[str, dict[str, Any]]] = []
     with tempfile.TemporaryDirectory(prefix="timer-otel-baseline-") as tree:
@@ -303,6 +372,7 @@ def main(argv: list[str] | None = None) -> int:
             rounds.append(results)
     ended_load = load()
     table = report(variants, rounds, args.timers, args)
+    hooks = micro_table(micro(30 if args.quick else 300))
     baseline = (
         f" `baseline` is `off` on the sources of `{args.baseline_ref}`."
         if args.baseline_ref
@@ -320,6 +390,10 @@ def main(argv: list[str] | None = None) -> int:
             "`sdk` exports to a sink (batch span processor, metrics read every second), so "
             "it counts Timer's instrumentation and the SDK, not a collector's network.",
             table,
+            "The hooks alone, without the store or the broker (the least of 5 repetitions, so "
+            "other work on the machine hardly shows): what one timer's firing costs in the "
+            "instrumentation, against the fire path's CPU per timer above.",
+            hooks,
             f"Machine: {machine()}; load average {started_load} at start, {ended_load} at the "
             "end (the machine is shared with other developers' builds and tests: compare the "
             "ratios, measured within one round, not the absolute rates).",

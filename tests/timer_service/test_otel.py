@@ -33,13 +33,16 @@ from tests.timer_service.process import ServiceProcess
 from timer_adapters_nats import TimerClient
 from timer_core import (
     Instrumentation,
+    PublishError,
     ServiceCallId,
     TenantId,
+    TimerEntry,
     TraceContext,
     decode_event,
     format_timestamp,
 )
 from timer_service.bootstrap import bootstrap
+from timer_service.metrics import PrometheusInstrumentation
 from timer_service.otel import OtelInstrumentation
 from timer_service.service import TimerService
 from timer_service.settings import Settings
@@ -239,6 +242,47 @@ class TestTraceAcrossRestart:
         assert consumer.context.trace_id == scheduling.trace_id
         assert consumer.parent is not None and consumer.parent.span_id == due_span.context.span_id
         assert set(story.plain_event.headers or {}) == {"Nats-Msg-Id"}
+
+
+class TestMetrics:
+    def test_every_prometheus_metric_has_an_opentelemetry_twin(self) -> None:
+        """Each Prometheus series has the OpenTelemetry metric of the same name, dots for
+        underscores, and a counter for a counter (so dashboards on either agree)."""
+        telemetry = Telemetry()
+        prometheus = PrometheusInstrumentation()
+        otel = OtelInstrumentation(
+            prometheus,
+            tracer_provider=telemetry.tracer_provider,
+            meter_provider=telemetry.meter_provider,
+        )
+        now = datetime(2030, 1, 1, tzinfo=UTC)
+        entry = TimerEntry("tenant-a", "call-1", now, now)
+        otel.commands_handled([], [])
+        otel.command_rejected("timer.commands.x", "bad")
+        otel.timers_fired([entry.reach(now)])
+        otel.publish_failed(entry, PublishError("down"))
+        otel.timer_quarantined(entry, PublishError("down"), 3)
+        otel.quarantine_size(1)
+        otel.set_pending(4)
+        otel.poll_completed(0.01, 1)
+        otel.worker_error(RuntimeError("store down"))
+        data = telemetry.metrics.get_metrics_data()
+        assert data is not None
+        exported = {
+            metric.name: type(metric.data).__name__
+            for resource in data.resource_metrics
+            for scope in resource.scope_metrics
+            for metric in scope.metrics
+        }
+        kinds = {"counter": "Sum", "histogram": "Histogram", "gauge": "Gauge"}
+        for family in prometheus.registry.collect():
+            name = family.name.removesuffix("_seconds").removesuffix("_timestamp")
+            twin = next(
+                (n for n in exported if n.replace(".", "_").removesuffix("_timestamp") == name),
+                None,
+            )
+            assert twin is not None, f"no OpenTelemetry metric for {family.name}"
+            assert exported[twin] == kinds[family.type], family.name
 
 
 class TestSwitch:

@@ -1,9 +1,9 @@
 """OpenTelemetry for Timer: spans around command batches and firings, and the service's metrics.
 
 Needs the ``otel`` extra (``pip install 'timer-service[otel]'``). :class:`OtelInstrumentation`
-is a :class:`timer_core.Instrumentation` any host can pass to the workflows, the worker and
-the NATS command source; :func:`configure` sets up the SDK for ``timer-service`` from
-``TIMER_OTEL`` and the standard ``OTEL_*`` variables.
+is a :class:`timer_core.Instrumentation` any host can give its ``Timer`` and ``NatsBroker``;
+:func:`configure` sets up the SDK for ``timer-service`` from the standard ``OTEL_*``
+variables (``TIMER_OTEL`` decides whether it is used at all).
 
 Spans:
 
@@ -166,6 +166,7 @@ class _Gauges:
     """The latest values behind the observable gauges."""
 
     pending: int | None = None
+    quarantined: int | None = None
     last_poll: float | None = None
 
 
@@ -177,9 +178,10 @@ class OtelInstrumentation(Instrumentation):
     ``timer_spans`` adds a ``timer.due`` span per traced timer (see the module docstring).
     The metrics are the Prometheus ones under OpenTelemetry names: ``timer.commands.received``
     (attribute ``outcome``), ``timer.schedules.processed``, ``timer.publish.failures``,
-    ``timer.worker.errors``, ``timer.polling.duration`` and ``timer.firing.lateness``
-    (histograms, seconds), ``timer.timers.pending`` and ``timer.last_poll.timestamp``
-    (gauges; set the first with :meth:`set_pending`).
+    ``timer.quarantined``, ``timer.worker.errors``, ``timer.polling.duration`` and
+    ``timer.firing.lateness`` (histograms, seconds), ``timer.timers.pending``,
+    ``timer.timers.quarantined`` and ``timer.last_poll.timestamp`` (gauges; set the first
+    with :meth:`set_pending`).
     """
 
     def __init__(
@@ -209,6 +211,11 @@ class OtelInstrumentation(Instrumentation):
             unit="{event}",
             description="DueTimeReached publishes not acknowledged (the timer stays Scheduled).",
         )
+        self._quarantines = meter.create_counter(
+            "timer.quarantined",
+            unit="{timer}",
+            description="Timers quarantined: their publish kept failing while others' did not.",
+        )
         self._worker_errors = meter.create_counter(
             "timer.worker.errors",
             unit="{pass}",
@@ -234,6 +241,12 @@ class OtelInstrumentation(Instrumentation):
             description="Timers stored and still Scheduled.",
         )
         meter.create_observable_gauge(
+            "timer.timers.quarantined",
+            callbacks=[self._observe_quarantined],
+            unit="{timer}",
+            description="Timers quarantined now (left out of every pass until retried).",
+        )
+        meter.create_observable_gauge(
             "timer.last_poll.timestamp",
             callbacks=[self._observe_last_poll],
             unit="s",
@@ -256,6 +269,10 @@ class OtelInstrumentation(Instrumentation):
     def _observe_pending(self, options: CallbackOptions) -> Iterable[Observation]:
         pending = self._gauges.pending
         return () if pending is None else (Observation(pending),)
+
+    def _observe_quarantined(self, options: CallbackOptions) -> Iterable[Observation]:
+        quarantined = self._gauges.quarantined
+        return () if quarantined is None else (Observation(quarantined),)
 
     def _observe_last_poll(self, options: CallbackOptions) -> Iterable[Observation]:
         last = self._gauges.last_poll
@@ -352,6 +369,14 @@ class OtelInstrumentation(Instrumentation):
     def publish_failed(self, entry: TimerEntry, error: PublishError) -> None:
         self._publish_failures.add(1)
         self.inner.publish_failed(entry, error)
+
+    def timer_quarantined(self, entry: TimerEntry, error: PublishError, failures: int) -> None:
+        self._quarantines.add(1)
+        self.inner.timer_quarantined(entry, error, failures)
+
+    def quarantine_size(self, count: int) -> None:
+        self._gauges.quarantined = count
+        self.inner.quarantine_size(count)
 
     def poll_completed(self, duration_s: float, fired: int) -> None:
         self._polling.record(duration_s)

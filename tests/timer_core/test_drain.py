@@ -271,6 +271,55 @@ class TestEndingEarly:
             assert rig.journal.index("published", call) < rig.journal.index("marked", call)
 
 
+class OrderedBus(JournalBus):
+    """A bus that keeps the order of concurrent calls: each call's envelopes are sent (noted)
+    at once, and the acks of the first call wait until ``first_acked`` is set."""
+
+    def __init__(self, journal: Journal, store: MemoryTimerStore) -> None:
+        super().__init__(journal, store)
+        self.first_acked = asyncio.Event()
+
+    @property
+    def keeps_call_order(self) -> bool:
+        return True
+
+    async def publish_many(
+        self, envelopes: Sequence[MessageEnvelope[DueTimeReached]]
+    ) -> list[PublishError | None]:
+        self.batches += 1
+        first = self.batches == 1
+        calls = [str(e.payload.service_call_id) for e in envelopes]
+        self.journal.note("sent", calls)
+        results = await self.bus.publish_many(envelopes)
+        if first:
+            await self.first_acked.wait()
+        self.journal.note("published", calls)
+        return results
+
+
+class TestOverlappedPublishing:
+    async def test_the_next_batch_is_sent_while_the_acks_come_back(self) -> None:
+        """With a publisher that keeps call order, batch two is sent before batch one's acks
+        are back; every timer is still published in due order and marked after its ack."""
+        rig = Rig()
+        rig.publisher = OrderedBus(rig.journal, rig.store)
+        await rig.store.start()
+        calls = await rig.schedule(25)
+        draining = asyncio.ensure_future(rig.drain())
+        while rig.publisher.batches < 2:
+            await asyncio.sleep(0)
+        assert rig.states()["c000"] is TimerState.SCHEDULED  # not marked before its ack
+        rig.publisher.first_acked.set()
+        report = await draining
+        assert (report.batches, report.fired) == (3, 25)
+        kinds = [what for what, noted in rig.journal.lines if noted and what != "read"]
+        assert kinds[:3] == ["sent", "sent", "published"]
+        assert [str(e.payload.service_call_id) for e in rig.publisher.bus.published] == calls
+        for call in calls:
+            assert rig.journal.index("published", call) < rig.journal.index("marked", call)
+        assert set(rig.states().values()) == {TimerState.REACHED}
+
+
 class TestUnfinishedMarks:
     """With ``finish_marks=False`` the last mark is handed over; the next drain carries it."""
 

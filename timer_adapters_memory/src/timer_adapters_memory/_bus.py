@@ -150,6 +150,11 @@ class MemoryEventBus(EventPublisher):
             if subscription in self._subscribers:
                 self._subscribers.remove(subscription)
 
+    @property
+    def keeps_call_order(self) -> bool:
+        """True: each call takes all its envelopes at once, calls in the order they were made."""
+        return True
+
     async def publish_many(self, envelopes: Sequence[Event]) -> list[PublishError | None]:
         # Yield like a network round trip would, so concurrent callers interleave.
         await asyncio.sleep(0)

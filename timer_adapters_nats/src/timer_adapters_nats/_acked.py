@@ -56,6 +56,9 @@ class AckedPublisher:
         self._waiting: dict[str, asyncio.Future[None]] = {}
         self._tokens = itertools.count()
         self._subscribing = asyncio.Lock()
+        # One call's messages all leave before the next call's: concurrent calls (a drain
+        # sends the next batch while this one's acks come back) keep their order on the wire.
+        self._sending = asyncio.Lock()
 
     @property
     def client(self) -> Client:
@@ -78,35 +81,36 @@ class AckedPublisher:
         in_flight: deque[tuple[int, Outgoing, str, asyncio.Future[None], float]] = deque()
         loop = asyncio.get_running_loop()
         unflushed = 0
-        for index, item in enumerate(items):
-            if len(in_flight) >= self._window:
-                # Wait until a quarter of the window is acked, not for one ack per wake-up:
-                # the stream acks in order, so that many slots then refill in one go.
-                await self._await_ack(in_flight, min(len(in_flight), self._refill))
-                while in_flight and (in_flight[0][3].done() or len(in_flight) >= self._window):
-                    oldest = in_flight.popleft()
-                    results[oldest[0]] = await self._settle(oldest)
-            try:
-                message = build(item)
-            except Exception as exc:  # cannot even be encoded: that one fails
-                results[index] = PublishError(f"message {index} of the batch: {exc}")
-                continue
-            if not self._nc.is_connected:
-                # Reconnecting: fail now rather than buffer and time out one by one.
-                results[index] = PublishError(
-                    f"{message.msg_id} to {message.subject}: not connected to NATS"
-                )
-                continue
-            try:
-                token, future = await self._send(message)
-            except Exception as exc:  # one message's failure never fails the others
-                results[index] = _publish_error(message, exc)
-                continue
-            in_flight.append((index, message, token, future, loop.time() + self._ack_timeout_s))
-            unflushed += 1
-            if unflushed >= _CHUNK:
-                unflushed = 0
-                await asyncio.sleep(0)  # the connection's flusher writes this chunk now
+        async with self._sending:
+            for index, item in enumerate(items):
+                if len(in_flight) >= self._window:
+                    # Wait until a quarter of the window is acked, not for one ack per wake-up:
+                    # the stream acks in order, so that many slots then refill in one go.
+                    await self._await_ack(in_flight, min(len(in_flight), self._refill))
+                    while in_flight and (in_flight[0][3].done() or len(in_flight) >= self._window):
+                        oldest = in_flight.popleft()
+                        results[oldest[0]] = await self._settle(oldest)
+                try:
+                    message = build(item)
+                except Exception as exc:  # cannot even be encoded: that one fails
+                    results[index] = PublishError(f"message {index} of the batch: {exc}")
+                    continue
+                if not self._nc.is_connected:
+                    # Reconnecting: fail now rather than buffer and time out one by one.
+                    results[index] = PublishError(
+                        f"{message.msg_id} to {message.subject}: not connected to NATS"
+                    )
+                    continue
+                try:
+                    token, future = await self._send(message)
+                except Exception as exc:  # one message's failure never fails the others
+                    results[index] = _publish_error(message, exc)
+                    continue
+                in_flight.append((index, message, token, future, loop.time() + self._ack_timeout_s))
+                unflushed += 1
+                if unflushed >= _CHUNK:
+                    unflushed = 0
+                    await asyncio.sleep(0)  # the connection's flusher writes this chunk now
         # One wait for the last ack rather than one per message still in flight.
         await self._await_ack(in_flight, len(in_flight))
         while in_flight:

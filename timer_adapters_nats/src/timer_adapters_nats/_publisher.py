@@ -35,6 +35,11 @@ class NatsEventPublisher(EventPublisher):
         self._subjects = connection.settings.subjects
         self._acked: AckedPublisher | None = None
 
+    @property
+    def keeps_call_order(self) -> bool:
+        """True: one connection, and each call's messages leave before the next call's."""
+        return True
+
     def _publisher(self) -> AckedPublisher:
         nc = self._connection.client
         if self._acked is None or self._acked.client is not nc:  # first use, or a new start()

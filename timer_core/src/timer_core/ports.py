@@ -348,6 +348,17 @@ class EventPublisher(AsyncResource, abc.ABC):
     async def aclose(self) -> None:
         """Disconnect after the publishes in flight. The default does nothing."""
 
+    @property
+    def keeps_call_order(self) -> bool:
+        """Whether the envelopes of concurrent :meth:`publish_many` calls reach the broker
+        call after call (all of one call's before any of a later call's).
+
+        When true, the worker sends the next batch while the last one's acknowledgements
+        come back, and events still reach the stream in due order. The default is False
+        (one batch at a time).
+        """
+        return False
+
     @abc.abstractmethod
     async def publish_many(
         self, envelopes: Sequence[MessageEnvelope[DueTimeReached]]

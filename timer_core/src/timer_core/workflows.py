@@ -383,7 +383,10 @@ async def drain_due_timers(
     so a batch whose publish failed is stepped over, not read again. The store work of
     neighbouring batches overlaps the broker work: the next batch is read while this one
     is published, and this one is marked while the next one is published (marks stay in
-    order, one at a time). The drain returns only once every mark it started is done.
+    order, one at a time). With a publisher that keeps the order of concurrent calls
+    (:attr:`~timer_core.ports.EventPublisher.keeps_call_order`), the next batch is also
+    sent while this one's acknowledgements come back. The drain returns only once every
+    mark it started is done.
     A leasing store is drained the same way: the batch claimed ahead waits one publish
     (milliseconds) of its lease, and its claim is released if the drain stops before
     publishing it. ``on_batch`` gets each batch's report once it is marked.
@@ -424,13 +427,29 @@ async def drain_due_timers(
             exclude=exclude,
         )
 
+    def publish(batch: _Found) -> asyncio.Future[_Published]:
+        return asyncio.ensure_future(_publish(store, publisher, clock, batch, ids, instrumentation))
+
+    # With a publisher that keeps the order of its calls, two batches' publishes are in
+    # flight at most: the next one is read and sent while this one's acks come back.
+    overlap = publisher.keeps_call_order
+    publishing: asyncio.Future[_Published] | None = publish(found) if found.due else None
+    following: asyncio.Future[_Published] | None = None
     try:
         while found.due:
+            assert publishing is not None
+            after: _Found | None = None
             if found.cursor is not None and not stopping():
                 ahead = asyncio.ensure_future(find_after(found))
-            reached, lost, late, observer = await _publish(
-                store, publisher, clock, found, ids, instrumentation
-            )
+                after, ahead = await ahead, None
+                if after.due and not stopping():
+                    if overlap:
+                        following = publish(after)
+                elif after.due:
+                    await _release(store, after.due)  # read ahead, never published
+                    after = None
+            reached, lost, late, observer = await publishing
+            publishing, following = following, None
             batches += 1
             fired += len(reached)
             failed += lost
@@ -444,13 +463,15 @@ async def drain_due_timers(
                 )
             )
             marked = reached
-            if found.cursor is None or stopping():
+            if after is None or not after.due:
                 break
+            if publishing is None:  # not sent ahead: only now, unless stopping meanwhile
+                if stopping():
+                    await _release(store, after.due)
+                    break
+                publishing = publish(after)
+            found = after
             await asyncio.sleep(0)  # a long drain still lets the command consumer run
-            if ahead is None:
-                found = await find_after(found)
-            else:
-                found, ahead = await ahead, None
         unfinished: asyncio.Future[None] | None = None
         if marking is not None:
             previous, marking = marking, None
@@ -459,6 +480,14 @@ async def drain_due_timers(
             else:
                 unfinished = previous
     finally:
+        for sending in (publishing, following):
+            # Ending early (an error, a cancellation): a publish in flight is cancelled; its
+            # timers stay Scheduled and are published again later, under the same ids.
+            if sending is not None and not sending.done():
+                sending.cancel()
+                await asyncio.wait({sending})
+            if sending is not None and not sending.cancelled():
+                sending.exception()  # retrieved: the drain's own error is what is raised
         await _settle_drain(store, ahead, marking)
     return DrainReport(
         batches=batches,
@@ -568,6 +597,11 @@ async def _find(
     return _Found(
         due=due, now=now, started=started, cursor=cursor, tenants=positions if full else None
     )
+
+
+_Published = tuple[
+    list[TimerEntry], list[tuple[TimerEntry, PublishError]], list[TimerEntry], BatchObserver
+]
 
 
 async def _publish(

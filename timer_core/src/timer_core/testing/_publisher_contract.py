@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 
@@ -88,6 +89,24 @@ class EventPublisherContract:
         """Publishing an empty batch returns no results and holds nothing."""
         assert await harness.publisher.publish_many([]) == []
         assert await harness.published() == []
+
+    async def test_concurrent_calls_keep_their_order_when_promised(
+        self, harness: PublisherHarness
+    ) -> None:
+        """A publisher whose ``keeps_call_order`` is true lets the broker hold all of one
+        call's envelopes before any of a later concurrent call's (else nothing is promised)."""
+        first = [event(i) for i in range(300)]
+        second = [event(i) for i in range(300, 400)]
+        calls = [
+            asyncio.ensure_future(harness.publisher.publish_many(batch))
+            for batch in (first, second)
+        ]
+        results = await asyncio.gather(*calls)
+        assert results == [[None] * 300, [None] * 100]
+        held = [e.id for e in await harness.published()]
+        assert sorted(held) == sorted(e.id for e in first + second)
+        if harness.publisher.keeps_call_order:
+            assert held == [e.id for e in first + second]
 
     async def test_batch_is_acknowledged_and_held(self, harness: PublisherHarness) -> None:
         """A batch of 200 envelopes is acknowledged one result per envelope and all are held."""

@@ -43,6 +43,22 @@ def final_stage(path: Path = DOCKERFILE) -> list[tuple[str, str]]:
     return instructions[start:]
 
 
+def build_install(path: Path = DOCKERFILE) -> tuple[dict[str, str], list[list[str]]]:
+    """The build stage's ``ENV`` and its ``uv`` commands (those installing Timer)."""
+    instructions = dockerfile_instructions(path)
+    last_from = max(i for i, (keyword, _) in enumerate(instructions) if keyword == "FROM")
+    environment: dict[str, str] = {}
+    commands: list[list[str]] = []
+    for keyword, rest in instructions[:last_from]:
+        if keyword == "ENV":
+            for pair in shlex.split(rest):
+                key, _, value = pair.partition("=")
+                environment[key] = value
+        elif keyword == "RUN" and rest.startswith("uv "):
+            commands.append(shlex.split(rest))
+    return environment, commands
+
+
 def image_environment(path: Path = DOCKERFILE) -> dict[str, str]:
     """The ``ENV`` variables the runtime image sets (``KEY=value`` form)."""
     environment: dict[str, str] = {}

@@ -22,6 +22,7 @@ from tests.deploy.files import (
     ROOT,
     UNIT,
     UNIT_ENV,
+    build_install,
     dockerfile_instructions,
     env_file,
     final_stage,
@@ -230,9 +231,23 @@ class TestEntryCommand:
     def test_the_image_command_runs_healthy_and_stops_cleanly(
         self, tmp_path: Path, nats_server: NatsServerProcess
     ) -> None:
-        """The image's ENTRYPOINT + CMD, with the image's environment (its paths and port moved
-        into this test's directory and loopback, NATS as compose gives it), reaches a healthy
-        /healthz, passes the image's own HEALTHCHECK command, and exits 0 on SIGTERM."""
+        """The image's build command installs timer-service from this checkout into a fresh
+        environment; its ENTRYPOINT + CMD from there, with the image's environment (paths and
+        port moved into this test's directory and loopback, NATS as compose gives it), reaches
+        a healthy /healthz, passes the image's own HEALTHCHECK, and exits 0 on SIGTERM."""
+        build_env, installs = build_install()
+        image = tmp_path / "opt-timer"
+        assert installs, "the Dockerfile installs nothing with uv"
+        for command in installs:
+            done = subprocess.run(
+                command,
+                cwd=ROOT,  # the build context: COPY . .
+                env={**os.environ, **build_env, "UV_PROJECT_ENVIRONMENT": str(image)},
+                capture_output=True,
+                text=True,
+                timeout=600,
+            )
+            assert done.returncode == 0, done.stderr
         port = free_port()
         environment = {k: v for k, v in os.environ.items() if not k.startswith("TIMER_")}
         environment.update({k: v for k, v in IMAGE_ENV.items() if k != "PATH"})
@@ -243,7 +258,7 @@ class TestEntryCommand:
             TIMER_BROKER_URL=nats_server.url,
         )
         program, *arguments = image_command()
-        executable = Path(sys.executable).parent / program
+        executable = image / "bin" / program
         log = tmp_path / "service.log"
         with log.open("wb") as output:
             process = subprocess.Popen(
@@ -257,7 +272,9 @@ class TestEntryCommand:
         try:
             _wait_healthy(process, port, log)
             check = [
-                sys.executable if part == "python" else part.replace(str(HTTP_PORT), str(port))
+                str(image / "bin" / "python")
+                if part == "python"
+                else part.replace(str(HTTP_PORT), str(port))
                 for part in image_healthcheck()
             ]
             assert subprocess.run(check, timeout=30).returncode == 0

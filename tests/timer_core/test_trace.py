@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import attrs
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from timer_core import TraceContext, ValidationError
+from timer_core import DueTimeReached, MessageEnvelope, TraceContext, ValidationError
+from timer_core.testing import strategies as ts
 
 TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 
@@ -56,3 +60,21 @@ class TestTraceContext:
         assert TraceContext(TRACEPARENT).headers() == {"traceparent": TRACEPARENT}
         assert TraceContext.from_headers({}) is None
         assert TraceContext.from_headers(None) is None
+
+
+class TestWithTraceContext:
+    @given(ts.event_envelopes(), st.none() | ts.trace_contexts(), st.none() | st.integers(0, 99))
+    def test_equals_evolve(
+        self,
+        envelope: MessageEnvelope[DueTimeReached],
+        context: TraceContext | None,
+        position: int | None,
+    ) -> None:
+        """with_trace_context gives what attrs.evolve gives, every other field kept as is."""
+        envelope = attrs.evolve(envelope, position=position)
+        fast = envelope.with_trace_context(context)
+        assert fast == attrs.evolve(envelope, trace_context=context)
+        assert fast.trace_context is context
+        for field in attrs.fields(MessageEnvelope):
+            if field.name != "trace_context":
+                assert getattr(fast, field.name) is getattr(envelope, field.name)

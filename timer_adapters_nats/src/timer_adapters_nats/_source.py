@@ -400,7 +400,7 @@ class NatsCommandSource(CommandSource):
         if headers and TRACEPARENT_HEADER in headers:
             trace_context = TraceContext.from_headers(headers)
             if trace_context is not None:
-                envelope = attrs.evolve(envelope, trace_context=trace_context)
+                envelope = envelope.with_trace_context(trace_context)
         if envelope.tenant_id != subject_tenant:
             raise DecodeError(
                 "tenantId",

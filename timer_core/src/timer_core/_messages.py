@@ -98,6 +98,16 @@ class MessageEnvelope(Generic[P]):
     """The W3C trace context the message travels with, in its headers (``traceparent``,
     ``tracestate``), not in its JSON body; None when it has none."""
 
+    def with_trace_context(self, trace_context: TraceContext | None) -> MessageEnvelope[P]:
+        """The same message carrying ``trace_context`` instead (nothing else changes, and the
+        fields, already valid, are not checked again: a firing's span is added this way)."""
+        copy: MessageEnvelope[P] = object.__new__(MessageEnvelope)
+        put = object.__setattr__
+        for name in _ENVELOPE_FIELDS:
+            put(copy, name, getattr(self, name))
+        put(copy, "trace_context", trace_context)
+        return copy
+
     @property
     def type(self) -> str:
         """The message type, equal to the payload's ``_tag``."""
@@ -131,6 +141,9 @@ class MessageEnvelope(Generic[P]):
 _ENVELOPE_FIELDS = tuple(
     field.name for field in attrs.fields(MessageEnvelope) if field.name != "position"
 )
+
+
+_ENVELOPE_FIELDS = tuple(field.name for field in attrs.fields(MessageEnvelope))
 
 
 def _unchecked_due_event(

@@ -99,13 +99,6 @@ def _linked(context: TraceContext) -> SpanContext:
     )
 
 
-def _carrying(
-    envelope: MessageEnvelope[DueTimeReached], context: TraceContext
-) -> MessageEnvelope[DueTimeReached]:
-    """The same envelope with another trace context (nothing else changes)."""
-    return attrs.evolve(envelope, trace_context=context)
-
-
 def _tenant_attributes(tenants: Iterable[str]) -> dict[str, Any]:
     """``timer.tenant_id`` when a batch is one tenant's, else the number of tenants."""
     distinct = set(tenants)
@@ -317,7 +310,7 @@ class OtelInstrumentation(Instrumentation):
             if traced:
                 carried = _trace_context(batch.get_span_context())
                 for index, _ in traced:
-                    envelopes[index] = _carrying(envelopes[index], carried)
+                    envelopes[index] = envelopes[index].with_trace_context(carried)
             return _span_then(_FiringObserver(batch, []), self.inner.firing_started(envelopes))
         batch = self._tracer.start_span("timer.fire", attributes=attributes, start_time=start)
         timers: list[tuple[int, trace.Span]] = []
@@ -338,7 +331,7 @@ class OtelInstrumentation(Instrumentation):
                 start_time=start,
             )
             timers.append((index, span))
-            envelopes[index] = _carrying(envelope, _trace_context(span.get_span_context()))
+            envelopes[index] = envelope.with_trace_context(_trace_context(span.get_span_context()))
         return _span_then(_FiringObserver(batch, timers), self.inner.firing_started(envelopes))
 
     # -- metrics, then the inner instrumentation ---------------------------------------------

@@ -29,7 +29,7 @@ import sqlalchemy
 from _readme import write_section
 
 from timer_adapters_sqlite import SqliteTimerStore, migrate
-from timer_adapters_sqlite._store import _FIND_DUE, _MARK_REACHED, _NEXT_DUE_AT, _UPSERT
+from timer_adapters_sqlite._sql import FIND_DUE, MARK_REACHED, NEXT_DUE_AT, UPSERT
 from timer_core import TimerEntry, format_timestamp
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
@@ -61,6 +61,8 @@ def rows(batch: list[TimerEntry]) -> list[tuple[str | int | None, ...]]:
             format_timestamp(e.due_at),
             format_timestamp(e.registered_at),
             None,  # no command position
+            None,  # no trace context
+            None,
         )
         for e in batch
     ]
@@ -132,7 +134,7 @@ def raw_batched(path: Path, timers: list[TimerEntry], batch: int) -> Run:
         watch = Stopwatch()
         for part in prepared:
             connection.execute("BEGIN IMMEDIATE")
-            connection.executemany(_UPSERT, part)
+            connection.executemany(UPSERT, part)
             connection.execute("COMMIT")
         return watch.run(len(timers))
     finally:
@@ -165,7 +167,7 @@ def raw_row_per_commit(path: Path, timers: list[TimerEntry], synchronous: str = 
         watch = Stopwatch()
         for row in prepared:
             connection.execute("BEGIN IMMEDIATE")
-            connection.execute(_UPSERT, row)
+            connection.execute(UPSERT, row)
             connection.execute("COMMIT")
         return watch.run(len(timers))
     finally:
@@ -181,7 +183,7 @@ def populate(path: Path, total: int, due: int) -> datetime:
     start = T0 - timedelta(days=1)
     now = start + timedelta(milliseconds=due * 10)
 
-    def generate(first: int, last: int) -> Iterator[tuple[str, ...]]:
+    def generate(first: int, last: int) -> Iterator[tuple[str | None, ...]]:
         for i in range(first, last):
             # The first `due` timers are due before `now`, the rest spread over the future.
             due_at = start + timedelta(milliseconds=i * 10)
@@ -193,12 +195,15 @@ def populate(path: Path, total: int, due: int) -> datetime:
                 f"trace-{i:09d}",
                 format_timestamp(due_at),
                 format_timestamp(start),
+                None,  # no command position
+                None,  # no trace context
+                None,
             )
 
     try:
         for first in range(0, total, 50_000):
             connection.execute("BEGIN IMMEDIATE")
-            connection.executemany(_UPSERT, generate(first, min(first + 50_000, total)))
+            connection.executemany(UPSERT, generate(first, min(first + 50_000, total)))
             connection.execute("COMMIT")
         connection.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     finally:
@@ -226,12 +231,12 @@ def raw_drain(path: Path, now: datetime, batch: int) -> Run:
         fired = 0
         watch = Stopwatch()
         while True:
-            due = connection.execute(_FIND_DUE, (now_text, batch)).fetchall()
+            due = connection.execute(FIND_DUE, (now_text, batch)).fetchall()
             if not due:
                 break
             connection.execute("BEGIN IMMEDIATE")
             cursor = connection.executemany(
-                _MARK_REACHED, [(now_text, row[0], row[1], row[3]) for row in due]
+                MARK_REACHED, [(now_text, row[0], row[1], row[3]) for row in due]
             )
             fired += cursor.rowcount
             connection.execute("COMMIT")
@@ -262,8 +267,8 @@ def raw_empty_poll(path: Path, now: datetime, rounds: int) -> Poll:
         watch = Stopwatch()
         for _ in range(rounds):
             started = time.perf_counter()
-            found = connection.execute(_FIND_DUE, (now_text, 100)).fetchall()
-            connection.execute(_NEXT_DUE_AT).fetchone()
+            found = connection.execute(FIND_DUE, (now_text, 100)).fetchall()
+            connection.execute(NEXT_DUE_AT).fetchone()
             samples.append(time.perf_counter() - started)
             assert not found
         return percentiles(samples, watch.run(rounds))

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from timer_adapters_sqlite import SqliteTimerStore
-from timer_adapters_sqlite import _store as queries
+from timer_adapters_sqlite import _sql as queries
 
 from .conftest import T0, entry
 
@@ -78,19 +78,19 @@ class TestDueQueryPlans:
         self, planner: sqlite3.Connection
     ) -> None:
         """find_due_for_tenant seeks the tenant-first partial index: no scan, no sort."""
-        details = plan(planner, queries._FIND_DUE_FOR_TENANT, ("tenant-1", _NOW, 100))
+        details = plan(planner, queries.FIND_DUE_FOR_TENANT, ("tenant-1", _NOW, 100))
         assert_index_search(details, "idx_timer_schedules_tenant_due (tenant_id=? AND due_at<?)")
         assert not any("TEMP B-TREE" in d for d in details), details
 
     def test_tenant_share_queries_seek_the_tenant_index(self, planner: sqlite3.Connection) -> None:
         """find_due_by_tenant: a few seeks per tenant to list them, and each tenant's due
         timers after its cursor read in index order, whatever the tenant's backlog."""
-        details = plan(planner, queries._DUE_TENANTS, (_NOW,))
+        details = plan(planner, queries.DUE_TENANTS, (_NOW,))
         searches = [d for d in details if d.startswith("SEARCH")]
         assert searches and all("idx_timer_schedules_tenant_due" in d for d in searches), details
         assert not any(d.startswith("SCAN timer_schedules") for d in details), details
         wanted = json.dumps([["tenant-1", "", ""], ["tenant-2", _NOW, "call-1"]])
-        details = plan(planner, queries._FIND_DUE_OF_TENANTS, (wanted, _NOW, 10))
+        details = plan(planner, queries.FIND_DUE_OF_TENANTS, (wanted, _NOW, 10))
         assert any(
             "idx_timer_schedules_tenant_due (tenant_id=? AND (due_at,service_call_id)>(?,?)" in d
             for d in details
@@ -100,7 +100,7 @@ class TestDueQueryPlans:
 
     def test_next_due_at_is_one_seek(self, planner: sqlite3.Connection) -> None:
         """next_due_at reads the first entry of the partial index."""
-        details = plan(planner, queries._NEXT_DUE_AT)
+        details = plan(planner, queries.NEXT_DUE_AT)
         assert_index_search(details, "idx_timer_schedules_scheduled_due")
 
 
@@ -108,13 +108,13 @@ class TestOtherPlans:
     @pytest.mark.parametrize(
         ("sql", "params"),
         [
-            (queries._UPSERT, ("t", "c", None, _NOW, _NOW, None, None, None)),
-            (queries._UPSERT, ("t", "c", None, _NOW, _NOW, 7, "00-x-y-01", None)),
-            (queries._CANCEL, ("t", "c")),
-            (queries._MARK_REACHED, (_NOW, "t", "c", _NOW)),
-            (queries._POSITIONS, ("t", "c")),
-            (str(queries._GET), {"tenant": "t", "call": "c"}),
-            (str(queries._LIST_FOR_TENANT), {"tenant": "t", "after": "", "limit": 10}),
+            (queries.UPSERT, ("t", "c", None, _NOW, _NOW, None, None, None)),
+            (queries.UPSERT, ("t", "c", None, _NOW, _NOW, 7, "00-x-y-01", None)),
+            (queries.CANCEL, ("t", "c")),
+            (queries.MARK_REACHED, (_NOW, "t", "c", _NOW)),
+            (queries.POSITIONS, ("t", "c")),
+            (str(queries.GET), {"tenant": "t", "call": "c"}),
+            (str(queries.LIST_FOR_TENANT), {"tenant": "t", "after": "", "limit": 10}),
         ],
     )
     def test_key_lookups_use_the_primary_key(
@@ -131,7 +131,7 @@ class TestOtherPlans:
             or "sqlite_autoindex_timer_tombstones_1 (tenant_id=?" in d
             for d in searches
         ), details
-        if sql not in (queries._UPSERT, queries._CANCEL):
+        if sql not in (queries.UPSERT, queries.CANCEL):
             assert any("sqlite_autoindex_timer_schedules_1 (tenant_id=?" in d for d in details)
 
     def test_correlation_lookup_seeks_the_correlation_index(
@@ -139,17 +139,17 @@ class TestOtherPlans:
     ) -> None:
         """find_by_correlation seeks idx_timer_schedules_correlation_id."""
         details = plan(
-            planner, str(queries._FIND_BY_CORRELATION), {"tenant": "t", "correlation": "x"}
+            planner, str(queries.FIND_BY_CORRELATION), {"tenant": "t", "correlation": "x"}
         )
         assert_index_search(details, "idx_timer_schedules_correlation_id (correlation_id=?)")
 
     def test_purge_seeks_the_oldest_fired_timers(self, planner: sqlite3.Connection) -> None:
         """purge_reached finds old fired timers through their partial index, deletes by key."""
-        details = plan(planner, str(queries._PURGE_REACHED), {"before": _NOW, "limit": 10})
+        details = plan(planner, str(queries.PURGE_REACHED), {"before": _NOW, "limit": 10})
         assert_index_search(details, "idx_timer_schedules_reached_at (reached_at<?)")
         assert_index_search(details, "sqlite_autoindex_timer_schedules_1")
 
-    @pytest.mark.parametrize("name", ["_POSITIONS_JSON", "_CANCEL_JSON", "_TOMBSTONE_JSON"])
+    @pytest.mark.parametrize("name", ["POSITIONS_JSON", "CANCEL_JSON", "TOMBSTONE_JSON"])
     def test_positioned_cancel_runs_seek_by_key(
         self, planner: sqlite3.Connection, name: str
     ) -> None:
@@ -165,9 +165,9 @@ class TestOtherPlans:
         self, planner: sqlite3.Connection
     ) -> None:
         """A positioned cancel's tombstone is written by key, purged through its time index."""
-        details = plan(planner, queries._TOMBSTONE, ("t", "c", 7, _NOW))
+        details = plan(planner, queries.TOMBSTONE, ("t", "c", 7, _NOW))
         assert not any(d.startswith("SCAN") for d in details), details
-        details = plan(planner, str(queries._PURGE_TOMBSTONES), {"before": _NOW, "limit": 10})
+        details = plan(planner, str(queries.PURGE_TOMBSTONES), {"before": _NOW, "limit": 10})
         assert any(
             d.startswith("SEARCH timer_tombstones USING")
             and "idx_timer_tombstones_cancelled_at (cancelled_at<?)" in d
@@ -177,7 +177,7 @@ class TestOtherPlans:
 
     def test_count_reads_only_scheduled_entries(self, planner: sqlite3.Connection) -> None:
         """count_scheduled counts the partial index of Scheduled timers, not the table."""
-        details = plan(planner, str(queries._COUNT_SCHEDULED))
+        details = plan(planner, str(queries.COUNT_SCHEDULED))
         # SQLite 3.45+ reports the partial index as covering; older ones look rows up.
         assert len(details) == 1, details
         assert details[0].startswith("SCAN timer_schedules USING ")

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from timer_adapters_sqlite import SqliteTimerStore
-from timer_adapters_sqlite._store import _write_timestamp
+from timer_adapters_sqlite._rows import write_timestamp
 from timer_core import (
     CommandOutcome,
     DueCursor,
@@ -435,4 +435,4 @@ class TestTimestampText:
     )
     def test_fast_writer_matches_format_timestamp(self, instant: datetime) -> None:
         """The store's timestamp writer produces exactly format_timestamp's text."""
-        assert _write_timestamp(instant) == format_timestamp(instant)
+        assert write_timestamp(instant) == format_timestamp(instant)

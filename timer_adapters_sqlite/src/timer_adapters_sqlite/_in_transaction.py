@@ -1,0 +1,122 @@
+"""Scheduling inside a host's own transaction: the timer exists if and only if it commits."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+import sqlalchemy.exc
+import sqlalchemy.orm
+
+from timer_adapters_sqlite._errors import translate_error
+from timer_adapters_sqlite._rows import Op, as_ops
+from timer_adapters_sqlite._writes import write_ops
+from timer_core import (
+    CancelTimer,
+    CommandOutcome,
+    ScheduleTimer,
+    StoreError,
+    TimerKey,
+    scheduled_entry,
+)
+
+__all__ = ["cancel_in_transaction", "schedule_in_transaction"]
+
+
+def schedule_in_transaction(
+    connection: sa.Connection | sqlalchemy.orm.Session,
+    command: ScheduleTimer,
+    *,
+    now: datetime,
+    correlation_id: str | None = None,
+) -> CommandOutcome:
+    """Schedule (or reschedule) a timer inside the caller's own transaction on the database.
+
+    The timer exists if and only if that transaction commits; a running
+    :class:`SqliteTimerStore` on the same file notices the commit within its
+    ``watch_interval_s`` and wakes its worker (see ``watch_remote_schedules``). ``now`` is the
+    caller's clock reading (the timer's ``registered_at``); adapters never read the clock.
+    ``connection`` is a SQLAlchemy :class:`~sqlalchemy.Connection` or ORM
+    :class:`~sqlalchemy.orm.Session` on the store's SQLite file, with any driver (a
+    transaction is begun if none is; on SQLAlchemy's asyncio API, call this through
+    ``run_sync``); the timer schema must be there (start the store once, or call
+    :func:`migrate`).
+
+    Returns ``SCHEDULED``, or ``IGNORED_REACHED`` when the timer already fired (it is never
+    re-armed). Raises ``ValueError`` when the connection runs without transactions, and
+    :class:`~timer_core.errors.StoreError` (``StoreUnavailable`` when the database is
+    locked) when the write fails; the caller's transaction is then theirs to roll back.
+    """
+    entry = scheduled_entry(command, now, correlation_id=correlation_id)
+    (outcome,) = _write_in_transaction(connection, as_ops([entry]))
+    return outcome
+
+
+def cancel_in_transaction(
+    connection: sa.Connection | sqlalchemy.orm.Session, command: CancelTimer
+) -> CommandOutcome:
+    """Cancel a ``Scheduled`` timer inside the caller's own transaction (see
+    :func:`schedule_in_transaction`): ``CANCELLED`` once that commits, or ``CANCEL_NOOP``
+    when the timer is unknown or already fired."""
+    key = TimerKey(command.tenant_id, command.service_call_id)
+    (outcome,) = _write_in_transaction(connection, as_ops([key]))
+    return outcome
+
+
+def _write_in_transaction(
+    connection: sa.Connection | sqlalchemy.orm.Session, ops: list[Op]
+) -> list[CommandOutcome]:
+    if isinstance(connection, sqlalchemy.orm.Session):
+        connection = connection.connection()
+    if connection.dialect.name != "sqlite":
+        raise ValueError(
+            f"timer_adapters_sqlite needs a SQLite connection, got {connection.dialect.name}"
+        )
+    if not connection.in_transaction():
+        connection.begin()
+    where = str(connection.engine.url.database)
+    # The driver's own view (sqlite3 or aiosqlite): SQLAlchemy's transaction is only a
+    # promise when the driver runs without transactions (isolation_level=None).
+    driver = connection.connection.driver_connection
+    if not getattr(driver, "in_transaction", True) and (
+        getattr(driver, "isolation_level", "") is None
+    ):
+        raise ValueError(
+            f"the connection to {where} runs without transactions (its sqlite3 connection has "
+            "isolation_level=None, as SqliteTimerStore.engine's do) and none is open, so the "
+            "timer would be committed at once: use an engine of your own "
+            "(sqlalchemy.create_engine('sqlite:///...')) or open one with BEGIN first"
+        )
+    try:
+        return write_ops(_HostCursor(connection), ops)
+    except sqlalchemy.exc.DBAPIError as exc:
+        error = translate_error(exc, where)
+        if "no such table" in str(exc.orig):
+            error = StoreError(f"{error} (start a SqliteTimerStore on it once, or call migrate())")
+        raise error from exc
+
+
+class _HostCursor:
+    """A cursor over a host's SQLAlchemy connection: statements run through the connection
+    (its events and logging see them), whatever the SQLite driver, sync or under
+    ``run_sync`` of SQLAlchemy's asyncio API."""
+
+    def __init__(self, connection: sa.Connection) -> None:
+        self._connection = connection
+        self._result: sa.CursorResult[Any] | None = None
+
+    @property
+    def rowcount(self) -> int:
+        return -1 if self._result is None else self._result.rowcount
+
+    def execute(self, sql: str, parameters: Any = (), /) -> _HostCursor:
+        self._result = self._connection.exec_driver_sql(sql, tuple(parameters))
+        return self
+
+    def executemany(self, sql: str, parameters: Any, /) -> _HostCursor:
+        self._result = self._connection.exec_driver_sql(sql, list(parameters))
+        return self
+
+    def fetchone(self) -> Any:
+        return None if self._result is None else self._result.fetchone()

@@ -1,0 +1,242 @@
+"""The SQL the SQLite store runs: every statement's text, and which forms this SQLite runs.
+
+The statements the poller and the writer run per batch go straight to the sqlite3 driver
+(``?`` parameters); the rest are SQLAlchemy ``text()`` (``:name`` parameters). Bench and the
+query-plan tests read them here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+from collections.abc import Mapping, Sequence
+
+import sqlalchemy as sa
+
+from timer_adapters_sqlite._schema import TABLE, TOMBSTONES
+
+COLUMNS = (
+    "tenant_id, service_call_id, correlation_id, due_at, registered_at, state, reached_at, "
+    "traceparent, tracestate"
+)
+
+# ADR-0003 section 5: a Reached timer is never re-armed, so the update is guarded by state.
+# Command order (a PositionedOperation's position, the 6th value, NULL without one): a
+# schedule older than the key's tombstone is not inserted, one older than the stored
+# timer's position does not update it, and an unpositioned one keeps the stored position.
+_ORDERED_UPDATE = f"""
+ON CONFLICT (tenant_id, service_call_id) DO UPDATE SET
+    due_at = excluded.due_at,
+    correlation_id = excluded.correlation_id,
+    registered_at = excluded.registered_at,
+    traceparent = excluded.traceparent,
+    tracestate = excluded.tracestate,
+    command_position = coalesce(excluded.command_position, {TABLE}.command_position)
+WHERE {TABLE}.state = 'Scheduled'
+  AND (excluded.command_position IS NULL OR {TABLE}.command_position IS NULL
+       OR {TABLE}.command_position <= excluded.command_position)
+"""
+# Each write comes in two forms from one template: one row per execution, its values bound
+# to numbered parameters (for executemany), or every row of a batch at once, read from a JSON
+# array of arrays bound to the one parameter. executemany takes the GIL back between every two
+# rows, and while the event loop keeps another thread busy each of those waits up to a switch
+# interval (5 ms) for it (measured: 0.3-3k upserts/s that way, 8k/s as one statement, the
+# event loop running on meanwhile), so the store uses the JSON form where SQLite has it.
+_SCHEDULE_VALUES = (
+    "tenant_id",
+    "service_call_id",
+    "correlation_id",
+    "due_at",
+    "registered_at",
+    "position",
+    "traceparent",
+    "tracestate",
+)
+_MARK_VALUES = ("reached_at", "tenant_id", "service_call_id", "due_at")
+
+
+def _parameters(columns: Sequence[str]) -> dict[str, str]:
+    """Each value from its numbered parameter, in the order of ``columns``."""
+    return {column: f"?{number}" for number, column in enumerate(columns, 1)}
+
+
+def _json_rows(columns: Sequence[str], alias: str) -> tuple[dict[str, str], str]:
+    """Each value from the rows (arrays in the order of ``columns``) of the JSON parameter,
+    as the subquery ``alias`` with the arrays' index as ``key``: the values and the FROM."""
+    values = ",\n           ".join(
+        f"json_extract(value, '$[{index}]') AS {column}" for index, column in enumerate(columns)
+    )
+    source = f"\nFROM (\n    SELECT key, {values}\n    FROM json_each(?)\n) AS {alias}"
+    return {column: f"{alias}.{column}" for column in columns}, source
+
+
+def _upsert(value: Mapping[str, str], source: str = "", order: str = "") -> str:
+    return f"""
+INSERT INTO {TABLE}
+    (tenant_id, service_call_id, correlation_id, due_at, registered_at, state, command_position,
+     traceparent, tracestate)
+SELECT {value["tenant_id"]}, {value["service_call_id"]}, {value["correlation_id"]},
+       {value["due_at"]}, {value["registered_at"]}, 'Scheduled', {value["position"]},
+       {value["traceparent"]}, {value["tracestate"]}{source}
+WHERE {value["position"]} IS NULL OR NOT EXISTS (
+    SELECT 1 FROM {TOMBSTONES} AS c
+    WHERE c.tenant_id = {value["tenant_id"]} AND c.service_call_id = {value["service_call_id"]}
+      AND c.command_position > {value["position"]})
+{order}{_ORDERED_UPDATE}"""
+
+
+def _mark_reached(value: Mapping[str, str], source: str = "", index: str = "") -> str:
+    return f"""
+UPDATE {TABLE}{index}
+SET state = 'Reached', reached_at = {value["reached_at"]}{source}
+WHERE {TABLE}.tenant_id = {value["tenant_id"]}
+  AND {TABLE}.service_call_id = {value["service_call_id"]}
+  AND {TABLE}.state = 'Scheduled' AND {TABLE}.due_at = {value["due_at"]}
+"""
+
+
+UPSERT = _upsert(_parameters(_SCHEDULE_VALUES))
+UPSERT_JSON = _upsert(*_json_rows(_SCHEDULE_VALUES, "v"), order="ORDER BY key\n")
+MARK_REACHED = _mark_reached(_parameters(_MARK_VALUES))
+# INDEXED BY: the batch's keys are found through the partial index of Scheduled timers.
+MARK_REACHED_JSON = _mark_reached(
+    *_json_rows(_MARK_VALUES, "marks"), index=" INDEXED BY idx_timer_schedules_scheduled_due"
+)
+CANCEL = f"""
+DELETE FROM {TABLE} WHERE tenant_id = ? AND service_call_id = ? AND state = 'Scheduled'
+"""
+# (state, position) of the key's timer and its tombstone's position; NULLs where absent.
+POSITIONS = f"""
+SELECT (SELECT state FROM {TABLE} WHERE tenant_id = ?1 AND service_call_id = ?2),
+       (SELECT command_position FROM {TABLE} WHERE tenant_id = ?1 AND service_call_id = ?2),
+       (SELECT command_position FROM {TOMBSTONES} WHERE tenant_id = ?1 AND service_call_id = ?2)
+"""
+# The same three for a run of positioned cancels of distinct keys, as JSON arrays.
+POSITIONS_JSON = f"""
+SELECT s.state, s.command_position, c.command_position
+FROM json_each(?) AS j
+LEFT JOIN {TABLE} AS s ON s.tenant_id = json_extract(j.value, '$[0]')
+    AND s.service_call_id = json_extract(j.value, '$[1]')
+LEFT JOIN {TOMBSTONES} AS c ON c.tenant_id = json_extract(j.value, '$[0]')
+    AND c.service_call_id = json_extract(j.value, '$[1]')
+ORDER BY j.key
+"""
+CANCEL_JSON = f"""
+DELETE FROM {TABLE} WHERE state = 'Scheduled' AND (tenant_id, service_call_id) IN (
+    SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]') FROM json_each(?))
+"""
+TOMBSTONE_JSON = f"""
+INSERT INTO {TOMBSTONES} AS c (tenant_id, service_call_id, command_position, cancelled_at)
+SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]'), json_extract(value, '$[2]'),
+       json_extract(value, '$[3]')
+FROM json_each(?) WHERE true
+ON CONFLICT (tenant_id, service_call_id) DO UPDATE SET
+    command_position = max(c.command_position, excluded.command_position),
+    cancelled_at = excluded.cancelled_at
+"""
+TOMBSTONE = f"""
+INSERT INTO {TOMBSTONES} (tenant_id, service_call_id, command_position, cancelled_at)
+VALUES (?, ?, ?, ?)
+ON CONFLICT (tenant_id, service_call_id) DO UPDATE SET
+    command_position = max(command_position, excluded.command_position),
+    cancelled_at = excluded.cancelled_at
+"""
+
+
+def _json_statements_supported() -> bool:
+    """Whether this SQLite has JSON functions and UPDATE ... FROM (3.33; JSON built in 3.38)."""
+    try:
+        with contextlib.closing(sqlite3.connect(":memory:")) as probe:
+            probe.execute("CREATE TABLE t (a, b)")
+            probe.execute("UPDATE t SET b = j.value FROM json_each('[1]') AS j WHERE t.a = j.key")
+    except sqlite3.Error:
+        return False
+    return True
+
+
+JSON_STATEMENTS = _json_statements_supported()
+# INDEXED BY pins the plans the EXPLAIN QUERY PLAN tests prove: statistics from a host's
+# ANALYZE must never turn the poll into a scan whose cost grows with the table.
+FIND_DUE = f"""
+SELECT {COLUMNS} FROM {TABLE} INDEXED BY idx_timer_schedules_scheduled_due
+WHERE state = 'Scheduled' AND due_at <= ?
+ORDER BY due_at, tenant_id, service_call_id LIMIT ?
+"""
+FIND_DUE_AFTER = f"""
+SELECT {COLUMNS} FROM {TABLE} INDEXED BY idx_timer_schedules_scheduled_due
+WHERE state = 'Scheduled' AND due_at <= ? AND (due_at, tenant_id, service_call_id) > (?, ?, ?)
+ORDER BY due_at, tenant_id, service_call_id LIMIT ?
+"""
+FIND_DUE_FOR_TENANT = f"""
+SELECT {COLUMNS} FROM {TABLE} INDEXED BY idx_timer_schedules_tenant_due
+WHERE tenant_id = ? AND state = 'Scheduled' AND due_at <= ?
+ORDER BY due_at, service_call_id LIMIT ?
+"""
+# find_due_by_tenant in two statements whatever the number of tenants (statements, not rows,
+# are what a read costs while the event loop holds the GIL): the tenants with pending timers
+# and their earliest due time, by a loose scan of the tenant-first partial index (a few seeks
+# per tenant), longest waiting first ...
+DUE_TENANTS = f"""
+WITH RECURSIVE pending(tenant_id) AS (
+    SELECT (SELECT min(tenant_id) FROM {TABLE} INDEXED BY idx_timer_schedules_tenant_due
+            WHERE state = 'Scheduled')
+  UNION ALL
+    SELECT (SELECT min(tenant_id) FROM {TABLE} INDEXED BY idx_timer_schedules_tenant_due
+            WHERE state = 'Scheduled' AND tenant_id > pending.tenant_id)
+    FROM pending WHERE pending.tenant_id IS NOT NULL
+)
+SELECT tenant_id, (
+    SELECT min(due_at) FROM {TABLE} INDEXED BY idx_timer_schedules_tenant_due
+    WHERE state = 'Scheduled' AND tenant_id = pending.tenant_id) AS earliest
+FROM pending WHERE tenant_id IS NOT NULL AND earliest <= ? ORDER BY earliest, tenant_id
+"""
+# ... then up to ?3 due timers of each tenant of a JSON array of [tenant, after due_at,
+# after service_call_id] ("" sorts before every valid value: no cursor), in its own order.
+FIND_DUE_OF_TENANTS = f"""
+SELECT {", ".join(f"s.{column}" for column in COLUMNS.split(", "))}
+FROM json_each(?1) AS j
+JOIN {TABLE} AS s ON s.rowid IN (
+    SELECT rowid FROM {TABLE} INDEXED BY idx_timer_schedules_tenant_due
+    WHERE tenant_id = json_extract(j.value, '$[0]') AND state = 'Scheduled' AND due_at <= ?2
+      AND (due_at, service_call_id)
+          > (json_extract(j.value, '$[1]'), json_extract(j.value, '$[2]'))
+    ORDER BY due_at, service_call_id LIMIT ?3
+)
+"""
+# min() is answered by one seek to the first entry of the partial index.
+NEXT_DUE_AT = f"""
+SELECT min(due_at) FROM {TABLE} INDEXED BY idx_timer_schedules_scheduled_due
+WHERE state = 'Scheduled'
+"""
+GET = sa.text(
+    f"SELECT {COLUMNS} FROM {TABLE} WHERE tenant_id = :tenant AND service_call_id = :call"
+)
+# Without stats the planner prefers the primary key (it yields service_call_id order) and
+# would walk the whole tenant; a correlation id matches a handful of rows, so seek on it.
+FIND_BY_CORRELATION = sa.text(
+    f"SELECT {COLUMNS} FROM {TABLE} INDEXED BY idx_timer_schedules_correlation_id "
+    "WHERE correlation_id = :correlation AND tenant_id = :tenant ORDER BY service_call_id"
+)
+LIST_FOR_TENANT = sa.text(
+    f"SELECT {COLUMNS} FROM {TABLE} "
+    "WHERE tenant_id = :tenant AND service_call_id > :after ORDER BY service_call_id LIMIT :limit"
+)
+COUNT_SCHEDULED_FOR_TENANT = f"""
+SELECT count(*) FROM {TABLE} INDEXED BY idx_timer_schedules_tenant_due
+WHERE tenant_id = ? AND state = 'Scheduled'
+"""
+COUNT_SCHEDULED = sa.text(
+    f"SELECT count(*) FROM {TABLE} INDEXED BY idx_timer_schedules_scheduled_due "
+    "WHERE state = 'Scheduled'"
+)
+PURGE_REACHED = sa.text(
+    f"DELETE FROM {TABLE} WHERE (tenant_id, service_call_id) IN ("
+    f"SELECT tenant_id, service_call_id FROM {TABLE} INDEXED BY idx_timer_schedules_reached_at "
+    "WHERE state = 'Reached' AND reached_at < :before ORDER BY reached_at LIMIT :limit)"
+)
+PURGE_TOMBSTONES = sa.text(
+    f"DELETE FROM {TOMBSTONES} WHERE (tenant_id, service_call_id) IN ("
+    f"SELECT tenant_id, service_call_id FROM {TOMBSTONES} "
+    "INDEXED BY idx_timer_tombstones_cancelled_at "
+    "WHERE cancelled_at < :before ORDER BY cancelled_at LIMIT :limit)"
+)

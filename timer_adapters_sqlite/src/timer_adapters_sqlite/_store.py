@@ -143,7 +143,7 @@ class SqliteTimerStore(TimerStore):
 
     @property
     def checkpoints_completed(self) -> int:
-        """WAL checkpoints run beside the writer since :meth:`start` (see the module notes)."""
+        """WAL checkpoints run beside the writer since :meth:`start` (a thread of their own)."""
         return 0 if self._writer is None else self._writer.checkpoints
 
     @property

@@ -125,22 +125,25 @@ CANCEL_JSON = f"""
 DELETE FROM {TABLE} WHERE state = 'Scheduled' AND (tenant_id, service_call_id) IN (
     SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]') FROM json_each(?))
 """
-TOMBSTONE_JSON = f"""
+
+
+def _tombstone(rows: str) -> str:
+    """Remember a positioned cancel per key: the highest position, the latest time."""
+    return f"""
 INSERT INTO {TOMBSTONES} AS c (tenant_id, service_call_id, command_position, cancelled_at)
-SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]'), json_extract(value, '$[2]'),
-       json_extract(value, '$[3]')
-FROM json_each(?) WHERE true
+{rows}
 ON CONFLICT (tenant_id, service_call_id) DO UPDATE SET
     command_position = max(c.command_position, excluded.command_position),
     cancelled_at = excluded.cancelled_at
 """
-TOMBSTONE = f"""
-INSERT INTO {TOMBSTONES} (tenant_id, service_call_id, command_position, cancelled_at)
-VALUES (?, ?, ?, ?)
-ON CONFLICT (tenant_id, service_call_id) DO UPDATE SET
-    command_position = max(command_position, excluded.command_position),
-    cancelled_at = excluded.cancelled_at
-"""
+
+
+TOMBSTONE = _tombstone("VALUES (?1, ?2, ?3, ?4)")
+# WHERE true: an INSERT ... SELECT needs a WHERE before ON CONFLICT to parse as an upsert.
+TOMBSTONE_JSON = _tombstone(
+    "SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]'), "
+    "json_extract(value, '$[2]'),\n       json_extract(value, '$[3]')\nFROM json_each(?) WHERE true"
+)
 
 
 def _json_statements_supported() -> bool:

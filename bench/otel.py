@@ -30,7 +30,6 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -312,18 +311,14 @@ def run_one(variant: str, timers: int, baseline_tree: Path | None) -> dict[str, 
 
 
 def machine() -> str:
-    model = platform.processor() or "unknown CPU"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    """nproc, CPU, Python and the versions that matter here (bench/report.py reads the CPU)."""
     from importlib.metadata import version
 
+    from report import machine as described
+
+    where = described()
     return (
-        f"nproc {os.cpu_count()}, {model}; Python {platform.python_version()}, "
+        f"nproc {where['nproc']}, {where['cpu']}; Python {where['python']}, "
         f"opentelemetry-sdk {version('opentelemetry-sdk')}, nats-py {version('nats-py')}"
     )
 

@@ -43,6 +43,7 @@ import attrs  # noqa: E402
 import nats  # noqa: E402
 import psutil  # noqa: E402
 import psycopg  # noqa: E402
+from nats.aio.client import Client  # noqa: E402
 
 from tests.pg import PostgresCluster, postgres_bin_dir, start_cluster  # noqa: E402
 from tests.timer_service.process import ServiceProcess, free_port  # noqa: E402
@@ -281,22 +282,27 @@ class Rig:
         return int(row[0]) if row else 0
 
 
+async def send_schedule_commands(nc: Client, timers: int) -> None:
+    """Publish ``timers`` ScheduleTimer commands, far in the future, spread over the tenants."""
+    client = TimerClient(nc, publish_window=1024)
+    envelopes = [
+        client.schedule_envelope(
+            f"tenant-{n % TENANTS}", f"call-{n:08d}", FAR + timedelta(milliseconds=n)
+        )
+        for n in range(timers)
+    ]
+    for start in range(0, timers, 5000):
+        results = await client.send_many(envelopes[start : start + 5000])
+        assert not any(results), "publishing the commands failed"
+
+
 async def schedule_path(rig: Rig, timers: int) -> Run:
     """Commands queued behind a paused consumer, then resumed: time until all are stored."""
     nc = await nats.connect(rig.nats.url)
     try:
         js = nc.jetstream(timeout=10)
         await js.pause_consumer("TIMER_COMMANDS", CONSUMER, "2099-01-01T00:00:00Z")
-        client = TimerClient(nc, publish_window=1024)
-        envelopes = [
-            client.schedule_envelope(
-                f"tenant-{n % TENANTS}", f"call-{n:08d}", FAR + timedelta(milliseconds=n)
-            )
-            for n in range(timers)
-        ]
-        for start in range(0, timers, 5000):
-            results = await client.send_many(envelopes[start : start + 5000])
-            assert not any(results), "publishing the commands failed"
+        await send_schedule_commands(nc, timers)
         profiler = rig.profiler("schedule")
         before = await asyncio.to_thread(rig.usage)
         await js.resume_consumer("TIMER_COMMANDS", CONSUMER)
@@ -431,16 +437,7 @@ async def raw_schedule_path(rig: RawRig, timers: int) -> Run:
     nc = await nats.connect(rig.nats.url)
     try:
         js = nc.jetstream(timeout=10)
-        client = TimerClient(nc, publish_window=1024)
-        envelopes = [
-            client.schedule_envelope(
-                f"tenant-{n % TENANTS}", f"call-{n:08d}", FAR + timedelta(milliseconds=n)
-            )
-            for n in range(timers)
-        ]
-        for start in range(0, timers, 5000):
-            results = await client.send_many(envelopes[start : start + 5000])
-            assert not any(results), "publishing the commands failed"
+        await send_schedule_commands(nc, timers)
         subscription = await js.pull_subscribe_bind(CONSUMER, "TIMER_COMMANDS")
         conn = await psycopg.AsyncConnection.connect(rig.conninfo, autocommit=True)
         before = await asyncio.to_thread(rig.usage)

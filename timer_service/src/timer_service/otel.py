@@ -192,7 +192,7 @@ class OtelInstrumentation(Instrumentation):
         self._commands = meter.create_counter(
             "timer.commands.received",
             unit="{command}",
-            description="Commands received, by outcome (stored, ignored, rejected).",
+            description="Commands received, by outcome (stored, ignored, stale, rejected).",
         )
         self._processed = meter.create_counter(
             "timer.schedules.processed",

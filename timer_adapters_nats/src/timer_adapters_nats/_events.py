@@ -29,6 +29,7 @@ from timer_adapters_nats._connection import (
 from timer_adapters_nats._pull import PullBatches, Settlement, settle
 from timer_adapters_nats._settings import at_least_one, check_name, doubling_delay, positive
 from timer_core import (
+    AsyncResource,
     DecodeError,
     DueTimeReached,
     EnvelopeId,
@@ -220,7 +221,7 @@ class DueEventDelivery:
         )
 
 
-class DueEventConsumer:
+class DueEventConsumer(AsyncResource):
     """The ``DueTimeReached`` events of a durable JetStream consumer, decoded, one by one.
 
     Use it as ``async with broker.due_events("billing") as events: async for delivery in
@@ -339,18 +340,6 @@ class DueEventConsumer:
             if self._connection.is_connected:
                 await self._connection.client.flush(timeout=2)
         await puller.aclose()
-
-    async def __aenter__(self) -> Self:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
     def __aiter__(self) -> AsyncIterator[DueEventDelivery]:
         return self

@@ -171,19 +171,19 @@ class TestScaleOut:
     async def test_three_instances_survive_a_killed_instance_and_a_killed_nats_node(
         self,
         nats_cluster: list[NatsServerProcess],
-        database_url: str,
+        fresh_postgres_url: str,
         make_service: ServiceFactory,
     ) -> None:
         """10,000 timers scheduled through the command stream all fire, none early and none
         twice in the events stream, while three instances share one PostgreSQL database and a
         3-node JetStream cluster, and one instance and one NATS node are SIGKILLed mid-run."""
         urls = ",".join(server.url for server in nats_cluster)
-        conninfo = database_url.replace("postgresql+psycopg://", "postgresql://")
+        conninfo = fresh_postgres_url.replace("postgresql+psycopg://", "postgresql://")
         provision_s = await provision(urls)
 
         services = [
             make_service(
-                TIMER_DATABASE_URL=database_url,
+                TIMER_DATABASE_URL=fresh_postgres_url,
                 TIMER_BROKER_URL=urls,
                 TIMER_STREAM_REPLICAS="3",
                 TIMER_LEASE=LEASE,

@@ -42,14 +42,16 @@ from timer_core import (
     format_timestamp,
 )
 from timer_service.bootstrap import bootstrap
-from timer_service.metrics import PrometheusInstrumentation
+from timer_service.metrics import LATENESS_BUCKETS, PrometheusInstrumentation
 from timer_service.otel import OtelInstrumentation
 from timer_service.service import TimerService
-from timer_service.settings import Settings
+from timer_service.settings import Settings, SettingsError
 
 
 class Telemetry:
     """An SDK tracer and meter provider of their own, recording into memory."""
+
+    instrumentation: OtelInstrumentation | None = None
 
     def __init__(self) -> None:
         self.spans = InMemorySpanExporter()
@@ -82,12 +84,13 @@ async def running_service(
     """The service in this process, reporting to ``telemetry``; stopped cleanly on exit."""
 
     def otel(inner: Instrumentation) -> Instrumentation:
-        return OtelInstrumentation(
+        telemetry.instrumentation = OtelInstrumentation(
             inner,
             tracer_provider=telemetry.tracer_provider,
             meter_provider=telemetry.meter_provider,
             timer_spans=timer_spans,
         )
+        return telemetry.instrumentation
 
     assert settings.broker_url is not None
     stop = asyncio.Event()
@@ -219,7 +222,11 @@ class TestTraceAcrossRestart:
         (processed,) = story.after.metric("timer.schedules.processed")
         assert processed.value == 2
         (lateness,) = story.after.metric("timer.firing.lateness")
-        assert lateness.count == 2
+        assert story.after.instrumentation is not None
+        prometheus = story.after.instrumentation.inner
+        assert isinstance(prometheus, PrometheusInstrumentation)
+        assert sum(prometheus_lateness_counts(prometheus)) == 2
+        assert list(lateness.bucket_counts) == one_in(8, prometheus_lateness_counts(prometheus))
 
     async def test_timer_spans_put_the_whole_story_in_one_trace(
         self, tmp_path: Path, nats_url: str
@@ -284,6 +291,86 @@ class TestMetrics:
             assert twin is not None, f"no OpenTelemetry metric for {family.name}"
             assert exported[twin] == kinds[family.type], family.name
 
+    def test_lateness_records_one_timer_in_n_of_each_bucket(self) -> None:
+        """timer.firing.lateness is a histogram on the Prometheus buckets that records, in each
+        bucket, its first timer and then every Nth, the stride running on across batches (a
+        value on a bound counts in the bucket it closes, as in the SDK), while
+        timer.schedules.processed counts every timer."""
+        telemetry = Telemetry()
+        prometheus = PrometheusInstrumentation()
+        otel = OtelInstrumentation(
+            prometheus,
+            tracer_provider=telemetry.tracer_provider,
+            meter_provider=telemetry.meter_provider,
+            lateness_sample=4,
+        )
+        now = datetime(2030, 1, 1, tzinfo=UTC)
+
+        def fired(*lateness_s: float) -> list[TimerEntry]:
+            due = [now - timedelta(seconds=late) for late in lateness_s]
+            return [
+                TimerEntry("t", f"c{i}", at, now - timedelta(hours=1)).reach(now)
+                for i, at in enumerate(due)
+            ]
+
+        otel.timers_fired(fired(1.0, *[0.003] * 6, 2.0))
+        otel.timers_fired(fired(*[0.003] * 4, 2.0, 2.0, 1.0, 100.0))
+        (lateness,) = telemetry.metric("timer.firing.lateness")
+        assert tuple(lateness.explicit_bounds) == LATENESS_BUCKETS
+        expected = [0] * (len(LATENESS_BUCKETS) + 1)
+        expected[LATENESS_BUCKETS.index(0.005)] = 3  # 10 timers: the 1st, 5th and 9th
+        expected[LATENESS_BUCKETS.index(1.0)] = 1  # 2 timers at exactly 1 s: the 1st
+        expected[LATENESS_BUCKETS.index(2.5)] = 1  # 3 timers: the 1st
+        expected[LATENESS_BUCKETS.index(300.0)] = 1  # 1 timer
+        assert list(lateness.bucket_counts) == expected
+        assert list(lateness.bucket_counts) == one_in(4, prometheus_lateness_counts(prometheus))
+        assert lateness.count == 6
+        assert lateness.sum == pytest.approx(3 * 0.003 + 1.0 + 2.0 + 100.0)
+        assert (lateness.min, lateness.max) == (pytest.approx(0.003), 100.0)
+        (processed,) = telemetry.metric("timer.schedules.processed")
+        assert processed.value == 16
+
+        otel.timers_fired(fired(0.003, 0.003))  # the 11th and 12th of their bucket: skipped
+        (lateness,) = telemetry.metric("timer.firing.lateness")
+        assert lateness.count == 6
+        otel.timers_fired(fired(0.003))  # the 13th: recorded
+        (lateness,) = telemetry.metric("timer.firing.lateness")
+        assert lateness.count == 7
+        assert list(lateness.bucket_counts) == one_in(4, prometheus_lateness_counts(prometheus))
+
+    def test_lateness_sample_1_records_every_timer(self) -> None:
+        """With lateness_sample=1 the histogram counts every timer, as the Prometheus one does;
+        less than 1 is refused."""
+        telemetry = Telemetry()
+        prometheus = PrometheusInstrumentation()
+        otel = OtelInstrumentation(
+            prometheus, meter_provider=telemetry.meter_provider, lateness_sample=1
+        )
+        now = datetime(2030, 1, 1, tzinfo=UTC)
+        otel.timers_fired(
+            [
+                TimerEntry("t", f"c{i}", now - timedelta(milliseconds=i), now).reach(now)
+                for i in range(50)
+            ]
+        )
+        (lateness,) = telemetry.metric("timer.firing.lateness")
+        assert lateness.count == 50
+        assert list(lateness.bucket_counts) == prometheus_lateness_counts(prometheus)
+        with pytest.raises(ValueError, match="lateness_sample must be 1 or more, not 0"):
+            OtelInstrumentation(prometheus, lateness_sample=0)
+
+
+def prometheus_lateness_counts(prometheus: PrometheusInstrumentation) -> list[int]:
+    """The timers in each bucket of the Prometheus lateness histogram (not cumulative)."""
+    (family,) = prometheus.lateness.collect()
+    cumulative = [int(s.value) for s in family.samples if s.name.endswith("_bucket")]
+    return [high - low for low, high in zip([0, *cumulative], cumulative, strict=False)]
+
+
+def one_in(every: int, counts: list[int]) -> list[int]:
+    """Each count's first and then every ``every``-th: the sample of a bucket of ``count``."""
+    return [-(-count // every) for count in counts]
+
 
 class TestSwitch:
     @pytest.mark.parametrize(
@@ -302,6 +389,16 @@ class TestSwitch:
     ) -> None:
         """TIMER_OTEL decides; unset, an OTLP endpoint turns it on; OTEL_SDK_DISABLED wins."""
         assert Settings.from_environment(environ).otel is on
+
+    def test_timer_otel_lateness_sample_is_read_and_checked(self) -> None:
+        """TIMER_OTEL_LATENESS_SAMPLE sets how many timers per bucket the lateness histogram
+        records one of (8 unset); 0 is an error that names the variable."""
+        assert Settings.from_environment({}).otel_lateness_sample == 8
+        assert (
+            Settings.from_environment({"TIMER_OTEL_LATENESS_SAMPLE": "1"}).otel_lateness_sample == 1
+        )
+        with pytest.raises(SettingsError, match="TIMER_OTEL_LATENESS_SAMPLE"):
+            Settings.from_environment({"TIMER_OTEL_LATENESS_SAMPLE": "0"})
 
 
 class Collector:

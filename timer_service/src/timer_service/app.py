@@ -117,6 +117,7 @@ def _opentelemetry(
             tracer_provider=tracer_provider,
             meter_provider=meter_provider,
             timer_spans=settings.otel_timer_spans,
+            lateness_sample=settings.otel_lateness_sample,
         )
 
     return telemetry, shutdown

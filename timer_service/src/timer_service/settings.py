@@ -20,6 +20,10 @@ __all__ = ["ENVIRONMENT", "OTLP_ENDPOINT_VARIABLES", "Settings", "SettingsError"
 
 _T = TypeVar("_T")
 
+#: How many fired timers per lateness bucket ``timer.firing.lateness`` (OpenTelemetry)
+#: records one of, unless ``TIMER_OTEL_LATENESS_SAMPLE`` says otherwise.
+OTEL_LATENESS_SAMPLE = 8
+
 
 class SettingsError(ValueError):
     """A setting has a value the service cannot use; ``str()`` is one line naming it."""
@@ -74,6 +78,8 @@ class Settings:
     ``OTEL_EXPORTER_OTLP_*ENDPOINT`` is set; ``OTEL_SDK_DISABLED=true`` turns it off."""
     otel_timer_spans: bool = False
     """A ``timer.due`` span per traced timer fired, in the trace that scheduled it."""
+    otel_lateness_sample: int = OTEL_LATENESS_SAMPLE
+    """``timer.firing.lateness`` records one fired timer in this many in each of its buckets."""
 
     @property
     def broker_security(self) -> dict[str, Any]:
@@ -319,6 +325,10 @@ ENVIRONMENT: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "TIMER_BROKER_INBOX_PREFIX": ("broker_inbox_prefix", _subject_prefix),
     "TIMER_OTEL": ("otel", _bool),
     "TIMER_OTEL_TIMER_SPANS": ("otel_timer_spans", _bool),
+    "TIMER_OTEL_LATENESS_SAMPLE": (
+        "otel_lateness_sample",
+        _int(1, 1_000_000, "an integer between 1 and 1000000 (1 records every timer)"),
+    ),
 }
 
 #: The standard OpenTelemetry variables naming where OTLP goes: any of them set turns

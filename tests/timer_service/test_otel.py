@@ -60,6 +60,17 @@ class Telemetry:
         self.metrics = InMemoryMetricReader()
         self.meter_provider = MeterProvider(metric_readers=[self.metrics])
 
+    def instrument(self, inner: Instrumentation, **options: Any) -> OtelInstrumentation:
+        """An OtelInstrumentation around ``inner`` on these providers (the last one made is
+        ``self.instrumentation``)."""
+        self.instrumentation = OtelInstrumentation(
+            inner,
+            tracer_provider=self.tracer_provider,
+            meter_provider=self.meter_provider,
+            **options,
+        )
+        return self.instrumentation
+
     def named(self, name: str) -> list[ReadableSpan]:
         return [span for span in self.spans.get_finished_spans() if span.name == name]
 
@@ -84,13 +95,7 @@ async def running_service(
     """The service in this process, reporting to ``telemetry``; stopped cleanly on exit."""
 
     def otel(inner: Instrumentation) -> Instrumentation:
-        telemetry.instrumentation = OtelInstrumentation(
-            inner,
-            tracer_provider=telemetry.tracer_provider,
-            meter_provider=telemetry.meter_provider,
-            timer_spans=timer_spans,
-        )
-        return telemetry.instrumentation
+        return telemetry.instrument(inner, timer_spans=timer_spans)
 
     assert settings.broker_url is not None
     stop = asyncio.Event()
@@ -257,11 +262,7 @@ class TestMetrics:
         underscores, and a counter for a counter (so dashboards on either agree)."""
         telemetry = Telemetry()
         prometheus = PrometheusInstrumentation()
-        otel = OtelInstrumentation(
-            prometheus,
-            tracer_provider=telemetry.tracer_provider,
-            meter_provider=telemetry.meter_provider,
-        )
+        otel = telemetry.instrument(prometheus)
         now = datetime(2030, 1, 1, tzinfo=UTC)
         entry = TimerEntry("tenant-a", "call-1", now, now)
         otel.commands_handled([], [])
@@ -298,12 +299,7 @@ class TestMetrics:
         timer.schedules.processed counts every timer."""
         telemetry = Telemetry()
         prometheus = PrometheusInstrumentation()
-        otel = OtelInstrumentation(
-            prometheus,
-            tracer_provider=telemetry.tracer_provider,
-            meter_provider=telemetry.meter_provider,
-            lateness_sample=4,
-        )
+        otel = telemetry.instrument(prometheus, lateness_sample=4)
         now = datetime(2030, 1, 1, tzinfo=UTC)
 
         def fired(*lateness_s: float) -> list[TimerEntry]:
@@ -343,9 +339,7 @@ class TestMetrics:
         less than 1 is refused."""
         telemetry = Telemetry()
         prometheus = PrometheusInstrumentation()
-        otel = OtelInstrumentation(
-            prometheus, meter_provider=telemetry.meter_provider, lateness_sample=1
-        )
+        otel = telemetry.instrument(prometheus, lateness_sample=1)
         now = datetime(2030, 1, 1, tzinfo=UTC)
         otel.timers_fired(
             [

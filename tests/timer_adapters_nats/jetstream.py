@@ -6,10 +6,13 @@ import asyncio
 import json
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 from nats.js.client import JetStreamContext
+
+if TYPE_CHECKING:
+    from timer_adapters_nats import NatsBroker
 
 
 @attrs.frozen
@@ -71,6 +74,12 @@ async def wait_until(
 #: busy machine: the server accepts clients (and they reconnect) before that is done.
 RECOVERY_S = 20.0
 
+#: A long poll that outlasts any test step: a stop that waited it out would show.
+LONG_POLL_S = 30.0
+#: How long a stop with a long poll open may take: it withdraws the poll (a round trip or two
+#: to a local server), it never waits for its expiry (LONG_POLL_S).
+PROMPT_STOP_S = 1.0
+
 
 async def jetstream_back(js: JetStreamContext, stream: str, consumer: str | None = None) -> bool:
     """Whether JetStream answers for ``stream`` (and its ``consumer``) again."""
@@ -88,3 +97,16 @@ async def acked_up_to(js: JetStreamContext, stream: str, consumer: str, seq: int
     applied every ack up to it (acks are fire-and-forget; until then they may be lost)."""
     info = await js.consumer_info(stream, consumer)
     return info.ack_floor is not None and info.ack_floor.stream_seq >= seq
+
+
+async def polling(broker: NatsBroker, consumer: str | None = None) -> bool:
+    """Whether a long poll is waiting at the server (num_waiting) on the commands consumer,
+    or on the events consumer ``consumer``."""
+    settings = broker.settings
+    if consumer is None:
+        info = await broker.jetstream.consumer_info(
+            settings.commands_stream, settings.consumer_name
+        )
+    else:
+        info = await broker.jetstream.consumer_info(settings.events_stream, consumer)
+    return bool(info.num_waiting)

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from tests.timer_adapters_nats.jetstream import wait_until
+from tests.timer_adapters_nats.jetstream import LONG_POLL_S, PROMPT_STOP_S, polling, wait_until
 from timer_adapters_nats import (
     DueEventConsumer,
     DueEventConsumerSettings,
@@ -219,6 +220,23 @@ class TestFilterAndResume:
             assert [d.event.service_call_id for d in rest] == ["c2", "c3"]
             for delivery in rest:
                 await delivery.ack()
+
+    async def test_stop_ends_an_iteration_waiting_in_a_long_poll_at_once(
+        self, broker: NatsBroker
+    ) -> None:
+        """stop() ends an iteration waiting in a 30 s long poll, and leaving the block
+        withdraws the poll, together in under PROMPT_STOP_S."""
+        slow = DueEventConsumerSettings(fetch_timeout_s=LONG_POLL_S)
+        async with broker.due_events("host", settings=slow) as events:
+            waiting = asyncio.ensure_future(anext(events))
+            await wait_until(lambda: polling(broker, "host"), what="the long poll")
+            stopping = time.monotonic()
+            await events.stop()
+            with pytest.raises(StopAsyncIteration):
+                await waiting
+        took = time.monotonic() - stopping
+        assert took < PROMPT_STOP_S, f"stopping took {took:.2f}s"
+        assert not await polling(broker, "host")
 
 
 class TestMalformedAndMisuse:

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 import pytest
 from nats.aio.msg import Msg
 
-from tests.timer_adapters_nats.jetstream import wait_until
+from tests.timer_adapters_nats.jetstream import LONG_POLL_S, PROMPT_STOP_S, polling, wait_until
 from timer_adapters_nats import NatsBroker
 from timer_adapters_nats._pull import PullBatches, PullError
 
@@ -19,13 +19,6 @@ async def publish(broker: NatsBroker, count: int, *, start: int = 0) -> None:
     js = broker.jetstream
     for i in range(start, start + count):
         await js.publish("timer.commands.tenant-a", f"{i}".encode())
-
-
-async def polling(broker: NatsBroker) -> bool:
-    """Whether a long poll is waiting at the server (the consumer's num_waiting)."""
-    settings = broker.settings
-    info = await broker.jetstream.consumer_info(settings.commands_stream, settings.consumer_name)
-    return bool(info.num_waiting)
 
 
 def bodies(messages: list[Msg]) -> list[int]:
@@ -118,17 +111,17 @@ class TestFetch:
         assert bodies(puller.leftovers()) == [1, 2]
         assert puller.leftovers() == []
 
-    async def test_finish_waits_until_no_request_can_deliver_into_the_void(
+    async def test_finish_withdraws_an_open_poll_at_once(
         self, broker: NatsBroker, puller: PullBatches
     ) -> None:
-        """After finish(), a new message goes to the next puller at once, first delivery."""
-        # A poll long enough to outlast a busy machine's pause between these lines.
-        fetching = asyncio.ensure_future(puller.fetch(10, 3.0))
+        """finish() does not wait out a long poll; a new message then goes to the next
+        puller at once, first delivery (the server does not deliver to the withdrawn inbox)."""
+        fetching = asyncio.ensure_future(puller.fetch(10, LONG_POLL_S))
         await wait_until(lambda: polling(broker), what="the long poll at the server")
         await publish(broker, 1)
-        assert bodies(await fetching) == [0]  # its long poll stays open a while
-        assert await puller.finish() == []
-        await puller.aclose()
+        assert bodies(await fetching) == [0]  # its long poll stays open for 9 more
+        async with asyncio.timeout(PROMPT_STOP_S):
+            assert await puller.finish() == []
         await publish(broker, 1, start=1)
         settings = broker.settings
         successor = PullBatches(
@@ -141,6 +134,19 @@ class TestFetch:
             await successor.aclose()
         assert bodies([message]) == [1]
         assert message.metadata.num_delivered == 1
+
+    async def test_interrupt_ends_a_waiting_fetch_and_every_later_one(
+        self, broker: NatsBroker, puller: PullBatches
+    ) -> None:
+        """interrupt() returns a fetch waiting in a long poll at once, empty, and later
+        fetches return at once without asking the server."""
+        fetching = asyncio.ensure_future(puller.fetch(10, LONG_POLL_S))
+        await wait_until(lambda: polling(broker), what="the long poll at the server")
+        puller.interrupt()
+        async with asyncio.timeout(PROMPT_STOP_S):
+            assert await fetching == []
+            assert await puller.fetch(10, LONG_POLL_S) == []
+            assert await puller.fetch_now(10, LONG_POLL_S) == []
 
 
 class TestErrors:

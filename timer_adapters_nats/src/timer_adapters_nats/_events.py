@@ -81,7 +81,7 @@ class DueEventConsumerSettings:
     fetch_batch: int = attrs.field(default=16, validator=at_least_one)
     """Most events fetched from the server at once (handed out one by one)."""
     fetch_timeout_s: float = attrs.field(default=1.0, validator=positive)
-    """Long-poll time of one fetch: how long leaving ``async with`` may wait for it."""
+    """Long-poll time of one fetch (``stop()`` and leaving ``async with`` end it at once)."""
 
     def nak_delay(self, delivery: int) -> float:
         """Redelivery delay after the ``delivery``-th delivery of an event failed."""
@@ -318,8 +318,10 @@ class DueEventConsumer(AsyncResource):
         self._keep_alive = asyncio.create_task(self._keep_held_alive())
 
     async def stop(self) -> None:
-        """End the iteration: a pending ``__anext__`` returns within ``fetch_timeout_s``."""
+        """End the iteration: a pending ``__anext__`` stops waiting for events at once."""
         self._stop.set()
+        if self._puller is not None:
+            self._puller.interrupt()
 
     async def aclose(self) -> None:
         """Hand back the events fetched but not handed out, and unsubscribe; idempotent."""

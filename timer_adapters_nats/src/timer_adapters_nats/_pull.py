@@ -67,8 +67,9 @@ class PullBatches:
     :meth:`fetch` first asks for what is there now (a no-wait request); only when that is
     nothing does it leave a request open for ``wait_s`` and return with the first delivery.
     Deliveries to a request still open after its fetch returned are kept, in arrival order,
-    for the next fetch; :meth:`finish` waits for the last request to close and hands out
-    what is left (to nak it) before the inbox goes away.
+    for the next fetch. :meth:`interrupt` ends a fetch that waits, at once; :meth:`finish`
+    withdraws the inbox (the server then drops the requests still open instead of
+    delivering to them) and hands out what is left, to nak it.
     """
 
     def __init__(
@@ -84,8 +85,8 @@ class PullBatches:
         self._wanted = 0
         self._ended: tuple[str, str] | None = None
         self._wake = asyncio.Event()
-        # Loop time until which a long poll sent may still deliver.
-        self._open_until = 0.0
+        # Set by interrupt(): no request is sent any more, no fetch waits.
+        self._interrupted = False
 
     async def start(self) -> None:
         """Subscribe the inbox the requests are answered on. Idempotent."""
@@ -94,7 +95,7 @@ class PullBatches:
             self._subscription = await self._nc.subscribe(f"{self._inbox}.*", cb=self._deliver)
 
     async def aclose(self) -> None:
-        """Unsubscribe; deliveries not taken yet are dropped (see :meth:`leftovers`)."""
+        """Unsubscribe; deliveries not taken yet are dropped (see :meth:`finish`)."""
         subscription, self._subscription = self._subscription, None
         if subscription is not None:
             with contextlib.suppress(Exception):
@@ -115,15 +116,37 @@ class PullBatches:
         self._box.clear()
         return taken
 
-    async def finish(self) -> list[Msg]:
-        """Wait until no request sent can deliver any more, then hand out :meth:`leftovers`.
+    def interrupt(self) -> None:
+        """Stop fetching: a fetch waiting now returns at once with what it has, and later
+        ones return what is held without asking the server. For a prompt stop: nobody waits
+        for a long poll to expire (:meth:`finish` withdraws the requests still open)."""
+        self._interrupted = True
+        self._wake.set()
 
-        A request still open when the inbox goes away would deliver into the void: those
-        messages would come back only after the ack wait, one delivery fewer to spare.
+    async def finish(self, timeout_s: float = 2.0) -> list[Msg]:
+        """:meth:`interrupt`, withdraw the inbox, then hand out :meth:`leftovers` (to nak).
+
+        The server drops a pull request whose inbox nobody listens on instead of delivering
+        to it, so withdrawing the inbox ends the requests still open; deliveries already on
+        their way are taken in first (the subscription is drained: one round trip). Only when
+        the connection is down or does not answer within ``timeout_s`` is the inbox just
+        dropped: what was on its way then comes back after the consumer's ack wait.
         """
-        loop = asyncio.get_running_loop()
-        while self._subscription is not None and loop.time() < self._open_until:
-            await asyncio.sleep(min(0.02, self._open_until - loop.time()))
+        self.interrupt()
+        subscription, self._subscription = self._subscription, None
+        if subscription is None:
+            return self.leftovers()
+        drained = False
+        if self._nc.is_connected:
+            try:
+                drain = subscription.drain()  # type: ignore[no-untyped-call]  # nats-py: untyped
+                await asyncio.wait_for(drain, timeout_s)
+                drained = True
+            except (nats.errors.Error, OSError, TimeoutError) as exc:
+                log.debug("the pull inbox could not be drained (%r); dropping it", exc)
+        if not drained:
+            with contextlib.suppress(Exception):
+                await subscription.unsubscribe()
         return self.leftovers()
 
     async def fetch(self, batch: int, wait_s: float) -> list[Msg]:
@@ -134,13 +157,12 @@ class PullBatches:
         """
         if self._subscription is None:
             raise PullError("the pull subscription is not started")
-        if self._box:
+        if self._box or self._interrupted:
             return self._take(batch)
         found = await self._request({"batch": batch, "no_wait": True}, batch, batch, wait_s)
-        if found:
+        if found or self._interrupted:
             return found
         expires = max(wait_s - _EXPIRY_MARGIN_S, 0.001)
-        self._open_until = asyncio.get_running_loop().time() + expires + _EXPIRY_MARGIN_S
         return await self._request(
             {"batch": batch, "expires": int(expires * 1e9)}, 1, batch, wait_s
         )
@@ -150,7 +172,7 @@ class PullBatches:
         for the server's answer). Raises :class:`PullError` like :meth:`fetch`."""
         if self._subscription is None:
             raise PullError("the pull subscription is not started")
-        if self._box:
+        if self._box or self._interrupted:
             return self._take(batch)
         return await self._request({"batch": batch, "no_wait": True}, batch, batch, wait_s)
 
@@ -163,7 +185,7 @@ class PullBatches:
         self._wake.clear()
         try:
             await self._nc.publish(self._next, json.dumps(body).encode(), reply=reply)
-            if len(self._box) < wanted:
+            if len(self._box) < wanted and not self._interrupted:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), wait_s)
             if self._box:

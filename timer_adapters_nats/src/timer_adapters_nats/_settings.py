@@ -126,7 +126,7 @@ class NatsSettings:
     fetch_batch: int = attrs.field(default=100, validator=at_least_one)
     """Most commands fetched (and handed to the handler) at once."""
     fetch_timeout_s: float = attrs.field(default=1.0, validator=positive)
-    """Long-poll time of one fetch; also the longest ``stop()`` waits for an idle fetch."""
+    """Long-poll time of one fetch (``stop()`` ends it at once, it does not wait it out)."""
     ack_wait_s: float = attrs.field(default=3.0, validator=positive)
     """Time the server gives a fetched command before redelivering it: what a crashed
     consumer costs its in-flight commands (they are re-applied about this long after its

@@ -122,8 +122,13 @@ class NatsCommandSource(CommandSource):
             self._done.set()
 
     async def stop(self) -> None:
-        """Stop fetching and wait until :meth:`run` has finished and acked its batch."""
+        """Stop fetching and wait until :meth:`run` has finished and acked its batch.
+
+        An idle source stops at once: its long poll is abandoned, not waited out (commands
+        the server delivers to it meanwhile are handed back with a nak)."""
         self._stop.set()
+        if self._puller is not None:
+            self._puller.interrupt()
         if self._run_task is not None and self._run_task is not asyncio.current_task():
             await self._done.wait()
 
@@ -144,6 +149,8 @@ class NatsCommandSource(CommandSource):
                         )
                         await puller.start()
                         self._puller = puller
+                        if self._stop.is_set():  # stop() came while this was started
+                            continue
                     messages = self._hold(
                         await puller.fetch(settings.fetch_batch, settings.fetch_timeout_s)
                     )
@@ -274,12 +281,12 @@ class NatsCommandSource(CommandSource):
         held_back, self._held_back = self._held_back, []
         for message in held_back:
             await self._settle(message, "nak")
+        timeout = max(1, int(self._settings.ack_timeout_s))
         if puller is not None:
-            for message in await puller.finish():
+            for message in await puller.finish(timeout):
                 await self._settle(message, "nak")
         with contextlib.suppress(Exception):
             if self._connection.is_connected:
-                timeout = max(1, int(self._settings.ack_timeout_s))
                 await self._connection.client.flush(timeout=timeout)
         if puller is not None:
             await puller.aclose()

@@ -403,6 +403,8 @@ class CommandSource(AsyncResource, abc.ABC):
     async def stop(self) -> None:
         """Stop fetching; the batch in the handler is finished (and acked) before run returns.
 
+        A fetch waiting for commands is ended, not waited out: with no batch in the
+        handler, run returns promptly (a host's stop must not hang on a long poll).
         Idempotent."""
 
     async def aclose(self) -> None:

@@ -4,17 +4,17 @@ past year 9999; and TimerClient is the TimerScheduler a host codes against."""
 from __future__ import annotations
 
 import asyncio
-import socket
 import subprocess
 import sys
 import textwrap
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 import pytest_asyncio
 
+from tests.ports import refused_port
 from tests.timer_adapters_nats.jetstream import read_stream
 from timer_adapters_nats import BrokerUnavailable, NatsBroker, NatsSettings, TimerClient
 from timer_core import EnvelopeId, InvalidTimestamp, TimerScheduler, ValidationError
@@ -42,10 +42,11 @@ async def silent_server() -> AsyncIterator[str]:
         await server.wait_closed()
 
 
-def closed_port_url() -> str:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return f"nats://127.0.0.1:{sock.getsockname()[1]}"
+@pytest.fixture
+def refused_url() -> Iterator[str]:
+    """A URL whose port refuses connections (held bound, never listening) during the test."""
+    with refused_port() as port:
+        yield f"nats://127.0.0.1:{port}"
 
 
 class TestNoServerUrl:
@@ -66,10 +67,10 @@ class TestNoServerUrl:
 class TestConnectTimeout:
     @pytest.mark.parametrize("kind", ["silent server", "closed port"])
     async def test_broker_start_gives_up_within_the_connect_timeout(
-        self, kind: str, silent_server: str
+        self, kind: str, silent_server: str, refused_url: str
     ) -> None:
         """NatsBroker.start() against a server that never answers fails within its timeout."""
-        url = silent_server if kind == "silent server" else closed_port_url()
+        url = silent_server if kind == "silent server" else refused_url
         broker = NatsBroker(NatsSettings(url=url, connect_timeout_s=0.5))
         # The budget is the timeout plus a busy machine's slack, far below "forever".
         async with asyncio.timeout(10):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import time
 
 import attrs
@@ -10,6 +9,7 @@ import pytest
 from nats.js.api import AckPolicy, StorageType, StreamConfig
 
 from tests.conftest import NatsServerFactory
+from tests.ports import refused_port
 from tests.timer_adapters_nats.jetstream import read_stream, wait_until
 from tests.timer_adapters_nats.test_publisher import firing
 from timer_adapters_nats import (
@@ -21,14 +21,6 @@ from timer_adapters_nats import (
     NatsServerProcess,
     NatsSettings,
 )
-
-
-def closed_port() -> int:
-    """A port of 127.0.0.1 that nothing listens on."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-    return port
 
 
 class TestProvisioning:
@@ -104,12 +96,13 @@ class TestConnecting:
 
     async def test_unreachable_server_names_the_url(self) -> None:
         """An unreachable server raises BrokerUnavailable naming the URL within the timeout."""
-        url = f"nats://127.0.0.1:{closed_port()}"
-        broker = NatsBroker(NatsSettings(url=url, connect_timeout_s=0.5))
-        started = time.monotonic()
-        with pytest.raises(BrokerUnavailable, match=f"cannot connect to NATS at {url}"):
-            await broker.start()
-        assert time.monotonic() - started < 2.0
+        with refused_port() as port:
+            url = f"nats://127.0.0.1:{port}"
+            broker = NatsBroker(NatsSettings(url=url, connect_timeout_s=0.5))
+            started = time.monotonic()
+            with pytest.raises(BrokerUnavailable, match=f"cannot connect to NATS at {url}"):
+                await broker.start()
+            assert time.monotonic() - started < 2.0
         assert not broker.is_connected
 
     async def test_server_without_jetstream(self, nats_server_factory: NatsServerFactory) -> None:

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import errno
 import re
-import socket
 from datetime import UTC, datetime, timedelta, timezone
 
 import attrs
 import nats
 import pytest
 
+from tests.ports import refused_port
 from tests.timer_adapters_nats.jetstream import read_stream
 from timer_adapters_memory import FakeClock
 from timer_adapters_nats import BrokerUnavailable, NatsBroker, NatsSettings, TimerClient
@@ -148,11 +149,19 @@ class TestConnect:
             (held,) = await read_stream(broker.jetstream, "TIMER_COMMANDS")
         assert held.subject == "acme.timer.commands.tenant-a"
 
-    async def test_unreachable_names_the_url(self) -> None:
-        """connect() to a closed port raises BrokerUnavailable naming the URL."""
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            url = f"nats://127.0.0.1:{sock.getsockname()[1]}"
-        with pytest.raises(BrokerUnavailable, match=re.escape(url)):
-            async with TimerClient.connect(url, connect_timeout_s=0.3):
-                raise AssertionError("connected to a closed port")
+    @pytest.mark.parametrize(
+        ("credentials", "shown"),
+        [("", ""), ("alice:s3cret-pw@", "alice:***@"), ("s3cret-token@", "***@")],
+    )
+    async def test_unreachable_names_the_url(self, credentials: str, shown: str) -> None:
+        """connect() to a port that refuses connections raises BrokerUnavailable naming the
+        URL and the refusal, with the URL's password or token redacted."""
+        with refused_port() as port:
+            url = f"nats://{credentials}127.0.0.1:{port}"
+            with pytest.raises(BrokerUnavailable) as raised:
+                async with TimerClient.connect(url, connect_timeout_s=0.3):
+                    raise AssertionError("connected to a port that refuses connections")
+        message = str(raised.value)
+        assert f"cannot connect to NATS at nats://{shown}127.0.0.1:{port} " in message
+        assert f"[Errno {errno.ECONNREFUSED}]" in message
+        assert "s3cret" not in message

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 from datetime import UTC, datetime
 from typing import Any
 
@@ -12,6 +11,7 @@ import psycopg
 import pytest
 import sqlalchemy as sa
 
+from tests.ports import refused_port
 from timer_adapters_postgres import MIGRATIONS, SCHEMA_VERSION, PostgresTimerStore, metadata
 from timer_core import (
     CommandOutcome,
@@ -259,12 +259,6 @@ class TestConstraints:
             )
 
 
-def closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 class TestErrors:
     """Driver errors come out as StoreError / StoreUnavailable, and the store recovers."""
 
@@ -277,11 +271,12 @@ class TestErrors:
 
     async def test_unreachable_server_is_unavailable(self) -> None:
         """Starting against a port nobody listens on raises StoreUnavailable."""
-        store = PostgresTimerStore(
-            f"postgresql://postgres@127.0.0.1:{closed_port()}/timer", connect_timeout_s=1
-        )
-        with pytest.raises(StoreUnavailable, match="PostgreSQL"):
-            await store.start()
+        with refused_port() as port:
+            store = PostgresTimerStore(
+                f"postgresql://postgres@127.0.0.1:{port}/timer", connect_timeout_s=1
+            )
+            with pytest.raises(StoreUnavailable, match="PostgreSQL"):
+                await store.start()
 
     async def test_unstarted_or_closed_store_is_unavailable(self, postgres_url: str) -> None:
         """Calls before start or after aclose raise StoreUnavailable."""

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.pg import PostgresCluster
+from tests.ports import refused_port, refused_ports
 from tests.secure_nats import DEPLOY_NATS, SecuredBrokers, hostport, start_server_from_file
 from tests.timer_service.process import ServiceProcess, free_port, http_get
 from timer_core import redact_url
@@ -100,11 +101,12 @@ class TestFailurePaths:
 
     def test_bad_host(self, brokers: Brokers, tmp_path: Path) -> None:
         """An unreachable cluster of two URLs, a password and a token in them, stays redacted."""
-        url = (
-            f"nats://alice:{NATS_PASSWORD}@127.0.0.1:{free_port()},"
-            f"nats://{NATS_TOKEN}@127.0.0.1:{free_port()}"
-        )
-        line = failing_run(brokers, tmp_path, TIMER_BROKER_URL=url)
+        with refused_ports(2) as (first, second):
+            url = (
+                f"nats://alice:{NATS_PASSWORD}@127.0.0.1:{first},"
+                f"nats://{NATS_TOKEN}@127.0.0.1:{second}"
+            )
+            line = failing_run(brokers, tmp_path, TIMER_BROKER_URL=url)
         assert "TIMER_BROKER_URL=nats://alice:***@127.0.0.1:" in line
         assert "nats://***@127.0.0.1:" in line
 
@@ -158,17 +160,18 @@ class TestFailurePaths:
 
     def test_unreachable_database(self, brokers: Brokers, tmp_path: Path) -> None:
         """A PostgreSQL URL with a password and a password parameter is redacted in the error."""
-        url = (
-            f"postgresql://timer:{DB_PASSWORD}@127.0.0.1:{free_port()}/timer"
-            f"?sslmode=disable&password={DB_QUERY_PASSWORD}"
-        )
-        line = failing_run(
-            brokers,
-            tmp_path,
-            TIMER_DB_PATH="",
-            TIMER_DATABASE_URL=url,
-            TIMER_BROKER_URL=f"nats://{NATS_TOKEN}@{hostport(brokers.token)}",
-        )
+        with refused_port() as port:
+            url = (
+                f"postgresql://timer:{DB_PASSWORD}@127.0.0.1:{port}/timer"
+                f"?sslmode=disable&password={DB_QUERY_PASSWORD}"
+            )
+            line = failing_run(
+                brokers,
+                tmp_path,
+                TIMER_DB_PATH="",
+                TIMER_DATABASE_URL=url,
+                TIMER_BROKER_URL=f"nats://{NATS_TOKEN}@{hostport(brokers.token)}",
+            )
         assert "TIMER_DATABASE_URL" in line
 
     @pytest.mark.parametrize("command", [("schedule",), ("cancel",), ("dlq", "list")])
@@ -187,9 +190,10 @@ class TestFailurePaths:
 
     def test_inspect_with_a_bad_database(self, brokers: Brokers, tmp_path: Path) -> None:
         """inspect against an unreachable database does not show its password."""
-        url = f"postgresql://timer:{DB_PASSWORD}@127.0.0.1:{free_port()}/timer"
-        environment = {**base_env(tmp_path), "TIMER_DB_PATH": "", "TIMER_DATABASE_URL": url}
-        result = run_cli(["inspect", "tenant-a"], environment, tmp_path)
+        with refused_port() as port:
+            url = f"postgresql://timer:{DB_PASSWORD}@127.0.0.1:{port}/timer"
+            environment = {**base_env(tmp_path), "TIMER_DB_PATH": "", "TIMER_DATABASE_URL": url}
+            result = run_cli(["inspect", "tenant-a"], environment, tmp_path)
         assert result.returncode != 0
         assert_no_secret(result.stdout + result.stderr, brokers.secrets, "inspect")
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import nats
 import pytest
 
+from tests.ports import refused_port
 from tests.timer_service.process import ServiceProcess, free_port, http_get
 from timer_adapters_nats import TimerClient
 from timer_core import decode_event
@@ -148,8 +149,9 @@ class TestBadSettings:
     def test_unreachable_broker_names_the_variable(self, tmp_path: Path) -> None:
         """A broker that does not answer at start is a one-line error naming TIMER_BROKER_URL."""
         env = {k: v for k, v in os.environ.items() if not k.startswith("TIMER_")}
-        env.update(TIMER_BROKER_URL=f"nats://127.0.0.1:{free_port()}", TIMER_HTTP_PORT="0")
-        result = run_cli("run", env=env, cwd=tmp_path)
+        with refused_port() as port:
+            env.update(TIMER_BROKER_URL=f"nats://127.0.0.1:{port}", TIMER_HTTP_PORT="0")
+            result = run_cli("run", env=env, cwd=tmp_path)
         assert result.returncode != 0
         assert "TIMER_BROKER_URL" in result.stderr.strip().splitlines()[-1]
 

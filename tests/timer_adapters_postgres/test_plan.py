@@ -23,7 +23,13 @@ import sqlalchemy as sa
 
 from tests.timer_adapters_postgres.conftest import PostgresCluster
 from timer_adapters_postgres import PostgresTimerStore, migrate
-from timer_adapters_postgres._store import _CLAIM_AFTER, _CLAIM_FIRST, _NEXT_DUE, _PURGE
+from timer_adapters_postgres._store import (
+    _CLAIM_AFTER,
+    _CLAIM_FIRST,
+    _CLAIM_OF_TENANTS,
+    _NEXT_DUE,
+    _PURGE,
+)
 from timer_core import DueCursor
 
 log = logging.getLogger(__name__)
@@ -212,3 +218,95 @@ class TestClaimPlan:
             assert claimed == sorted(claimed, key=DueCursor.of)
             assert claimed[0].due_at == NOW - timedelta(seconds=3599)
             await store.release_claims(claimed)
+
+
+@pytest.fixture(scope="module")
+def stale_storm(postgres_cluster: PostgresCluster) -> Iterator[sa.Engine]:
+    """10,000 timers over 50 tenants analysed while far off, then all made due (a storm the
+    statistics have not seen, as after a bulk reschedule or a long outage)."""
+    name = f"timer_stale_storm_{os.getpid()}"
+    engine = sa.create_engine(postgres_cluster.create_database(name))
+    try:
+        with engine.begin() as conn:
+            migrate(conn)
+            conn.execute(
+                sa.text(
+                    """
+                    INSERT INTO timer_schedules (tenant_id, service_call_id, due_at, registered_at)
+                    SELECT 'tenant-' || (i % 50), 'call-' || i,
+                           :now + interval '70 years' + make_interval(secs => i), :now
+                    FROM generate_series(1, 10000) AS i
+                    """
+                ),
+                {"now": NOW},
+            )
+        with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            conn.execute(sa.text("ANALYZE timer_schedules"))
+            conn.execute(
+                sa.text("UPDATE timer_schedules SET due_at = :due"),
+                {"due": NOW - timedelta(seconds=1)},
+            )
+        yield engine
+    finally:
+        engine.dispose()
+        postgres_cluster.drop_database(name)
+
+
+def explain_as_repeated(
+    conn: sa.Connection, statement: sa.TextClause, params: dict[str, Any]
+) -> Any:
+    """EXPLAIN ANALYZE ``statement`` as a prepared statement on its tenth execution, with the
+    plan PostgreSQL then settles on by itself (custom or generic: plan_cache_mode auto)."""
+    text = statement.text
+    for number, name in enumerate(params, start=1):
+        text = re.sub(rf":{name}\b", f"${number}", text)
+    raw = conn.connection.driver_connection
+    assert isinstance(raw, psycopg.Connection)
+    values = ", ".join(psycopg.sql.Literal(v).as_string(raw) for v in params.values())
+    conn.exec_driver_sql(f"PREPARE timer_repeated AS {text}")
+    try:
+        for _ in range(9):
+            conn.exec_driver_sql(f"EXECUTE timer_repeated({values})")
+        (document,) = conn.exec_driver_sql(
+            f"EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE timer_repeated({values})"
+        ).scalar_one()
+    finally:
+        conn.exec_driver_sql("DEALLOCATE timer_repeated")
+    log.info("plan:\n%s", json.dumps(document["Plan"], indent=1))
+    return document
+
+
+class TestTenantClaimPlan:
+    """The claim shared among tenants seeks each tenant's own index range, not the storm."""
+
+    @pytest.mark.parametrize("repeated", [False, True], ids=["first", "repeated"])
+    async def test_each_tenant_is_a_seek_into_the_tenant_due_index(
+        self, stale_storm: sa.Engine, repeated: bool
+    ) -> None:
+        """Each tenant's share is read from ix_timer_schedules_tenant_due, unsorted, even with
+        statistics that call nothing due (then ix_timer_schedules_due looked free), the first
+        time and once prepared and run again and again (as psycopg does)."""
+        tenants = [f"tenant-{n}" for n in range(50)]
+        params = {
+            "owner": "explain",
+            "lease": timedelta(seconds=30),
+            "now": NOW,
+            "tenants": tenants,
+            "after_dues": [NOW - timedelta(days=1)] * len(tenants),
+            "after_calls": [""] * len(tenants),
+            "share": 2,
+        }
+        with stale_storm.connect() as conn, conn.begin() as transaction:
+            if repeated:
+                document = explain_as_repeated(conn, _CLAIM_OF_TENANTS, params)
+            else:
+                document = explain(conn, _CLAIM_OF_TENANTS, params)
+            transaction.rollback()
+        plan = list(nodes(document["Plan"]))
+        kinds = {node["Node Type"] for node in plan}
+        assert not kinds & {"Seq Scan", "Sort", "Incremental Sort", "Hash"}, kinds
+        (walk,) = [n for n in plan if n["Node Type"] in ("Index Scan", "Bitmap Heap Scan")]
+        assert walk.get("Index Name") == "ix_timer_schedules_tenant_due", walk
+        assert walk["Actual Loops"] == len(tenants)
+        (update,) = [n for n in plan if n["Node Type"] == "Tid Scan"]
+        assert update["Actual Rows"] == 2 * len(tenants)

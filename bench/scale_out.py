@@ -306,6 +306,13 @@ async def schedule_path(rig: Rig, timers: int) -> Run:
         profiler = rig.profiler("schedule")
         before = await asyncio.to_thread(rig.usage)
         await js.resume_consumer("TIMER_COMMANDS", CONSUMER)
+        # The clock starts at the first delivery: nats-server does not serve the pull
+        # requests already waiting on a paused consumer when it resumes (they wait out their
+        # expiry, up to the instances' fetch timeout of 1 s), a wait no consumer has in use.
+        while (await js.consumer_info("TIMER_COMMANDS", CONSUMER)).delivered.stream_seq == 0:
+            rig.check(before.wall)
+            await asyncio.sleep(0.002)
+        before = attrs.evolve(before, wall=time.perf_counter())
         while True:
             info = await js.consumer_info("TIMER_COMMANDS", CONSUMER)
             if info.num_pending == 0 and info.num_ack_pending == 0:

@@ -27,8 +27,10 @@ timer) *in each of its buckets*: the first timer late by a bucket's amount, then
 ``lateness_sample``-th, counting on across batches. Each bucket's count is its true count
 divided by ``lateness_sample``, rounded up (so the first timer ever that late shows at once),
 and the quantiles read from the histogram (p50, p99) are every timer's to within a sample per
-bucket; count and sum are the sample's (firings are counted exactly by
-``timer.schedules.processed``, and by the Prometheus histogram).
+bucket; count, sum, min and max are the sample's (firings are counted exactly by
+``timer.schedules.processed``, and by the Prometheus histogram). The buckets are the
+advisory boundaries, ``LATENESS_BUCKETS``: a view that aggregates otherwise (other
+boundaries, an exponential histogram) gets the same sample, stratified by those.
 """
 
 from __future__ import annotations

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import json
 import math
 import os
@@ -36,6 +37,7 @@ from timer_adapters_nats import (
 )
 from timer_adapters_sqlite import migrate
 from timer_core import from_epoch_ms
+from timer_service.cli import EXIT_CONFIG
 
 _HERE = Path(__file__).resolve().parent
 RESULTS = _HERE / "results"
@@ -380,6 +382,8 @@ class Broker:
 
 
 def free_port() -> int:
+    """A port of 127.0.0.1 free right now; :meth:`Service.wait_healthy` starts the service
+    again on a fresh one should another process take it before the service listens."""
     import socket
 
     with socket.socket() as sock:
@@ -416,6 +420,7 @@ class Service:
         self.proc: subprocess.Popen[bytes] | None = None
         self.started_at = 0.0
         self.startup_s = math.nan
+        self._log_offset = 0
 
     def start(self) -> Service:
         command = [sys.executable]
@@ -423,6 +428,7 @@ class Service:
             command += ["-m", "pyinstrument", "-r", "text", "-o", str(self.profile)]
         command += ["-m", "timer_service.cli", "run"]
         with self.log_path.open("ab") as log:
+            self._log_offset = log.tell()
             self.started_at = time.monotonic()
             self.proc = subprocess.Popen(
                 command,
@@ -447,6 +453,11 @@ class Service:
         while time.monotonic() < deadline:
             assert self.proc is not None
             if self.proc.poll() is not None:
+                if self.proc.returncode == EXIT_CONFIG and self._port_taken():
+                    self.http_port = free_port()
+                    self.env["TIMER_HTTP_PORT"] = str(self.http_port)
+                    self.start()
+                    continue
                 raise CheckFailed(f"service exited {self.proc.returncode}: {self.tail()}")
             with contextlib.suppress(OSError):
                 status, _ = await asyncio.to_thread(self._get, "/healthz")
@@ -455,6 +466,20 @@ class Service:
                     return
             await asyncio.sleep(0.02)
         raise CheckFailed(f"service not healthy after {within:.0f}s: {self.tail()}")
+
+    def _port_taken(self) -> bool:
+        """Whether the service exited because its HTTP address was in use (another process
+        took the port :func:`free_port` found), and for nothing else."""
+        with self.log_path.open("rb") as log:
+            log.seek(self._log_offset)
+            output = log.read().decode(errors="replace")
+        port = self.http_port
+        failure = f"timer-service: TIMER_HTTP_PORT={port}: cannot listen on 127.0.0.1:{port}: "
+        in_use = os.strerror(errno.EADDRINUSE).lower()
+        return any(
+            line.startswith(failure) and line.lower().endswith(in_use)
+            for line in output.splitlines()
+        )
 
     async def metrics(self) -> dict[str, float]:
         """The service's Prometheus series as ``name{labels}`` -> value."""

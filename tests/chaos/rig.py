@@ -106,12 +106,17 @@ class ChaosService(ServiceProcess):
         self.kills = 0
         self._copier: threading.Thread | None = None
         self._lines: list[str] = []
+        self._lines_offset = 0
         self._lines_lock = threading.Lock()
 
     def start(self, *args: str) -> ChaosService:
         assert self.proc is None or self.proc.poll() is not None, "already running"
+        self._join_copier()  # the output of a run that ended on its own, before the next
+        self.args = args
+        with self._lines_lock:
+            self._lines_offset = len(self._lines)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "timer_service.cli", "run", *args],
+            [*self.command, *args],
             env=self.env,
             cwd=self.cwd,
             stdout=subprocess.PIPE,
@@ -140,6 +145,13 @@ class ChaosService(ServiceProcess):
         """Every line the service logged so far, over all its starts."""
         with self._lines_lock:
             return list(self._lines)
+
+    def output(self) -> str:
+        """What the service logged since its latest start (all of it, once it exited)."""
+        if self.proc is not None and self.proc.poll() is not None:
+            self._join_copier()
+        with self._lines_lock:
+            return "".join(self._lines[self._lines_offset :])
 
     def count_lines(self, needle: str) -> int:
         return sum(needle in line for line in self.lines())

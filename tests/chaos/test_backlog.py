@@ -4,6 +4,7 @@ bounded."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import random
 import time
@@ -80,6 +81,7 @@ class TestBacklogAfterDowntime:
         service = make_service(TIMER_BATCH_SIZE=BATCH, TIMER_POLLING_INTERVAL=1000)
         started = time.monotonic()
         service.start()
+        await asyncio.to_thread(service.wait_healthy, 60)
 
         async def events_stored() -> int:
             try:

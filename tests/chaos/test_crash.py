@@ -336,6 +336,7 @@ class TestCrashMidBatch:
 
         started = time.monotonic()
         service.start()
+        await asyncio.to_thread(service.wait_healthy, 60)
         await wait_until(
             lambda: acks.first(schedule_seq) is not None and acks.first(cancel_seq) is not None,
             within=90,

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -33,7 +32,7 @@ from tests.deploy.files import (
     timer_services,
     unit_sections,
 )
-from tests.timer_service.process import free_port, http_get
+from tests.timer_service.process import ServiceProcess, free_port
 from timer_adapters_nats.embedded import NatsServerProcess
 from timer_service.app import HEALTHY_POLL_AGE_S
 from timer_service.settings import ENVIRONMENT, Settings
@@ -248,59 +247,30 @@ class TestEntryCommand:
                 timeout=600,
             )
             assert done.returncode == 0, done.stderr
-        port = free_port()
         environment = {k: v for k, v in os.environ.items() if not k.startswith("TIMER_")}
         environment.update({k: v for k, v in IMAGE_ENV.items() if k != "PATH"})
         environment.update(
             TIMER_DB_PATH=str(tmp_path / "timer.db"),
             TIMER_HTTP_HOST="127.0.0.1",
-            TIMER_HTTP_PORT=str(port),
+            TIMER_HTTP_PORT=str(free_port()),
             TIMER_BROKER_URL=nats_server.url,
         )
         program, *arguments = image_command()
-        executable = image / "bin" / program
-        log = tmp_path / "service.log"
-        with log.open("wb") as output:
-            process = subprocess.Popen(
-                [str(executable), *arguments],
-                env=environment,
-                cwd=tmp_path,
-                stdout=output,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
+        command = [str(image / "bin" / program), *arguments]
+        service = ServiceProcess(environment, tmp_path, tmp_path / "service.log", command)
         try:
-            _wait_healthy(process, port, log)
+            # The budget covers a cold start on a busy machine.
+            service.start().wait_healthy(timeout=60)
             check = [
                 str(image / "bin" / "python")
                 if part == "python"
-                else part.replace(str(HTTP_PORT), str(port))
+                else part.replace(str(HTTP_PORT), str(service.http_port))
                 for part in image_healthcheck()
             ]
             assert subprocess.run(check, timeout=30).returncode == 0
-            process.send_signal(signal.SIGTERM)
-            assert process.wait(timeout=60) == 0, log.read_text()
+            assert service.terminate(timeout=60) == 0, service.log()
         finally:
-            if process.poll() is None:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
-
-
-def _wait_healthy(process: subprocess.Popen[bytes], port: int, log: Path) -> None:
-    """Until /healthz answers 200 (the budget covers a cold start on a busy machine)."""
-    import time
-
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise AssertionError(f"exited {process.returncode}:\n{log.read_text()}")
-        try:
-            if http_get(port, "/healthz")[0] == 200:
-                return
-        except OSError:
-            pass
-        time.sleep(0.1)
-    raise AssertionError(f"not healthy within 60 s:\n{log.read_text()}")
+            service.kill_group()
 
 
 class TestDeploymentPage:

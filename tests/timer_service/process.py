@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import signal
@@ -11,15 +12,30 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Generic, TypeVar
 
+from timer_service.cli import EXIT_CONFIG
+
 
 def free_port() -> int:
+    """A port of 127.0.0.1 free right now; another process may take it before the service
+    listens on it, which :meth:`ServiceProcess.wait_healthy` cures (see :func:`port_taken`)."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def port_taken(output: str, env: dict[str, str]) -> bool:
+    """Whether a service's ``output`` is its startup failure for the address of ``env``'s
+    ``TIMER_HTTP_HOST``:``TIMER_HTTP_PORT`` being in use, and nothing else."""
+    host, port = env.get("TIMER_HTTP_HOST", "127.0.0.1"), env["TIMER_HTTP_PORT"]
+    failure = f"timer-service: TIMER_HTTP_PORT={port}: cannot listen on {host}:{port}: "
+    in_use = os.strerror(errno.EADDRINUSE).lower()
+    return any(
+        line.startswith(failure) and line.lower().endswith(in_use) for line in output.splitlines()
+    )
 
 
 def isolated_env(**settings: str | int) -> dict[str, str]:
@@ -40,18 +56,35 @@ def http_get(port: int, path: str, timeout: float = 2.0) -> tuple[int, str]:
 
 
 class ServiceProcess:
-    """``timer-service run`` in its own process group, killed with it at teardown."""
+    """``timer-service run`` (or ``command``) in its own process group, killed with it at
+    teardown.
 
-    def __init__(self, env: dict[str, str], cwd: Path, log_path: Path) -> None:
+    Its HTTP port is ``env["TIMER_HTTP_PORT"]``, one :func:`free_port` found free; should
+    another process take it before the service listens, :meth:`wait_healthy` starts the
+    service again on a fresh one.
+    """
+
+    def __init__(
+        self,
+        env: dict[str, str],
+        cwd: Path,
+        log_path: Path,
+        command: Sequence[str] = (sys.executable, "-m", "timer_service.cli", "run"),
+    ) -> None:
         self.env = env
         self.cwd = cwd
         self.log_path = log_path
+        self.command = tuple(command)
         self.proc: subprocess.Popen[bytes] | None = None
+        self.args: tuple[str, ...] = ()
+        self._log_offset = 0
 
     def start(self, *args: str) -> ServiceProcess:
+        self.args = args
         with self.log_path.open("ab") as log:
+            self._log_offset = log.tell()
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "timer_service.cli", "run", *args],
+                [*self.command, *args],
                 env=self.env,
                 cwd=self.cwd,
                 stdout=log,
@@ -67,11 +100,23 @@ class ServiceProcess:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
+    def output(self) -> str:
+        """What the service logged since its latest start."""
+        with self.log_path.open("rb") as log:
+            log.seek(self._log_offset)
+            return log.read().decode(errors="replace")
+
     def wait_healthy(self, timeout: float = 30.0) -> dict[str, object]:
+        """Until ``/healthz`` answers 200 (its details); fails if the service exits, unless
+        it exited because its port was taken: then it starts again on a fresh port."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             assert self.proc is not None
             if self.proc.poll() is not None:
+                if self.proc.returncode == EXIT_CONFIG and port_taken(self.output(), self.env):
+                    self.env["TIMER_HTTP_PORT"] = str(free_port())
+                    self.start(*self.args)
+                    continue
                 raise AssertionError(f"service exited {self.proc.returncode}:\n{self.log()}")
             try:
                 status, body = http_get(self.http_port, "/healthz")

@@ -8,9 +8,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-import attrs
-
-from tests.timer_service.process import free_port, http_get
+from tests.timer_service.process import http_get
 from tests.timer_service.test_otel import Telemetry, running_service, settings_for
 from timer_service.otel import OtelInstrumentation
 
@@ -33,11 +31,15 @@ class TestDashboard:
     ) -> None:
         """Each timer_* name in a query is a series of a started service's /metrics."""
         dashboard = json.loads(DASHBOARD.read_text())
-        port = free_port()
-        settings = attrs.evolve(settings_for(tmp_path, nats_url), http_port=port)
-        async with running_service(settings, Telemetry()) as service:
+        async with running_service(settings_for(tmp_path, nats_url), Telemetry()) as service:
             assert isinstance(service.telemetry, OtelInstrumentation)
-            status, text = await asyncio.to_thread(http_get, port, "/metrics")
+            # Its endpoint, off in the settings (TIMER_HTTP_PORT=0), started on a port the
+            # kernel picks as it binds: no other process can take it first.
+            await service.http.start()
+            try:
+                status, text = await asyncio.to_thread(http_get, service.http.port, "/metrics")
+            finally:
+                await service.http.aclose()
         assert status == 200
         exported = {
             line.split("{")[0].split(" ")[0]

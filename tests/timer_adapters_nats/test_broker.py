@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import time
+import re
 
 import attrs
 import pytest
@@ -95,14 +95,16 @@ class TestConnecting:
     """Connection failures are quick and name the URL; a connected broker rides out outages."""
 
     async def test_unreachable_server_names_the_url(self) -> None:
-        """An unreachable server raises BrokerUnavailable naming the URL within the timeout."""
+        """An unreachable server raises BrokerUnavailable naming the URL and the configured
+        connect timeout, the bound that ended the attempt (nats-py alone would retry forever)."""
         with refused_port() as port:
-            url = f"nats://127.0.0.1:{port}"
-            broker = NatsBroker(NatsSettings(url=url, connect_timeout_s=0.5))
-            started = time.monotonic()
-            with pytest.raises(BrokerUnavailable, match=f"cannot connect to NATS at {url}"):
+            settings = NatsSettings(url=f"nats://127.0.0.1:{port}", connect_timeout_s=0.5)
+            broker = NatsBroker(settings)
+            # Only the timeout's expiry words it so; how soon after is the machine's load
+            # (tests/timer_adapters_nats/test_bad_input.py::TestConnectTimeout bounds it).
+            failure = f"cannot connect to NATS at {settings.url} within 0.5s: "
+            with pytest.raises(BrokerUnavailable, match=re.escape(failure)):
                 await broker.start()
-            assert time.monotonic() - started < 2.0
         assert not broker.is_connected
 
     async def test_server_without_jetstream(self, nats_server_factory: NatsServerFactory) -> None:

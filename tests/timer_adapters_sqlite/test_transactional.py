@@ -8,9 +8,19 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
+from tests.timer_adapters_sqlite.conftest import entry
 from tests.transactional import CALL, T0, A, TransactionalSchedulingTests
 from timer_adapters_sqlite import SqliteTimerStore, schedule_in_transaction
-from timer_core import ScheduleTimer, StoreError
+from timer_adapters_sqlite._in_transaction import _HostCursor
+from timer_adapters_sqlite._rows import as_ops
+from timer_adapters_sqlite._writes import write_ops
+from timer_core import (
+    CommandOutcome,
+    PositionedOperation,
+    ScheduleTimer,
+    StoreError,
+    TimerKey,
+)
 
 
 class TestSqliteTransactionalScheduling(TransactionalSchedulingTests):
@@ -49,3 +59,29 @@ class TestMisuse:
         with engine.connect() as connection, pytest.raises(StoreError, match="migrate"):
             schedule_in_transaction(connection, ScheduleTimer(A, CALL, T0), now=T0)
         engine.dispose()
+
+
+class TestHostCursor:
+    async def test_a_run_of_positioned_cancels_goes_through_a_host_connection(
+        self, db_path: Path
+    ) -> None:
+        """write_ops takes every kind of run through a host's connection, a run of positioned
+        cancels too (its positions are read with fetchall): both cancelled, tombstones kept."""
+        key_1, key_2 = TimerKey(A, CALL), TimerKey(A, "call-2")
+        async with SqliteTimerStore(db_path) as store:
+            await store.apply([entry(A, CALL, due_in=60), entry(A, "call-2", due_in=60)])
+            engine = sa.create_engine(f"sqlite:///{db_path}")
+            try:
+                with engine.begin() as connection:
+                    cancels = [PositionedOperation(key_1, 7, T0), PositionedOperation(key_2, 8, T0)]
+                    outcomes = write_ops(_HostCursor(connection), as_ops(cancels))
+                with engine.connect() as connection:
+                    tombstones = connection.exec_driver_sql(
+                        "SELECT service_call_id, command_position FROM timer_tombstones"
+                        " ORDER BY command_position"
+                    ).all()
+            finally:
+                engine.dispose()
+            assert outcomes == [CommandOutcome.CANCELLED, CommandOutcome.CANCELLED]
+            assert await store.get(A, CALL) is None and await store.get(A, "call-2") is None
+        assert [tuple(row) for row in tombstones] == [(CALL, 7), ("call-2", 8)]

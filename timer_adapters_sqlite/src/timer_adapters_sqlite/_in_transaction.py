@@ -120,3 +120,6 @@ class _HostCursor:
 
     def fetchone(self) -> Any:
         return None if self._result is None else self._result.fetchone()
+
+    def fetchall(self) -> list[Any]:
+        return [] if self._result is None else list(self._result.fetchall())

@@ -4,7 +4,7 @@ of the writer thread and of a host's own transactions."""
 from __future__ import annotations
 
 import json
-from typing import Any, Protocol
+from typing import Any, Protocol, Self
 
 from timer_adapters_sqlite._rows import SCHEDULE_SIZE, Op
 from timer_adapters_sqlite._sql import (
@@ -25,16 +25,19 @@ __all__ = ["Cursor", "write_ops"]
 
 class Cursor(Protocol):
     """What :func:`write_ops` needs of a cursor: a sqlite3 one, or a host's (see
-    :mod:`~timer_adapters_sqlite._in_transaction`)."""
+    :mod:`~timer_adapters_sqlite._in_transaction`). ``execute`` returns the cursor itself,
+    so what is fetched from its result is checked against this protocol too."""
 
     @property
     def rowcount(self) -> int: ...
 
-    def execute(self, sql: str, parameters: Any = (), /) -> Any: ...
+    def execute(self, sql: str, parameters: Any = (), /) -> Self: ...
 
-    def executemany(self, sql: str, parameters: Any, /) -> Any: ...
+    def executemany(self, sql: str, parameters: Any, /) -> Self: ...
 
     def fetchone(self) -> Any: ...
+
+    def fetchall(self) -> list[Any]: ...
 
 
 def write_ops(cursor: Cursor, ops: list[Op]) -> list[CommandOutcome]:

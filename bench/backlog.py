@@ -63,14 +63,16 @@ SPREAD_MS = 3_600_000  # overdue by up to an hour
 RSS_LIMIT_MIB = 200.0
 
 
-def overdue_rows(count: int, base_ms: int) -> Iterator[tuple[str, str, str, str, str]]:
-    """``count`` timers over ``TENANTS`` tenants, due at random moments of the hour before
+def overdue_rows(
+    count: int, base_ms: int, tenants: int = TENANTS
+) -> Iterator[tuple[str, str, str, str, str]]:
+    """``count`` timers over ``tenants`` tenants, due at random moments of the hour before
     ``base_ms``, as ``(tenant, call, correlation, due, registered)`` in the store's text."""
     registered = stamp(base_ms - SPREAD_MS - 1000)
     rng = random.Random(14)
     for i in range(count):
         yield (
-            f"tenant-{i % TENANTS:02d}",
+            f"tenant-{i % tenants:02d}",
             f"backlog-{i:08d}",
             f"trace-backlog-{i:08d}",
             stamp(base_ms - SPREAD_MS + rng.randrange(SPREAD_MS - 1000)),
@@ -108,9 +110,9 @@ class SqliteBacklog:
         self.db = root / "timer.db"
         self.instances = 1
 
-    def preload(self, count: int, base_ms: int) -> None:
+    def preload(self, count: int, base_ms: int, tenants: int) -> None:
         create_db(self.db)
-        insert_rows(self.db, overdue_rows(count, base_ms), rebuild_indexes=True)
+        insert_rows(self.db, overdue_rows(count, base_ms, tenants), rebuild_indexes=True)
 
     def env(self, index: int) -> dict[str, str]:
         return {"TIMER_DB_PATH": str(self.db)}
@@ -179,7 +181,7 @@ class PostgresBacklog:
     def conninfo(self) -> str:
         return self.pg.conninfo(self.database)
 
-    def preload(self, count: int, base_ms: int) -> None:
+    def preload(self, count: int, base_ms: int, tenants: int) -> None:
         import psycopg
 
         from timer_adapters_postgres import PostgresTimerStore
@@ -204,7 +206,7 @@ class PostgresBacklog:
                     " registered_at) FROM STDIN"
                 ) as copy:
                     chunk = io.StringIO()
-                    for n, row in enumerate(overdue_rows(count, base_ms), 1):
+                    for n, row in enumerate(overdue_rows(count, base_ms, tenants), 1):
                         chunk.write("\t".join(row) + "\n")
                         if n % 50_000 == 0:
                             copy.write(chunk.getvalue())
@@ -306,7 +308,7 @@ def order_checks(
     return {
         "events": len(events),
         "distinct_timers": len({call for _, call, _, _ in events}),
-        "tenants": len(latest_of_tenant),
+        "tenants_seen": len(latest_of_tenant),
         "early": early,
         "out_of_due_order_within_tenant_and_instance": instance_inversions,
         "out_of_due_order_within_tenant": tenant_inversions,
@@ -396,6 +398,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--store", choices=("sqlite", "postgres"), default="sqlite")
     parser.add_argument("--timers", type=int, default=1_000_000)
+    parser.add_argument("--tenants", type=int, default=TENANTS, help="tenants of the timers")
     parser.add_argument("--instances", type=int, help="services (SQLite 1, PostgreSQL 2)")
     parser.add_argument("--sample-s", type=float, default=5.0, help="RSS sampling period")
     parser.add_argument("--rss-limit-mib", type=float, default=RSS_LIMIT_MIB)
@@ -409,7 +412,7 @@ def main(argv: list[str] | None = None) -> int:
         store = (SqliteBacklog if args.store == "sqlite" else PostgresBacklog)(root, instances)
         print(f"preloading {args.timers:,} overdue timers into {store.name}", file=sys.stderr)
         began = time.perf_counter()
-        store.preload(args.timers, now_ms())
+        store.preload(args.timers, now_ms(), args.tenants)
         preload_s = time.perf_counter() - began
         print(f"preloaded in {preload_s:.1f}s; starting {instances} service(s)", file=sys.stderr)
         result = asyncio.run(drain(store, root, args.timers, args.sample_s))
@@ -436,6 +439,7 @@ def main(argv: list[str] | None = None) -> int:
         "store": args.store,
         "instances": instances,
         "timers": args.timers,
+        "tenants": args.tenants,
         "nproc": os.cpu_count(),
         "load_average_start": load_start,
         "load_average_end": [round(x, 2) for x in os.getloadavg()],

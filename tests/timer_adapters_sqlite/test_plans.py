@@ -85,7 +85,7 @@ class TestDueQueryPlans:
     def test_tenant_share_queries_seek_the_tenant_index(self, planner: sqlite3.Connection) -> None:
         """find_due_by_tenant: a few seeks per tenant to list them, and each tenant's due
         timers after its cursor read in index order, whatever the tenant's backlog."""
-        details = plan(planner, queries.DUE_TENANTS, (_NOW,))
+        details = plan(planner, queries.DUE_TENANTS, (_NOW, 100))
         searches = [d for d in details if d.startswith("SEARCH")]
         assert searches and all("idx_timer_schedules_tenant_due" in d for d in searches), details
         assert not any(d.startswith("SCAN timer_schedules") for d in details), details

@@ -7,7 +7,7 @@ the order of the publishes shows who waited for whom.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -17,7 +17,7 @@ import pytest_asyncio
 from timer_adapters_memory import FakeClock, MemoryEventBus, MemoryTimerStore
 from timer_adapters_postgres import PostgresTimerStore
 from timer_adapters_sqlite import SqliteTimerStore
-from timer_core import DueCursor, TimerEntry, TimerStore
+from timer_core import DueCursor, TenantId, TimerEntry, TimerStore, workflows
 from timer_core.workflows import drain_due_timers
 
 T = datetime(2030, 1, 1, tzinfo=UTC)
@@ -83,3 +83,46 @@ class TestStorm:
         assert [e.payload.service_call_id for e in bus.published] == [
             t.service_call_id for t in timers
         ]
+
+
+class TestManyTenants:
+    async def test_a_drain_keeps_a_bounded_number_of_tenant_cursors(
+        self, store: TimerStore, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A backlog over more tenants than a drain keeps cursors for: each drain ends once
+        it passes that many (the store never gets more cursors than that plus a batch), and
+        drain after drain fires every timer once, each tenant's in due order, none early."""
+        monkeypatch.setattr(workflows, "_MAX_TENANT_CURSORS", 30)
+        timers = [
+            timer(f"tenant-{i % 100:03d}", f"c{i:04d}", T - timedelta(seconds=i % 7))
+            for i in range(300)
+        ]
+        await store.apply(timers)
+        cursors: list[int] = []
+        find = store.find_due_by_tenant
+
+        async def counting(
+            now: datetime, limit: int, *, after: Mapping[TenantId, DueCursor]
+        ) -> list[TimerEntry]:
+            cursors.append(len(after))
+            return await find(now, limit, after=after)
+
+        monkeypatch.setattr(store, "find_due_by_tenant", counting)
+        bus, clock = MemoryEventBus(), FakeClock(T)
+        fired = [(await drain_due_timers(store, bus, clock, batch_size=20)).fired]
+        assert 0 < fired[0] < len(timers)  # the first drain stopped at the cap
+        while fired[-1]:
+            fired.append((await drain_due_timers(store, bus, clock, batch_size=20)).fired)
+        assert max(cursors) <= 30 + 20
+        published = [event.payload for event in bus.published]
+        assert sorted(p.service_call_id for p in published) == sorted(
+            t.service_call_id for t in timers
+        )
+        for tenant in {t.tenant_id for t in timers}:
+            mine = [p for p in published if p.tenant_id == tenant]
+            assert [p.service_call_id for p in mine] == [
+                t.service_call_id
+                for t in sorted((t for t in timers if t.tenant_id == tenant), key=DueCursor.of)
+            ]
+        assert all(p.reached_at >= p.due_at for p in published)
+        assert await store.count_scheduled() == 0

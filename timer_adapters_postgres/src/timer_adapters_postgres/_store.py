@@ -130,7 +130,7 @@ WITH RECURSIVE pending AS (
         ORDER BY tenant_id, due_at, service_call_id LIMIT 1
     ) AS n
 )
-SELECT tenant_id FROM pending WHERE due_at <= :now ORDER BY due_at, tenant_id
+SELECT tenant_id FROM pending WHERE due_at <= :now ORDER BY due_at, tenant_id LIMIT :limit
 """
 )
 # ... then every tenant's share in one statement (one round trip, one commit, not one per
@@ -908,7 +908,9 @@ class PostgresTimerStore(TimerStore):
         base = {"owner": self._owner_id, "lease": self._lease, "now": now}
 
         def claim(conn: sa.Connection) -> list[Any]:
-            active = list(conn.execute(_DUE_TENANTS, {"now": now}).scalars())
+            # At most ``limit`` tenants take part (one timer each at least): the others are
+            # not even listed, so a backlog over many tenants costs no memory per tenant.
+            active = list(conn.execute(_DUE_TENANTS, {"now": now, "limit": limit}).scalars())
             rows: list[Any] = []
             while len(rows) < limit and active:
                 share = max(1, (limit - len(rows)) // len(active))

@@ -191,7 +191,8 @@ WITH RECURSIVE pending(tenant_id) AS (
 SELECT tenant_id, (
     SELECT min(due_at) FROM {TABLE} INDEXED BY idx_timer_schedules_tenant_due
     WHERE state = 'Scheduled' AND tenant_id = pending.tenant_id) AS earliest
-FROM pending WHERE tenant_id IS NOT NULL AND earliest <= ? ORDER BY earliest, tenant_id
+FROM pending WHERE tenant_id IS NOT NULL AND earliest <= ?1 ORDER BY earliest, tenant_id
+LIMIT ?2
 """
 # ... then up to ?3 due timers of each tenant of a JSON array of [tenant, after due_at,
 # after service_call_id] ("" sorts before every valid value: no cursor), in its own order.

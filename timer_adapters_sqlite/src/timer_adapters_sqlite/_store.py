@@ -392,7 +392,9 @@ class SqliteTimerStore(TimerStore):
 
         def find(connection: sa.Connection) -> list[TimerEntry]:
             driver = driver_of(connection)
-            active = [row[0] for row in driver.execute(DUE_TENANTS, (now_text,))]
+            # At most ``limit`` tenants take part (one timer each at least): the others are
+            # not even listed, so a backlog over many tenants costs no memory per tenant.
+            active = [row[0] for row in driver.execute(DUE_TENANTS, (now_text, limit))]
             found: list[TimerEntry] = []
             # Rounds: every tenant still active gets an equal share; those that filled it
             # may take what the others left in the next round.

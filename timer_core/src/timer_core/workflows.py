@@ -56,6 +56,9 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 _DEFAULT_IDS = Uuid7EnvelopeIds()
+#: Most tenants a drain keeps a keyset cursor for (tenant fairness); a drain over more ends
+#: after the batch that passes it and the next drain starts afresh.
+_MAX_TENANT_CURSORS = 10_000
 
 
 def _operation(envelope: MessageEnvelope[Command], now: datetime) -> TimerOperation:
@@ -588,6 +591,11 @@ async def _find(
                 due = [entry for entry in due if not exclude(entry)]
                 if store.claim_lease_s is not None:
                     await _release(store, left_out)
+        if due and cursor is not None and len(positions) > _MAX_TENANT_CURSORS:
+            # A backlog over more tenants than that: the drain ends after this batch, as
+            # after a short one (the worker starts the next at once, its cursors empty), so
+            # a drain's memory stays bounded whatever the number of tenants.
+            cursor = None
         if due or cursor is None:
             break
         after = cursor
@@ -595,7 +603,11 @@ async def _find(
         instrumentation.poll_completed(clock.monotonic() - started, 0)
         return _Found(due=[], now=now, started=started, cursor=None)
     return _Found(
-        due=due, now=now, started=started, cursor=cursor, tenants=positions if full else None
+        due=due,
+        now=now,
+        started=started,
+        cursor=cursor,
+        tenants=positions if cursor is not None else None,
     )
 
 

@@ -182,6 +182,34 @@ class TestPoisonTimer:
             f"call-{i}" for i in range(5)
         ]
 
+    async def test_an_outage_over_a_backlog_backs_off_a_few_batches_not_every_timer(
+        self, rig: Rig
+    ) -> None:
+        """An outage with 2,000 timers overdue (200 batches): the worker tries a few batches
+        and waits for their retries instead of stepping through the whole backlog (a backoff
+        record per due timer); once the broker is back, every timer fires once."""
+        await rig.store.apply(
+            [
+                TimerEntry(
+                    tenant_id=f"tenant-{i % 5}",
+                    service_call_id=f"call-{i:04d}",
+                    due_at=T0 - timedelta(seconds=1 + i % 600),
+                    registered_at=T0 - timedelta(hours=1),
+                )
+                for i in range(2000)
+            ]
+        )
+        rig.bus.set_unavailable(True)
+        rig.worker.notify_scheduled(T0)
+        await rig.run_until(60)
+        tried = {e.payload.service_call_id for e in rig.bus.publish_attempts}
+        assert 0 < len(tried) <= 5 * 10, len(tried)
+        assert rig.worker.quarantined == []
+        rig.bus.set_unavailable(False)
+        await rig.run_until(70)
+        published = [e.payload.service_call_id for e in rig.bus.published]
+        assert sorted(published) == [f"call-{i:04d}" for i in range(2000)]
+
     async def test_a_cancelled_quarantined_timer_is_forgotten(self, rig: Rig) -> None:
         """A quarantined timer that is cancelled meanwhile leaves the quarantine by itself."""
         await rig.schedule(POISON, 0)

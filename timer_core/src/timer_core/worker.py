@@ -37,6 +37,10 @@ _MASKED_POLL_S = 0.25
 _RETRY_EPSILON_S = 0.001
 # How often quarantined timers are checked against the store (cancelled, rescheduled).
 _QUARANTINE_CHECK_S = 60.0
+# Batches in a row of which nothing was published: the broker is taken to be down, so the
+# drain ends instead of stepping through the whole backlog (which would leave a backoff
+# record per due timer, a million for a million), and the worker waits for the first retry.
+_OUTAGE_BATCHES = 2
 
 
 @attrs.frozen
@@ -80,7 +84,9 @@ class TimerWorker:
     - continues past timers whose publish failed (keyset cursor) and backs off each of them
       on its own (doubling from ``initial_backoff``, never past the polling interval), so a
       timer that cannot be published delays no other timer, and a broker outage does not
-      spin;
+      spin: after two batches in a row of which nothing was published, the drain ends and
+      the next waits for the first retry, so an outage over a backlog of any size backs off
+      a few batches' timers, not every due one (nor holds a record of each);
     - a timer whose publish fails ``quarantine_after`` times while other timers are
       published (the broker works: this timer is the problem) is quarantined: reported
       (log, :meth:`Instrumentation.timer_quarantined`), listed in :attr:`quarantined` and
@@ -154,6 +160,8 @@ class TimerWorker:
         self._published = 0
         self._next_quarantine_check = 0.0
         self._drain_started = 0.0
+        # Batches of the drain in flight, in a row, of which none was published.
+        self._unpublished_batches = 0
 
     @property
     def quarantined(self) -> list[QuarantinedTimer]:
@@ -241,14 +249,19 @@ class TimerWorker:
             store_failures = 0
             if report.failed:
                 # The drain stepped over them; each is left out until its own backoff ends,
-                # so the next drain looks for the others at once.
+                # so the next drain looks for the others at once ...
                 self._note_failures(report.failed, fired=report.fired)
+                if self._unpublished_batches >= _OUTAGE_BATCHES:
+                    # ... unless nothing could be published: then the next drain waits for
+                    # the first of them to be retried.
+                    await self._sleep(self._next_retry_in() or 0.0, wakeable=False)
                 continue
             await self._idle()
 
     async def _drain(self) -> DrainReport:
         carried, self._marking = self._marking, None
         self._drain_started = self._clock.monotonic()
+        self._unpublished_batches = 0
         try:
             report = await drain_due_timers(
                 self._store,
@@ -257,7 +270,7 @@ class TimerWorker:
                 batch_size=self._batch_size,
                 ids=self._ids,
                 instrumentation=self._instrumentation,
-                stopping=self._stop.is_set,
+                stopping=self._drain_over,
                 on_batch=self._batch_done,
                 finish_marks=False,
                 carried=carried,
@@ -295,9 +308,17 @@ class TimerWorker:
             else:
                 await marking
 
+    def _drain_over(self) -> bool:
+        """Whether the drain should end: stopping, or the broker looks down."""
+        return self._stop.is_set() or self._unpublished_batches >= _OUTAGE_BATCHES
+
     def _batch_done(self, report: FiringReport) -> None:
         self.last_pass_at = self._clock.monotonic()
         self.passes += 1
+        if report.fired:
+            self._unpublished_batches = 0
+        elif report.failed:
+            self._unpublished_batches += 1
         if self._failing:
             for entry in report.fired:
                 record = self._failing.pop(entry.key, None)

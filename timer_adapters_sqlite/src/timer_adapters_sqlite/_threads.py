@@ -14,6 +14,7 @@ import logging
 import queue
 import sqlite3
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -187,6 +188,8 @@ class Reader(_ConnectionThread):
 # the WAL file is cut back to it whenever it restarts.
 _WRITER_AUTOCHECKPOINT_PAGES = 8192
 _WAL_SIZE_LIMIT_BYTES = 64 * 1024 * 1024
+# The shortest time from one checkpoint's start to the next one's.
+_CHECKPOINT_SPACING_S = 0.05
 
 
 def driver_of(connection: sa.Connection) -> sqlite3.Connection:
@@ -205,12 +208,21 @@ class _Checkpointer:
     take the next batch. Here, after each commit, a PASSIVE checkpoint on a connection of
     its own runs beside the writer (it never blocks writers or readers).
     Measured: 1000-upsert transactions 13,000 -> 21,000/s (bench/README.md).
+
+    Checkpoints start at most every ``spacing_s``: the commits of that time are copied back
+    by one checkpoint. Small, frequent commits (the marks of a drain, 100 timers each) keep
+    rewriting the same index pages, and a checkpoint per commit copied and synced each of
+    them again every time (a third of a core at batch 100, bench/README.md).
     """
 
-    def __init__(self, engine: sa.Engine, where: str) -> None:
+    def __init__(
+        self, engine: sa.Engine, where: str, spacing_s: float = _CHECKPOINT_SPACING_S
+    ) -> None:
         self._engine = engine
         self._where = where
+        self._spacing_s = spacing_s
         self._wake = threading.Event()
+        self._stopped = threading.Event()
         self._stopping = False
         self._thread = threading.Thread(
             target=self._run, name="timer-sqlite-checkpointer", daemon=True
@@ -226,6 +238,7 @@ class _Checkpointer:
 
     def stop(self) -> None:
         self._stopping = True
+        self._stopped.set()
         self._wake.set()
         if self._thread.is_alive():
             self._thread.join()
@@ -238,6 +251,7 @@ class _Checkpointer:
                 self._wake.clear()
                 if self._stopping:
                     return
+                started = time.monotonic()
                 try:
                     if connection is None:
                         connection = self._engine.connect()
@@ -253,6 +267,8 @@ class _Checkpointer:
                         with contextlib.suppress(Exception):
                             connection.close()
                         connection = None
+                # Commits meanwhile wait for the next checkpoint (pokes are kept).
+                self._stopped.wait(max(0.0, self._spacing_s - (time.monotonic() - started)))
         finally:
             if connection is not None:
                 with contextlib.suppress(Exception):

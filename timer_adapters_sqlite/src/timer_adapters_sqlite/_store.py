@@ -259,10 +259,10 @@ class SqliteTimerStore(TimerStore):
             raise StoreUnavailable(f"the timer store on {self.path} is not started or closed")
         return writer
 
-    async def _write(self, fn: Callable[[sa.Connection], T]) -> T:
+    async def _write(self, fn: Callable[[sa.Connection], T], *, shares_commit: bool = False) -> T:
         writer = self._running_writer()
         future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
-        writer.submit(CallJob(fn, future))
+        writer.submit(CallJob(fn, future, shares_commit))
         return await future
 
     async def _read(self, fn: Callable[[sa.Connection], T]) -> T:
@@ -315,7 +315,8 @@ class SqliteTimerStore(TimerStore):
                 return driver.execute(MARK_REACHED_JSON, (json.dumps(params),)).rowcount
             return driver.executemany(MARK_REACHED, params).rowcount
 
-        return await self._write(mark)
+        # Marks queued together (a drain's next batch behind this one) share one commit.
+        return await self._write(mark, shares_commit=True)
 
     async def purge_reached(self, reached_before: datetime, limit: int) -> int:
         before = format_timestamp(require_utc(reached_before, "reached_before"))

@@ -47,6 +47,9 @@ class CallJob:
 
     fn: Callable[[sa.Connection], Any]
     future: asyncio.Future[Any]
+    shares_commit: bool = False
+    """A write that may share its transaction with the like jobs queued right beside it (a
+    drain's marks): one commit for them all, or each alone again if one of them fails."""
 
 
 @attrs.define(slots=True)
@@ -344,6 +347,15 @@ class Writer(_ConnectionThread):
             if isinstance(job, OpenJob):
                 results = [self._open(job)]
                 index += 1
+            elif isinstance(job, CallJob) and job.shares_commit:
+                calls: list[CallJob] = []
+                while index < len(jobs):
+                    following = jobs[index]
+                    if not (isinstance(following, CallJob) and following.shares_commit):
+                        break
+                    calls.append(following)
+                    index += 1
+                results = self._call_group(calls)
             elif isinstance(job, CallJob):
                 results = [self._call(job)]
                 index += 1
@@ -397,6 +409,34 @@ class Writer(_ConnectionThread):
             return job.future, result, None
         except Exception as exc:
             return job.future, None, self._error(exc)
+
+    def _call_group(self, calls: list[CallJob]) -> list[_Result]:
+        """Run writes queued together in one transaction; if one fails, each alone again."""
+        if len(calls) == 1:
+            return [self._call(calls[0])]
+        connection, driver = self._connection, self._driver
+        if connection is None or driver is None:
+            closed = self._not_open()
+            return [(job.future, None, closed) for job in calls]
+        try:
+            driver.execute("BEGIN IMMEDIATE")
+            try:
+                outcomes = [job.fn(connection) for job in calls]
+                driver.execute("COMMIT")
+            except BaseException:
+                self._rollback(driver)
+                raise
+            finally:
+                connection.rollback()  # SQLAlchemy's autobegun state only, as in _call
+        except Exception as exc:
+            error = self._error(exc)
+            if isinstance(error, StoreUnavailable):
+                return [(job.future, None, error) for job in calls]
+            log.debug("%d writes sharing a commit failed (%s); retrying each", len(calls), error)
+            return [self._call(job) for job in calls]
+        self.transactions += 1
+        self._checkpointer.poke()
+        return [(job.future, outcome, None) for job, outcome in zip(calls, outcomes, strict=True)]
 
     def _apply_group(self, group: list[ApplyJob]) -> list[_Result]:
         driver = self._driver

@@ -385,8 +385,10 @@ async def drain_due_timers(
     timer's publish acknowledged before its mark. Batches follow each other by keyset cursor,
     so a batch whose publish failed is stepped over, not read again. The store work of
     neighbouring batches overlaps the broker work: the next batch is read while this one
-    is published, and this one is marked while the next one is published (marks stay in
-    order, one at a time). With a publisher that keeps the order of concurrent calls
+    is published, and this one is marked while the next one is published. Marks finish and
+    are reported in due order; a store that takes no lease gets a batch's mark while the
+    last one's may still run (two at most, so it may commit both at once), a leasing store
+    one at a time. With a publisher that keeps the order of concurrent calls
     (:attr:`~timer_core.ports.EventPublisher.keeps_call_order`), the next batch is also
     sent while this one's acknowledgements come back. The drain returns only once every
     mark it started is done.
@@ -416,6 +418,9 @@ async def drain_due_timers(
     marking: asyncio.Future[None] | None = None if carried is None else carried.marking
     # What ``marking`` marks once this drain started a mark of its own (else the carried).
     marked: list[TimerEntry] | None = None
+    # The mark before ``marking``, when that one was queued behind it (never with a leasing
+    # store): this one's own timers, published, are marked by the time ``marking`` is done.
+    earlier: asyncio.Future[None] | None = None
 
     def find_after(batch: _Found) -> Coroutine[Any, Any, _Found]:
         """The batch after ``batch``: by its cursor, or shared among tenants after theirs."""
@@ -457,15 +462,28 @@ async def drain_due_timers(
             fired += len(reached)
             failed += lost
             expired += len(late)
-            if marking is not None:
-                previous, marking = marking, None
-                await previous  # one mark at a time, in due order
+            if earlier is not None:
+                settled, earlier = earlier, None
+                await settled  # two marks in flight at most
+            previous, marking = marking, None
+            if previous is not None and not carries:
+                await previous  # a leasing store: one mark at a time
+                previous = None
             marking = asyncio.ensure_future(
                 _mark_and_report(
-                    store, clock, found, reached, lost, late, instrumentation, observer, on_batch
+                    store,
+                    clock,
+                    found,
+                    reached,
+                    lost,
+                    late,
+                    instrumentation,
+                    observer,
+                    on_batch,
+                    after=previous,
                 )
             )
-            marked = reached
+            earlier, marked = previous, reached
             if after is None or not after.due:
                 break
             if publishing is None:  # not sent ahead: only now, unless stopping meanwhile
@@ -476,6 +494,9 @@ async def drain_due_timers(
             found = after
             await asyncio.sleep(0)  # a long drain still lets the command consumer run
         unfinished: asyncio.Future[None] | None = None
+        if earlier is not None:
+            settled, earlier = earlier, None
+            await settled  # only the last mark may be handed over
         if marking is not None:
             previous, marking = marking, None
             if finish_marks or not carries or previous.done():
@@ -491,7 +512,7 @@ async def drain_due_timers(
                 await asyncio.wait({sending})
             if sending is not None and not sending.cancelled():
                 sending.exception()  # retrieved: the drain's own error is what is raised
-        await _settle_drain(store, ahead, marking)
+        await _settle_drain(store, ahead, earlier, marking)
     return DrainReport(
         batches=batches,
         fired=fired,
@@ -511,11 +532,13 @@ async def drain_due_timers(
 async def _settle_drain(
     store: TimerStore,
     ahead: asyncio.Task[_Found] | None,
-    marking: asyncio.Future[None] | None,
+    *markings: asyncio.Future[None] | None,
 ) -> None:
-    """A drain ending early (stop, error) still finishes its last mark; a batch read ahead
+    """A drain ending early (stop, error) still finishes its last marks; a batch read ahead
     and never published is handed back."""
-    if marking is not None:
+    for marking in markings:
+        if marking is None:
+            continue
         try:
             await marking
         except Exception as exc:  # the drain is failing already; this one is only logged
@@ -679,10 +702,11 @@ async def _mark(
     reached: list[TimerEntry],
     instrumentation: Instrumentation,
     observer: BatchObserver = NO_BATCH_OBSERVER,
+    writing: asyncio.Future[int] | None = None,
 ) -> None:
     if reached:
         try:
-            await store.mark_reached(reached)
+            await (store.mark_reached(reached) if writing is None else writing)
         except Exception as exc:
             observer.finished(exc)
             raise
@@ -701,9 +725,20 @@ async def _mark_and_report(
     instrumentation: Instrumentation,
     observer: BatchObserver,
     on_batch: Callable[[FiringReport], None] | None,
+    *,
+    after: asyncio.Future[None] | None = None,
 ) -> None:
+    """Mark a published batch, then report it; with ``after`` (the previous batch's mark,
+    still running), the mark is queued at once, right behind that one (a store may commit
+    both in one transaction), and finished and reported after it (whose error is the
+    drain's to raise)."""
+    writing: asyncio.Future[int] | None = None
+    if after is not None:
+        if reached and not expired:
+            writing = asyncio.ensure_future(store.mark_reached(reached))
+        await asyncio.wait({after})
     if not expired:
-        await _mark(store, clock, found, reached, instrumentation, observer)
+        await _mark(store, clock, found, reached, instrumentation, observer, writing)
     if on_batch is not None:
         on_batch(found.report(reached, failed, expired))
 

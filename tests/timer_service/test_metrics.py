@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import logging
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import pytest
+from prometheus_client import CollectorRegistry, Histogram
 
 from timer_core import (
     CancelTimer,
@@ -19,7 +20,7 @@ from timer_core import (
     TenantId,
     TimerEntry,
 )
-from timer_service.metrics import PrometheusInstrumentation
+from timer_service.metrics import LATENESS_BUCKETS, PrometheusInstrumentation, observe_all
 
 
 def command(i: int) -> MessageEnvelope[Command]:
@@ -105,3 +106,46 @@ class TestQuarantine:
         assert sample("timer_timers_quarantined") == 1.0
         metrics.quarantine_size(0)
         assert sample("timer_timers_quarantined") == 0.0
+
+
+class TestLateness:
+    @pytest.mark.parametrize("count", [0, 1, 100])
+    def test_a_batch_is_observed_as_each_timer_alone(self, count: int) -> None:
+        """observe_all leaves the histogram as one observe per amount would (bucket edges too)."""
+        edges = [0.0, *LATENESS_BUCKETS, 7200.0, -1.0]
+        amounts = [edges[i % len(edges)] + (i % 3) * 1e-4 for i in range(count)]
+        batched, alone = CollectorRegistry(), CollectorRegistry()
+        histogram = Histogram("lateness", "-", buckets=LATENESS_BUCKETS, registry=batched)
+        reference = Histogram("lateness", "-", buckets=LATENESS_BUCKETS, registry=alone)
+        observe_all(histogram, amounts)
+        for amount in amounts:
+            reference.observe(amount)
+        for bound in [*map(str, LATENESS_BUCKETS), "+Inf"]:
+            labels = {"le": bound}
+            assert batched.get_sample_value("lateness_bucket", labels) == alone.get_sample_value(
+                "lateness_bucket", labels
+            )
+        assert batched.get_sample_value("lateness_count") == count
+        assert batched.get_sample_value("lateness_sum") == pytest.approx(
+            alone.get_sample_value("lateness_sum")
+        )
+
+    def test_fired_timers_are_observed_by_their_lateness(self) -> None:
+        """timers_fired puts each timer's reachedAt - dueAt in the lateness histogram."""
+        metrics = PrometheusInstrumentation()
+        due = datetime(2030, 1, 1, tzinfo=UTC)
+        entries = [
+            TimerEntry(
+                tenant_id="t",
+                service_call_id=f"c{ms}",
+                due_at=due,
+                registered_at=datetime(2029, 1, 1, tzinfo=UTC),
+            ).reach(due + timedelta(milliseconds=ms))
+            for ms in (0, 3, 3, 2000)
+        ]
+        metrics.timers_fired(entries)
+        sample = metrics.registry.get_sample_value
+        assert sample("timer_firing_lateness_seconds_bucket", {"le": "0.001"}) == 1.0
+        assert sample("timer_firing_lateness_seconds_bucket", {"le": "0.005"}) == 3.0
+        assert sample("timer_firing_lateness_seconds_bucket", {"le": "2.5"}) == 4.0
+        assert sample("timer_firing_lateness_seconds_sum") == pytest.approx(2.006)

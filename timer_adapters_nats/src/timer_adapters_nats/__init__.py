@@ -8,7 +8,7 @@ operators list and replay rejected commands with :class:`DeadLetters`;
 :mod:`timer_adapters_nats.embedded` runs a real ``nats-server``.
 """
 
-from timer_adapters_nats._acked import AckedPublisher, Outgoing
+from timer_adapters_nats._acked import AckedPublisher, Frame, Outgoing
 from timer_adapters_nats._broker import NatsBroker
 from timer_adapters_nats._client import CommandEnvelope, TimerClient
 from timer_adapters_nats._connection import BrokerUnavailable, NatsConnection, connect
@@ -42,6 +42,7 @@ __all__ = [
     "DueEventConsumer",
     "DueEventConsumerSettings",
     "DueEventDelivery",
+    "Frame",
     "NatsBroker",
     "NatsCommandSource",
     "NatsConnection",

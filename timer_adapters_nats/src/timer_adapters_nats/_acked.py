@@ -15,7 +15,7 @@ from nats.aio.msg import Msg
 
 from timer_core import PublishError
 
-__all__ = ["MSG_ID", "AckedPublisher", "Outgoing"]
+__all__ = ["MSG_ID", "AckedPublisher", "Frame", "Outgoing"]
 
 MSG_ID = "Nats-Msg-Id"
 _NO_RESPONDERS = "503"
@@ -31,6 +31,14 @@ class Outgoing:
     data: bytes
     msg_id: str
     headers: dict[str, str] = attrs.field(factory=dict)
+
+
+Frame = tuple[str, bytes, str, dict[str, str]]
+"""A message as :meth:`AckedPublisher.publish_frames` sends it: subject, data, its
+``Nats-Msg-Id``, and its headers including that one."""
+
+# (index in the call, subject, msg id, reply token, ack future, ack deadline)
+_InFlight = tuple[int, str, str, str, asyncio.Future[None], float]
 
 
 class _Refused(Exception):
@@ -77,36 +85,55 @@ class AckedPublisher:
         Messages leave in chunks while the next ones are built, so the server stores and
         acks the first while the client still encodes the rest.
         """
+        return await self.publish_frames(items, lambda item: _frame(build(item)))
+
+    async def publish_frames(
+        self, items: Sequence[_T], frame: Callable[[_T], Frame]
+    ) -> list[PublishError | None]:
+        """Like :meth:`publish_each`, with ``frame`` making each message as a :data:`Frame`
+        (its headers already holding ``Nats-Msg-Id``): no :class:`Outgoing` per message, for
+        the publishers of many small messages (the fire path)."""
         results: list[PublishError | None] = [None] * len(items)
-        in_flight: deque[tuple[int, Outgoing, str, asyncio.Future[None], float]] = deque()
+        in_flight: deque[_InFlight] = deque()
         loop = asyncio.get_running_loop()
+        nc = self._nc
+        waiting = self._waiting
+        tokens = self._tokens
+        window = self._window
+        timeout = self._ack_timeout_s
         unflushed = 0
         async with self._sending:
+            inbox = self._inbox or await self._subscribe()
             for index, item in enumerate(items):
-                if len(in_flight) >= self._window:
+                if len(in_flight) >= window:
                     # Wait until a quarter of the window is acked, not for one ack per wake-up:
                     # the stream acks in order, so that many slots then refill in one go.
                     await self._await_ack(in_flight, min(len(in_flight), self._refill))
-                    while in_flight and (in_flight[0][3].done() or len(in_flight) >= self._window):
+                    while in_flight and (in_flight[0][4].done() or len(in_flight) >= window):
                         oldest = in_flight.popleft()
                         results[oldest[0]] = await self._settle(oldest)
                 try:
-                    message = build(item)
+                    subject, data, msg_id, headers = frame(item)
                 except Exception as exc:  # cannot even be encoded: that one fails
                     results[index] = PublishError(f"message {index} of the batch: {exc}")
                     continue
-                if not self._nc.is_connected:
+                if not nc.is_connected:
                     # Reconnecting: fail now rather than buffer and time out one by one.
-                    results[index] = PublishError(
-                        f"{message.msg_id} to {message.subject}: not connected to NATS"
-                    )
+                    results[index] = PublishError(f"{msg_id} to {subject}: not connected to NATS")
                     continue
+                token = str(next(tokens))
+                future: asyncio.Future[None] = loop.create_future()
+                waiting[token] = future
                 try:
-                    token, future = await self._send(message)
-                except Exception as exc:  # one message's failure never fails the others
-                    results[index] = _publish_error(message, exc)
+                    await nc.publish(subject, data, reply=inbox + token, headers=headers)
+                except BaseException as exc:
+                    del waiting[token]
+                    if not isinstance(exc, Exception):
+                        raise
+                    # One message's failure never fails the others.
+                    results[index] = _publish_error(msg_id, subject, exc)
                     continue
-                in_flight.append((index, message, token, future, loop.time() + self._ack_timeout_s))
+                in_flight.append((index, subject, msg_id, token, future, loop.time() + timeout))
                 unflushed += 1
                 if unflushed >= _CHUNK:
                     unflushed = 0
@@ -115,20 +142,21 @@ class AckedPublisher:
         await self._await_ack(in_flight, len(in_flight))
         while in_flight:
             oldest = in_flight.popleft()
+            future = oldest[4]
+            if future.done() and not future.cancelled() and future.exception() is None:
+                continue  # acked: the common case, without a wait
             results[oldest[0]] = await self._settle(oldest)
         return results
 
     @staticmethod
-    async def _await_ack(
-        in_flight: deque[tuple[int, Outgoing, str, asyncio.Future[None], float]], count: int
-    ) -> None:
+    async def _await_ack(in_flight: deque[_InFlight], count: int) -> None:
         """Wait until the ``count``-th oldest message is acked, at most until the oldest's
         deadline. Never cancels the ack it waits for (``asyncio.wait``, not ``wait_for``)."""
         if count < 1:
             return
-        future = in_flight[count - 1][3]
+        future = in_flight[count - 1][4]
         if not future.done():
-            timeout = in_flight[0][4] - asyncio.get_running_loop().time()
+            timeout = in_flight[0][5] - asyncio.get_running_loop().time()
             await asyncio.wait((future,), timeout=max(0.0, timeout))
 
     async def publish(self, message: Outgoing) -> None:
@@ -136,27 +164,6 @@ class AckedPublisher:
         (error,) = await self.publish_many([message])
         if error is not None:
             raise error
-
-    async def _send(self, message: Outgoing) -> tuple[str, asyncio.Future[None]]:
-        inbox = self._inbox or await self._subscribe()
-        token = str(next(self._tokens))
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiting[token] = future
-        try:
-            await self._nc.publish(
-                message.subject,
-                message.data,
-                reply=inbox + token,
-                headers=(
-                    {**message.headers, MSG_ID: message.msg_id}
-                    if message.headers
-                    else {MSG_ID: message.msg_id}
-                ),
-            )
-        except BaseException:
-            del self._waiting[token]
-            raise
-        return token, future
 
     async def _subscribe(self) -> str:
         async with self._subscribing:
@@ -192,10 +199,8 @@ class AckedPublisher:
         except (ValueError, TypeError, AttributeError) as exc:
             future.set_exception(_Refused(f"unreadable ack {msg.data[:100]!r}: {exc}"))
 
-    async def _settle(
-        self, pending: tuple[int, Outgoing, str, asyncio.Future[None], float]
-    ) -> PublishError | None:
-        _, message, token, future, deadline = pending
+    async def _settle(self, pending: _InFlight) -> PublishError | None:
+        _, subject, msg_id, token, future, deadline = pending
         try:
             if not future.done():  # wait_for would yield even for a done future
                 remaining = deadline - asyncio.get_running_loop().time()
@@ -203,7 +208,7 @@ class AckedPublisher:
             future.result()
         except Exception as exc:
             self._waiting.pop(token, None)
-            return _publish_error(message, exc)
+            return _publish_error(msg_id, subject, exc)
         return None
 
 
@@ -211,11 +216,22 @@ def _itself(message: Outgoing) -> Outgoing:
     return message
 
 
-def _publish_error(message: Outgoing, exc: BaseException) -> PublishError:
+def _frame(message: Outgoing) -> Frame:
+    headers = message.headers
+    msg_id = message.msg_id
+    return (
+        message.subject,
+        message.data,
+        msg_id,
+        {**headers, MSG_ID: msg_id} if headers else {MSG_ID: msg_id},
+    )
+
+
+def _publish_error(msg_id: str, subject: str, exc: BaseException) -> PublishError:
     if isinstance(exc, TimeoutError):
         reason = "no ack from JetStream in time"
     else:
         reason = str(exc) or type(exc).__name__
-    error = PublishError(f"{message.msg_id} to {message.subject}: {reason}")
+    error = PublishError(f"{msg_id} to {subject}: {reason}")
     error.__cause__ = exc
     return error

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
-from timer_adapters_nats._acked import AckedPublisher, Outgoing
+from timer_adapters_nats._acked import MSG_ID, AckedPublisher, Frame
 from timer_adapters_nats._connection import NatsConnection
 from timer_core import (
     DueTimeReached,
@@ -49,14 +49,18 @@ class NatsEventPublisher(EventPublisher):
             )
         return self._acked
 
-    def _outgoing(self, envelope: MessageEnvelope[DueTimeReached]) -> Outgoing:
+    def _frame(self, envelope: MessageEnvelope[DueTimeReached]) -> Frame:
         payload = envelope.payload
         trace_context = envelope.trace_context
-        return Outgoing(
-            subject=self._subjects.events(payload.tenant_id, payload.service_call_id),
-            data=encode_envelope(envelope),
-            msg_id=str(envelope.id),
-            headers={} if trace_context is None else trace_context.headers(),
+        msg_id = str(envelope.id)
+        headers = {MSG_ID: msg_id}
+        if trace_context is not None:
+            headers = {**trace_context.headers(), MSG_ID: msg_id}
+        return (
+            self._subjects.events(payload.tenant_id, payload.service_call_id),
+            encode_envelope(envelope),
+            msg_id,
+            headers,
         )
 
     async def publish_many(
@@ -68,7 +72,7 @@ class NatsEventPublisher(EventPublisher):
             publisher = self._publisher()
         except Exception as exc:  # not started, or closed: every envelope failed
             return [PublishError(f"{envelope.id}: {exc}") for envelope in envelopes]
-        results = await publisher.publish_each(envelopes, self._outgoing)
+        results = await publisher.publish_frames(envelopes, self._frame)
         failed = sum(result is not None for result in results)
         if failed:
             log.debug("%d of %d events not acknowledged", failed, len(envelopes))

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import bisect
 import collections
 import logging
+import math
 from collections.abc import Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -17,7 +19,13 @@ from timer_core import (
     TimerEntry,
 )
 
-__all__ = ["COUNTED_AS", "LATENESS_BUCKETS", "POLL_BUCKETS", "PrometheusInstrumentation"]
+__all__ = [
+    "COUNTED_AS",
+    "LATENESS_BUCKETS",
+    "POLL_BUCKETS",
+    "PrometheusInstrumentation",
+    "observe_all",
+]
 
 log = logging.getLogger("timer_service.events")
 
@@ -55,6 +63,34 @@ LATENESS_BUCKETS = (
 )
 #: Buckets of the worker-pass duration histogram, in seconds.
 POLL_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0)
+
+
+def observe_all(histogram: Histogram, amounts: Sequence[float]) -> None:
+    """``histogram.observe`` of each amount, with one locked increment per bucket the batch
+    touches instead of two per amount (once per fired timer, measured at ~2 us each).
+
+    Reads the unlabelled histogram's own bucket bounds and values (prometheus_client's
+    attributes, stable for years); any other shape falls back to ``observe``, as does an
+    empty batch. A test holds the two ways equal.
+    """
+    bounds = getattr(histogram, "_upper_bounds", None)
+    buckets = getattr(histogram, "_buckets", None)
+    total = getattr(histogram, "_sum", None)
+    if (
+        not amounts
+        or not isinstance(bounds, list)
+        or not isinstance(buckets, list)
+        or total is None
+        or len(bounds) != len(buckets)
+        or bounds[-1] != math.inf
+    ):
+        for amount in amounts:
+            histogram.observe(amount)
+        return
+    counts = collections.Counter(bisect.bisect_left(bounds, amount) for amount in amounts)
+    total.inc(sum(amounts))
+    for index, count in counts.items():
+        buckets[index].inc(count)
 
 
 class PrometheusInstrumentation(Instrumentation):
@@ -150,10 +186,11 @@ class PrometheusInstrumentation(Instrumentation):
 
     def timers_fired(self, entries: Sequence[TimerEntry]) -> None:
         self.processed.inc(len(entries))
-        observe = self.lateness.observe
+        lateness = []
         for entry in entries:
             assert entry.reached_at is not None
-            observe((entry.reached_at - entry.due_at).total_seconds())
+            lateness.append((entry.reached_at - entry.due_at).total_seconds())
+        observe_all(self.lateness, lateness)
         if log.isEnabledFor(logging.DEBUG):
             for entry in entries:
                 log.debug(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from collections.abc import Callable, Collection, Coroutine, Generator, Mapping, Sequence
 from datetime import datetime
 from typing import Any
@@ -389,9 +390,10 @@ async def drain_due_timers(
     are reported in due order; a store that takes no lease gets a batch's mark while the
     last one's may still run (two at most, so it may commit both at once), a leasing store
     one at a time. With a publisher that keeps the order of concurrent calls
-    (:attr:`~timer_core.ports.EventPublisher.keeps_call_order`), the next batch is also
-    sent while this one's acknowledgements come back. The drain returns only once every
-    mark it started is done.
+    (:attr:`~timer_core.ports.EventPublisher.keeps_call_order`), the next batches are also
+    sent while this one's acknowledgements come back: up to four in flight at batches of
+    100 or less (about 400 events), two at 200 or more and with a leasing store. The drain
+    returns only once every mark it started is done.
     A leasing store is drained the same way: the batch claimed ahead waits one publish
     (milliseconds) of its lease, and its claim is released if the drain stops before
     publishing it. ``on_batch`` gets each batch's report once it is marked.
@@ -438,26 +440,41 @@ async def drain_due_timers(
     def publish(batch: _Found) -> asyncio.Future[_Published]:
         return asyncio.ensure_future(_publish(store, publisher, clock, batch, ids, instrumentation))
 
-    # With a publisher that keeps the order of its calls, two batches' publishes are in
-    # flight at most: the next one is read and sent while this one's acks come back.
+    # With a publisher that keeps the order of its calls, the next batches are read and sent
+    # while the acks of those before come back: up to ``depth`` publishes in flight.
     overlap = publisher.keeps_call_order
-    publishing: asyncio.Future[_Published] | None = publish(found) if found.due else None
-    following: asyncio.Future[_Published] | None = None
+    depth = _sent_at_once(batch_size, leasing=not carries) if overlap else 1
+    sending: deque[tuple[_Found, asyncio.Future[_Published]]] = deque()
+    if found.due:
+        sending.append((found, publish(found)))
+    last = found  # the last batch read: the next one is read after it
+    ready: _Found | None = None  # read, and waiting for a publish to finish to be sent
+    # One batch more is read while ``depth`` are in flight (not claimed ahead of its turn by
+    # a leasing store whose publishes overlap: its lease would run while it waits).
+    holds = carries or not overlap
     try:
-        while found.due:
-            assert publishing is not None
-            after: _Found | None = None
-            if found.cursor is not None and not stopping():
-                ahead = asyncio.ensure_future(find_after(found))
-                after, ahead = await ahead, None
-                if after.due and not stopping():
-                    if overlap:
-                        following = publish(after)
-                elif after.due:
-                    await _release(store, after.due)  # read ahead, never published
-                    after = None
+        while sending:
+            # Read ahead while the batches sent are published: send what was read while
+            # fewer than ``depth`` are in flight, and hold one more, read, until one finishes.
+            while (
+                ready is None
+                and (holds or len(sending) < depth)
+                and last.cursor is not None
+                and not stopping()
+            ):
+                ahead = asyncio.ensure_future(find_after(last))
+                last, ahead = await ahead, None
+                if not last.due:
+                    break
+                if stopping():
+                    await _release(store, last.due)  # read ahead, never published
+                    break
+                if len(sending) < depth:
+                    sending.append((last, publish(last)))
+                else:
+                    ready = last
+            found, publishing = sending.popleft()
             reached, lost, late, observer = await publishing
-            publishing, following = following, None
             batches += 1
             fired += len(reached)
             failed += lost
@@ -484,14 +501,12 @@ async def drain_due_timers(
                 )
             )
             earlier, marked = previous, reached
-            if after is None or not after.due:
-                break
-            if publishing is None:  # not sent ahead: only now, unless stopping meanwhile
+            if ready is not None:  # read ahead: sent only now, unless stopping meanwhile
+                waiting, ready = ready, None
                 if stopping():
-                    await _release(store, after.due)
-                    break
-                publishing = publish(after)
-            found = after
+                    await _release(store, waiting.due)
+                else:
+                    sending.append((waiting, publish(waiting)))
             await asyncio.sleep(0)  # a long drain still lets the command consumer run
         unfinished: asyncio.Future[None] | None = None
         if earlier is not None:
@@ -504,15 +519,17 @@ async def drain_due_timers(
             else:
                 unfinished = previous
     finally:
-        for sending in (publishing, following):
+        for _, sent in sending:
             # Ending early (an error, a cancellation): a publish in flight is cancelled; its
             # timers stay Scheduled and are published again later, under the same ids.
-            if sending is not None and not sending.done():
-                sending.cancel()
-                await asyncio.wait({sending})
-            if sending is not None and not sending.cancelled():
-                sending.exception()  # retrieved: the drain's own error is what is raised
+            if not sent.done():
+                sent.cancel()
+                await asyncio.wait({sent})
+            if not sent.cancelled():
+                sent.exception()  # retrieved: the drain's own error is what is raised
         await _settle_drain(store, ahead, earlier, marking)
+        if ready is not None:
+            await _release(store, ready.due)  # read ahead, never published
     return DrainReport(
         batches=batches,
         fired=fired,
@@ -527,6 +544,22 @@ async def drain_due_timers(
             )
         ),
     )
+
+
+# Publishes in flight at once in a drain, with a publisher that keeps their order: enough
+# for about this many events (JetStream acks the first while the last are sent), at least
+# two (the next batch sent while this one's acks come back), at most this many batches.
+_SENT_EVENTS = 400
+_MOST_SENT = 4
+
+
+def _sent_at_once(batch_size: int, *, leasing: bool) -> int:
+    """How many batches' publishes a drain has in flight (with a publisher that keeps their
+    order): two for big batches and for a leasing store (its claims wait for no one), up to
+    four of small ones (batches of 100, the default)."""
+    if leasing:
+        return 2
+    return max(2, min(_MOST_SENT, _SENT_EVENTS // max(batch_size, 1)))
 
 
 async def _settle_drain(

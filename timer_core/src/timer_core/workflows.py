@@ -461,6 +461,8 @@ async def drain_due_timers(
                 and (holds or len(sending) < depth)
                 and last.cursor is not None
                 and not stopping()
+                # With two in flight and the oldest done, that one is marked and reported first.
+                and (len(sending) < 2 or not sending[0][1].done())
             ):
                 ahead = asyncio.ensure_future(find_after(last))
                 last, ahead = await ahead, None

@@ -20,8 +20,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import platform
+import random
 import shutil
 import signal
 import statistics
@@ -44,6 +46,8 @@ import nats  # noqa: E402
 import psutil  # noqa: E402
 import psycopg  # noqa: E402
 from nats.aio.client import Client  # noqa: E402
+from nats.aio.msg import Msg  # noqa: E402
+from nats.js.api import DeliverPolicy  # noqa: E402
 
 from tests.pg import PostgresCluster, postgres_bin_dir, start_cluster  # noqa: E402
 from tests.timer_service.process import ServiceProcess, free_port  # noqa: E402
@@ -54,6 +58,9 @@ README = Path(__file__).with_name("README.md")
 SECTION = "## Scale-out on PostgreSQL (bench/scale_out.py)"
 BEGIN, END = "<!-- scale_out:begin -->", "<!-- scale_out:end -->"
 PROFILE_BEGIN, PROFILE_END = "<!-- scale_out:profile:begin -->", "<!-- scale_out:profile:end -->"
+STEADY_BEGIN, STEADY_END = "<!-- scale_out:steady:begin -->", "<!-- scale_out:steady:end -->"
+#: Timers scheduled a second in the steady scenario (``--steady``), as in bench/run.py.
+STEADY_RATE = 1000
 CONSUMER = "timer-service"
 TENANTS = 50
 FAR = datetime(2100, 1, 1, tzinfo=UTC)
@@ -373,6 +380,120 @@ async def fire_path(rig: Rig, timers: int) -> Run:
         after.xacts - before.xacts,
         profile,
     )
+
+
+@attrs.frozen
+class Steady:
+    """Lateness of timers scheduled at a steady rate, each due 1-2 s after it was sent."""
+
+    instances: int
+    rate: int
+    seconds: float
+    timers: int
+    reached_ms: list[float]  # reachedAt - dueAt, from each event, sorted
+    readable_ms: list[float]  # when this process read the event - dueAt, sorted
+    cores: dict[str, float]
+
+    def quantile(self, values: list[float], q: float) -> float:
+        """Nearest rank, as bench/run.py's steady scenario."""
+        return values[min(len(values) - 1, max(0, math.ceil(q * len(values)) - 1))]
+
+    def line(self) -> str:
+        def of(values: list[float]) -> str:
+            p50, p99 = self.quantile(values, 0.5), self.quantile(values, 0.99)
+            return f"p50 {p50:.1f} ms, p99 {p99:.1f} ms, max {values[-1]:.1f} ms"
+
+        cores = ", ".join(f"{group} {self.cores[group]:.2f}" for group in (*OWN, "other"))
+        return (
+            f"{self.instances} instance{'s' if self.instances > 1 else ''}, "
+            f"{self.rate:,}/s for {self.seconds:.0f} s ({self.timers:,} timers): "
+            f"reachedAt - dueAt {of(self.reached_ms)}; read by a subscriber "
+            f"{of(self.readable_ms)}; cores {cores}"
+        )
+
+
+async def steady_path(rig: Rig, rate: int, seconds: float) -> Steady:
+    """``rate`` ScheduleTimer commands a second, in ticks of 10 ms, each due 1-2 s after it
+    is sent (at a random millisecond), through TIMER_COMMANDS; every event read back from
+    TIMER_EVENTS: none early, none missing, and its lateness."""
+    per_tick, tick = max(1, rate // 100), 0.01
+    reached: dict[str, float] = {}
+    readable: dict[str, float] = {}
+    early = 0
+    nc = await nats.connect(rig.nats.url)
+    try:
+
+        async def on_event(message: Msg) -> None:
+            nonlocal early
+            seen = time.time() * 1000.0
+            payload = json.loads(message.data)["payload"]
+            due = datetime.fromisoformat(payload["dueAt"]).timestamp() * 1000.0
+            at = datetime.fromisoformat(payload["reachedAt"]).timestamp() * 1000.0
+            reached[payload["serviceCallId"]] = at - due
+            readable[payload["serviceCallId"]] = seen - due
+            early += at < due
+
+        js = nc.jetstream(timeout=10)
+        subscription = await js.subscribe(
+            "timer.events.>",
+            stream="TIMER_EVENTS",
+            cb=on_event,
+            ordered_consumer=True,
+            deliver_policy=DeliverPolicy.NEW,
+        )
+        client = TimerClient(nc, publish_window=512)
+        loop = asyncio.get_running_loop()
+        sent = 0
+        before = await asyncio.to_thread(rig.usage)
+        started = loop.time()
+        for n in range(int(seconds / tick)):
+            await asyncio.sleep(max(0.0, started + n * tick - loop.time()))
+            base = datetime.now(UTC)
+            envelopes = [
+                client.schedule_envelope(
+                    f"tenant-{(sent + i) % TENANTS}",
+                    f"steady-{sent + i:08d}",
+                    base + timedelta(milliseconds=1000 + random.randrange(1000)),
+                )
+                for i in range(per_tick)
+            ]
+            assert not any(await client.send_many(envelopes)), "a command was not acked"
+            sent += per_tick
+        deadline = time.monotonic() + 30
+        while len(readable) < sent and time.monotonic() < deadline:
+            rig.check(time.perf_counter())
+            await asyncio.sleep(0.05)
+        after = await asyncio.to_thread(rig.usage)
+        await subscription.unsubscribe()
+    finally:
+        await nc.close()
+    assert len(readable) == sent and early == 0, (
+        f"steady: {len(readable):,} of {sent:,} events read, {early} early"
+    )
+    return Steady(
+        rig.instances,
+        rate,
+        seconds,
+        sent,
+        sorted(reached.values()),
+        sorted(readable.values()),
+        before.cores(after),
+    )
+
+
+def steady(pg: PostgresCluster, root: Path, counts: list[int], batch: int, seconds: float) -> str:
+    """The steady scenario once per instance count; one line each."""
+    lines = []
+    for instances in counts:
+        rig = Rig(pg, root, instances, batch, False)
+        try:
+            rig.start()
+            result = asyncio.run(steady_path(rig, STEADY_RATE, seconds))
+        finally:
+            rig.stop()
+        print(f"steady: {result.line()}", file=sys.stderr)
+        lines.append(f"- {result.line()}")
+    return "\n".join(lines)
 
 
 # -- the yardsticks: hand-written pipelines on the same PostgreSQL and nats-server ----------
@@ -752,6 +873,13 @@ def main() -> None:
         action="store_true",
         help="sample the first instance with py-spy; writes only the profile table",
     )
+    parser.add_argument(
+        "--steady",
+        type=float,
+        metavar="SECONDS",
+        help=f"only the steady scenario: {STEADY_RATE:,} timers/s due 1-2 s ahead for SECONDS, "
+        "lateness per instance count; writes only its lines",
+    )
     args = parser.parse_args()
     timers, rounds = (3_000, 1) if args.quick else (args.timers, args.rounds)
     global COMMAND_BATCH
@@ -764,12 +892,26 @@ def main() -> None:
     pg = None
     try:
         pg = start_cluster(pg_root, None if args.fast_pg else DURABLE_PG)
-        runs = measure(pg, root, counts, timers, rounds, args.batch_size, args.profile)
+        if args.steady:
+            lines = steady(pg, root, counts, args.batch_size, args.steady)
+        else:
+            runs = measure(pg, root, counts, timers, rounds, args.batch_size, args.profile)
     finally:
         if pg is not None:
             pg.stop()
         shutil.rmtree(root, ignore_errors=True)
         shutil.rmtree(pg_root, ignore_errors=True)
+    if args.steady:
+        body = (
+            f"Run: `uv run --all-packages python bench/scale_out.py --steady {args.steady:g} "
+            f"--instances {args.instances}` on {datetime.now(UTC):%Y-%m-%d}, "
+            f"`TIMER_BATCH_SIZE={args.batch_size}`, polling every 1 s. Machine: {where}.\n\n"
+            f"{lines}"
+        )
+        print(body)
+        if not (args.quick or args.print_only):
+            write_readme(body, STEADY_BEGIN, STEADY_END)
+        return
     run = (
         f"`uv run --all-packages python bench/scale_out.py{' --profile' if args.profile else ''}` "
         f"on {datetime.now(UTC):%Y-%m-%d}; {timers:,} timers per path, "

@@ -130,9 +130,10 @@ class NatsBroker(NatsConnection):
 
         The backoff is the source's doubling nak delay. A consumer-level ``backoff`` is left
         out on purpose: the server applies it over explicit nak delays from the second
-        redelivery on, which would turn a 1 s retry into an ack-wait-long one. Room for four
-        fetch batches unacknowledged: the one being stored and the next, read ahead, of two
-        instances (the server's default of 1000 would stall a read-ahead at batches of 1000).
+        redelivery on, which would turn a 1 s retry into an ack-wait-long one. Room for eight
+        fetch batches unacknowledged: the one being stored and the next, read ahead, of four
+        instances (the server's default of 1000 would stall a read-ahead at batches of 1000;
+        room for two instances only cut four instances' batches to a third).
         """
         settings = self.settings
         return ConsumerConfig(
@@ -143,7 +144,7 @@ class NatsBroker(NatsConnection):
             ack_policy=AckPolicy.EXPLICIT,
             ack_wait=settings.ack_wait_s,
             max_deliver=settings.max_deliver,
-            max_ack_pending=max(1000, 4 * settings.fetch_batch),
+            max_ack_pending=max(1000, 8 * settings.fetch_batch),
             filter_subject=settings.subjects.commands_filter,
         )
 

@@ -26,6 +26,7 @@ from timer_adapters_postgres import PostgresTimerStore, migrate
 from timer_adapters_postgres._store import (
     _CLAIM_AFTER,
     _CLAIM_FIRST,
+    _DUE_TENANTS,
     _NEXT_DUE,
     _PURGE,
     _claim_of_tenants,
@@ -297,6 +298,9 @@ class TestTenantClaimPlan:
             "after_calls": [""] * len(tenants),
         }
         with stale_storm.connect() as conn, conn.begin() as transaction:
+            # As the store does: the tenants first, which sets how the claim is planned.
+            due = conn.execute(_DUE_TENANTS, {"now": NOW, "limit": 100}).all()
+            assert len(due) == len(tenants)
             if plan == "repeated":
                 document = explain_as_repeated(conn, _claim_of_tenants(2), params)
             else:

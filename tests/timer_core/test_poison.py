@@ -210,6 +210,25 @@ class TestPoisonTimer:
         published = [e.payload.service_call_id for e in rig.bus.published]
         assert sorted(published) == [f"call-{i:04d}" for i in range(2000)]
 
+    async def test_batches_of_poison_timers_do_not_hold_the_others_back(self, rig: Rig) -> None:
+        """35 timers that can never be published (three and a half batches) first in due
+        order, then 50 others due with them: the others fire at once (the fake clock
+        standing still: no backoff waited for them), as the broker is fine."""
+        rig.bus.fail_when(lambda event: event.payload.service_call_id.startswith("a-poison"))
+        calls = [f"a-poison-{i:02d}" for i in range(35)] + [f"call-{i:02d}" for i in range(50)]
+        await rig.store.apply(
+            [
+                TimerEntry(tenant_id="tenant-a", service_call_id=call, due_at=T0, registered_at=T0)
+                for call in calls
+            ]
+        )
+        rig.worker.notify_scheduled(T0)
+        # The fake clock stands still: a worker waiting for a backoff would never get there.
+        async with asyncio.timeout(5):
+            published = await rig.bus.wait_for_published(50)
+        assert sorted(e.payload.service_call_id for e in published) == calls[35:]
+        assert all(e.payload.reached_at == T0 for e in published)
+
     async def test_a_cancelled_quarantined_timer_is_forgotten(self, rig: Rig) -> None:
         """A quarantined timer that is cancelled meanwhile leaves the quarantine by itself."""
         await rig.schedule(POISON, 0)

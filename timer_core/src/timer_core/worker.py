@@ -37,9 +37,11 @@ _MASKED_POLL_S = 0.25
 _RETRY_EPSILON_S = 0.001
 # How often quarantined timers are checked against the store (cancelled, rescheduled).
 _QUARANTINE_CHECK_S = 60.0
-# Batches in a row of which nothing was published: the broker is taken to be down, so the
-# drain ends instead of stepping through the whole backlog (which would leave a backoff
-# record per due timer, a million for a million), and the worker waits for the first retry.
+# Batches in a row of which nothing was published: after this many the drain ends instead
+# of stepping through the whole backlog (which would leave a backoff record per due timer, a
+# million for a million); the next drain looks past them at once (they may be poison timers,
+# the broker fine) and, when its batches fail as well, the broker is taken to be down: no
+# more timers are backed off one by one until something is published again.
 _OUTAGE_BATCHES = 2
 
 
@@ -84,9 +86,11 @@ class TimerWorker:
     - continues past timers whose publish failed (keyset cursor) and backs off each of them
       on its own (doubling from ``initial_backoff``, never past the polling interval), so a
       timer that cannot be published delays no other timer, and a broker outage does not
-      spin: after two batches in a row of which nothing was published, the drain ends and
-      the next waits for the first retry, so an outage over a backlog of any size backs off
-      a few batches' timers, not every due one (nor holds a record of each);
+      spin: after two batches in a row of which nothing was published, the drain ends; the
+      next looks past them at once and, when it cannot publish either, the broker is taken
+      to be down: until something is published again, the timers backing off go on doing
+      so and no more are taken on, so an outage over a backlog of any size keeps backoff
+      records of a few batches' timers, not of every due one;
     - a timer whose publish fails ``quarantine_after`` times while other timers are
       published (the broker works: this timer is the problem) is quarantined: reported
       (log, :meth:`Instrumentation.timer_quarantined`), listed in :attr:`quarantined` and
@@ -160,7 +164,7 @@ class TimerWorker:
         self._published = 0
         self._next_quarantine_check = 0.0
         self._drain_started = 0.0
-        # Batches of the drain in flight, in a row, of which none was published.
+        # Batches in a row (across drains) of which none was published.
         self._unpublished_batches = 0
 
     @property
@@ -248,20 +252,25 @@ class TimerWorker:
                 continue
             store_failures = 0
             if report.failed:
+                if self._unpublished_batches >= 2 * _OUTAGE_BATCHES:
+                    # Nothing published in this drain nor the one before: the broker looks
+                    # down. The timers backing off already back off further; no new ones are
+                    # taken on (their records would grow with the backlog: these stay
+                    # Scheduled and come first in a later drain), and the worker waits as a
+                    # timer that failed that many times would (never past the interval).
+                    known = [failed for failed in report.failed if failed[0].key in self._failing]
+                    self._note_failures(known, fired=report.fired)
+                    await self._sleep(self._backoff(self._unpublished_batches), wakeable=False)
+                    continue
                 # The drain stepped over them; each is left out until its own backoff ends,
-                # so the next drain looks for the others at once ...
+                # so the next drain looks for the others at once.
                 self._note_failures(report.failed, fired=report.fired)
-                if self._unpublished_batches >= _OUTAGE_BATCHES:
-                    # ... unless nothing could be published: then the next drain waits for
-                    # the first of them to be retried.
-                    await self._sleep(self._next_retry_in() or 0.0, wakeable=False)
                 continue
             await self._idle()
 
     async def _drain(self) -> DrainReport:
         carried, self._marking = self._marking, None
         self._drain_started = self._clock.monotonic()
-        self._unpublished_batches = 0
         try:
             report = await drain_due_timers(
                 self._store,

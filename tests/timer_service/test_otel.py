@@ -45,7 +45,7 @@ from timer_service.bootstrap import bootstrap
 from timer_service.metrics import LATENESS_BUCKETS, PrometheusInstrumentation
 from timer_service.otel import OtelInstrumentation
 from timer_service.service import TimerService
-from timer_service.settings import Settings, SettingsError
+from timer_service.settings import OTEL_LATENESS_SAMPLE, Settings, SettingsError
 
 
 class Telemetry:
@@ -231,7 +231,9 @@ class TestTraceAcrossRestart:
         prometheus = story.after.instrumentation.inner
         assert isinstance(prometheus, PrometheusInstrumentation)
         assert sum(prometheus_lateness_counts(prometheus)) == 2
-        assert list(lateness.bucket_counts) == one_in(8, prometheus_lateness_counts(prometheus))
+        assert list(lateness.bucket_counts) == one_in(
+            OTEL_LATENESS_SAMPLE, prometheus_lateness_counts(prometheus)
+        )
 
     async def test_timer_spans_put_the_whole_story_in_one_trace(
         self, tmp_path: Path, nats_url: str
@@ -386,8 +388,8 @@ class TestSwitch:
 
     def test_timer_otel_lateness_sample_is_read_and_checked(self) -> None:
         """TIMER_OTEL_LATENESS_SAMPLE sets how many timers per bucket the lateness histogram
-        records one of (8 unset); 0 is an error that names the variable."""
-        assert Settings.from_environment({}).otel_lateness_sample == 8
+        records one of (16 unset); 0 is an error that names the variable."""
+        assert Settings.from_environment({}).otel_lateness_sample == 16
         assert (
             Settings.from_environment({"TIMER_OTEL_LATENESS_SAMPLE": "1"}).otel_lateness_sample == 1
         )

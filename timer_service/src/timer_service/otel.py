@@ -22,7 +22,7 @@ Untraced timers get no span of their own and their events no trace headers.
 Metrics cost per batch, not per timer, except ``timer.firing.lateness``: the OpenTelemetry
 metrics API has no way to record many values at once (nor an asynchronous histogram), and the
 SDK's ``Histogram.record`` costs more than the 5% of a timer's firing this instrumentation may
-take. So it records one fired timer in ``lateness_sample`` (8 by default; 1 records every
+take. So it records one fired timer in ``lateness_sample`` (16 by default; 1 records every
 timer) *in each of its buckets*: the first timer late by a bucket's amount, then every
 ``lateness_sample``-th, counting on across batches. Each bucket's count is its true count
 divided by ``lateness_sample``, rounded up (so the first timer ever that late shows at once),
@@ -113,9 +113,9 @@ def _linked(context: TraceContext) -> SpanContext:
     )
 
 
-def _tenant_attributes(tenants: Iterable[str]) -> dict[str, Any]:
+def _tenant_attributes(envelopes: Iterable[MessageEnvelope[Any]]) -> dict[str, Any]:
     """``timer.tenant_id`` when a batch is one tenant's, else the number of tenants."""
-    distinct = set(tenants)
+    distinct = {envelope.payload.tenant_id for envelope in envelopes}
     if len(distinct) == 1:
         return {"timer.tenant_id": next(iter(distinct))}
     return {"timer.tenant_count": len(distinct)}
@@ -303,7 +303,7 @@ class OtelInstrumentation(Instrumentation):
             if envelope.trace_context is not None
         ]
         attributes: dict[str, Any] = {"timer.batch_size": len(envelopes)}
-        attributes.update(_tenant_attributes(envelope.tenant_id for envelope in envelopes))
+        attributes.update(_tenant_attributes(envelopes))
         span = self._tracer.start_span(
             "timer.commands.store", kind=SpanKind.CONSUMER, attributes=attributes, links=links
         )
@@ -313,7 +313,7 @@ class OtelInstrumentation(Instrumentation):
     def firing_started(self, envelopes: list[MessageEnvelope[DueTimeReached]]) -> BatchObserver:
         start = time.time_ns()
         attributes: dict[str, Any] = {"timer.batch_size": len(envelopes)}
-        attributes.update(_tenant_attributes(envelope.tenant_id for envelope in envelopes))
+        attributes.update(_tenant_attributes(envelopes))
         traced = [
             (index, envelope.trace_context)
             for index, envelope in enumerate(envelopes)

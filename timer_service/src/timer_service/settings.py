@@ -22,7 +22,7 @@ _T = TypeVar("_T")
 
 #: How many fired timers per lateness bucket ``timer.firing.lateness`` (OpenTelemetry)
 #: records one of, unless ``TIMER_OTEL_LATENESS_SAMPLE`` says otherwise.
-OTEL_LATENESS_SAMPLE = 8
+OTEL_LATENESS_SAMPLE = 16
 
 
 class SettingsError(ValueError):

@@ -14,7 +14,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from functools import partial
 from typing import Any, TypeVar
 
@@ -384,10 +384,7 @@ class SqliteTimerStore(TimerStore):
         if limit <= 0:
             return []
         cursors: dict[str, tuple[str, str]] = {
-            TenantId(tenant): (
-                format_timestamp(require_utc(cursor.due_at, "after.due_at")),
-                ServiceCallId(cursor.service_call_id),
-            )
+            TenantId(tenant): (_cursor_text(cursor.due_at), ServiceCallId(cursor.service_call_id))
             for tenant, cursor in after.items()
         }
 
@@ -484,6 +481,14 @@ class SqliteTimerStore(TimerStore):
             return int(connection.execute(COUNT_SCHEDULED).scalar_one())
 
         return await self._read(count)
+
+
+def _cursor_text(due_at: datetime) -> str:
+    """A cursor's due time as stored: ``write_timestamp`` for the UTC instants a drain's
+    cursors hold (a third of ``format_timestamp``'s cost, once per tenant per batch)."""
+    if due_at.__class__ is datetime and due_at.tzinfo is UTC:
+        return write_timestamp(due_at)
+    return format_timestamp(require_utc(due_at, "after.due_at"))
 
 
 def _changes_since(last: int | None, connection: sa.Connection) -> tuple[int, datetime | None]:

@@ -639,8 +639,10 @@ async def _find(
         full = len(due) >= batch_size
         cursor = DueCursor.of(due[-1]) if full else None
         if full:
-            for entry in due:  # in due order: each tenant ends at its last one
-                positions[entry.tenant_id] = DueCursor.of(entry)
+            # In due order: each tenant ends at its last one (one cursor made per tenant).
+            lasts = {entry.tenant_id: entry for entry in due}
+            for tenant_id, entry in lasts.items():
+                positions[tenant_id] = DueCursor.of(entry)
         if due and skip:  # published by the drain before, their mark still running
             due = [entry for entry in due if entry.key not in skip]
         if due and exclude is not None:

@@ -19,7 +19,7 @@ __all__ = ["MSG_ID", "AckedPublisher", "Frame", "Outgoing"]
 
 MSG_ID = "Nats-Msg-Id"
 _NO_RESPONDERS = "503"
-_CHUNK = 32  # publishes written to the socket at once while the next ones are encoded
+_CHUNK = 128  # publishes written to the socket at once while the next ones are encoded
 _T = TypeVar("_T")
 
 

@@ -216,16 +216,21 @@ ORDER BY c.tenant_id, c.service_call_id
 FOR UPDATE OF c
 """
 )
-_INSERT = sa.text(
-    """
-INSERT INTO timer_schedules
-    (tenant_id, service_call_id, correlation_id, due_at, registered_at, command_position,
-     traceparent, tracestate)
-SELECT * FROM unnest(
+# The arrays a batch of timers is bound as, and the row they make: written once for the
+# insert, the reschedule and the one-statement insert of new timers.
+_TIMER_ARRAYS = """
     CAST(:tenant_ids AS text[]), CAST(:service_call_ids AS text[]),
     CAST(:correlation_ids AS text[]), CAST(:due_ats AS timestamptz[]),
     CAST(:registered_ats AS timestamptz[]), CAST(:positions AS bigint[]),
-    CAST(:traceparents AS text[]), CAST(:tracestates AS text[]))
+    CAST(:traceparents AS text[]), CAST(:tracestates AS text[])"""
+_TIMER_COLUMNS = """v(tenant_id, service_call_id, correlation_id, due_at, registered_at, position,
+         traceparent, tracestate)"""
+_INSERT = sa.text(
+    f"""
+INSERT INTO timer_schedules
+    (tenant_id, service_call_id, correlation_id, due_at, registered_at, command_position,
+     traceparent, tracestate)
+SELECT * FROM unnest({_TIMER_ARRAYS})
 ON CONFLICT (tenant_id, service_call_id) DO NOTHING
 RETURNING tenant_id
 """
@@ -233,19 +238,14 @@ RETURNING tenant_id
 # Rescheduling drops any lease: the old claim was for the old due time. An unpositioned
 # reschedule keeps the stored position.
 _RESCHEDULE = sa.text(
-    """
+    f"""
 UPDATE timer_schedules AS s
 SET due_at = v.due_at, registered_at = v.registered_at, correlation_id = v.correlation_id,
     command_position = coalesce(v.position, s.command_position),
     traceparent = v.traceparent, tracestate = v.tracestate,
     lease_owner = NULL, lease_until = NULL
-FROM unnest(
-    CAST(:tenant_ids AS text[]), CAST(:service_call_ids AS text[]),
-    CAST(:correlation_ids AS text[]), CAST(:due_ats AS timestamptz[]),
-    CAST(:registered_ats AS timestamptz[]), CAST(:positions AS bigint[]),
-    CAST(:traceparents AS text[]), CAST(:tracestates AS text[]))
-    AS v(tenant_id, service_call_id, correlation_id, due_at, registered_at, position,
-         traceparent, tracestate)
+FROM unnest({_TIMER_ARRAYS})
+    AS {_TIMER_COLUMNS}
 WHERE s.tenant_id = v.tenant_id AND s.service_call_id = v.service_call_id
 """
 )
@@ -275,15 +275,10 @@ _NOTIFY = sa.text("SELECT pg_notify(:channel, :payload)")
 # instead of locking the keys, their tombstones, inserting and notifying in four. Any key
 # already there (or inserted meanwhile by another transaction) and the batch goes the
 # general way, which sees what this statement may have inserted as its own reschedules.
-_INSERT_NEW = """
+_INSERT_NEW = f"""
 WITH v AS (
-    SELECT * FROM unnest(
-        CAST(:tenant_ids AS text[]), CAST(:service_call_ids AS text[]),
-        CAST(:correlation_ids AS text[]), CAST(:due_ats AS timestamptz[]),
-        CAST(:registered_ats AS timestamptz[]), CAST(:positions AS bigint[]),
-        CAST(:traceparents AS text[]), CAST(:tracestates AS text[]))
-        AS v(tenant_id, service_call_id, correlation_id, due_at, registered_at, position,
-             traceparent, tracestate)
+    SELECT * FROM unnest({_TIMER_ARRAYS})
+        AS {_TIMER_COLUMNS}
 ), inserted AS (
     INSERT INTO timer_schedules
         (tenant_id, service_call_id, correlation_id, due_at, registered_at, command_position,
@@ -300,7 +295,7 @@ WITH v AS (
 ), counted AS (
     SELECT count(*) AS inserted FROM inserted
 )
-SELECT inserted{notify} FROM counted
+SELECT inserted{{notify}} FROM counted
 """
 _INSERT_NEW_QUIETLY = sa.text(_INSERT_NEW.format(notify=""))
 _INSERT_NEW_AND_NOTIFY = sa.text(

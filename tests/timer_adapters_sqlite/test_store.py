@@ -7,6 +7,7 @@ import sqlite3
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import attrs
 import pytest
 
 from timer_adapters_sqlite import SqliteTimerStore
@@ -16,8 +17,10 @@ from timer_core import (
     DueCursor,
     StoreError,
     StoreUnavailable,
+    TimerEntry,
     TimerKey,
     TimerState,
+    TraceContext,
     format_timestamp,
 )
 
@@ -349,6 +352,31 @@ class TestQueries:
         assert kept is not None and kept.reached_at == T0
         moved = await store.get("tenant-a", "c0")
         assert moved is not None and moved.is_scheduled
+
+    async def test_entries_read_back_equal_the_validated_ones(
+        self, store: SqliteTimerStore
+    ) -> None:
+        """Every read returns, field by field and type by type, the entry that was stored."""
+        trace = TraceContext("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", "k=v")
+        stored = [
+            attrs.evolve(entry(call="c1", correlation="corr-1"), trace_context=trace),
+            entry(tenant="tenant-b", call="c2", due_in=0.001),
+        ]
+        await store.apply(stored)
+        fired = stored[1].reach(T0 + timedelta(seconds=1))
+        await store.mark_reached([fired])
+        expected = [stored[0], fired]
+        found = await store.find_due(T0 + timedelta(seconds=5), 10)
+        read = [
+            await store.get(stored[0].tenant_id, "c1"),
+            await store.get("tenant-b", "c2"),
+        ]
+        assert found == [stored[0]]
+        assert read == expected
+        for got, want in [(found[0], stored[0]), *zip(read, expected, strict=True)]:
+            assert got is not None
+            for field in attrs.fields(TimerEntry):
+                assert type(getattr(got, field.name)) is type(getattr(want, field.name))
 
     async def test_purge_deletes_oldest_reached_only(self, store: SqliteTimerStore) -> None:
         """purge_reached removes the oldest fired timers up to the limit, never Scheduled ones."""

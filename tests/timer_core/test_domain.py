@@ -262,3 +262,59 @@ class TestHotPathConstruction:
         assert operation == slow
         for field in attrs.fields(TimerEntry):
             assert type(getattr(operation, field.name)) is type(getattr(slow, field.name))
+
+    @given(ts.timer_entries())
+    def test_entries_read_back_equal_the_constructors(self, entry: TimerEntry) -> None:
+        """An entry a store builds from its row's plain values is the validated one, by value
+        and type."""
+        fast = TimerEntry._from_store(
+            str(entry.tenant_id),
+            str(entry.service_call_id),
+            entry.due_at,
+            entry.registered_at,
+            None if entry.correlation_id is None else str(entry.correlation_id),
+            entry.state,
+            entry.reached_at,
+            entry.trace_context,
+        )
+        assert fast == entry
+        for field in attrs.fields(TimerEntry):
+            assert type(getattr(fast, field.name)) is type(getattr(entry, field.name))
+
+    @pytest.mark.parametrize(
+        ("change", "error"),
+        [
+            ({"tenant_id": "a.b"}, InvalidIdentifier),
+            ({"service_call_id": 'call"1'}, InvalidIdentifier),
+            ({"correlation_id": ""}, InvalidIdentifier),
+            ({"due_at": datetime(2026, 1, 1)}, InvalidTimestamp),
+            ({"state": "Fired"}, ValueError),
+            ({"state": TimerState.REACHED}, IllegalTransition),
+        ],
+    )
+    def test_entries_read_back_are_still_checked(
+        self, change: dict[str, object], error: type[Exception]
+    ) -> None:
+        """A row value no valid entry could have written raises the constructor's error."""
+        values: dict[str, object] = {
+            "tenant_id": "tenant-1",
+            "service_call_id": "call-1",
+            "due_at": datetime(2026, 1, 1, tzinfo=UTC),
+            "registered_at": datetime(2026, 1, 1, tzinfo=UTC),
+            "correlation_id": None,
+            "state": TimerState.SCHEDULED,
+            "reached_at": None,
+            "trace_context": None,
+        }
+        with pytest.raises(error):
+            TimerEntry._from_store(**{**values, **change})  # type: ignore[arg-type]
+
+    def test_entries_read_back_round_sub_millisecond_instants(self) -> None:
+        """An instant with microseconds (a row no valid entry wrote) is rounded as the
+        constructor rounds it, due time up."""
+        due = datetime(2026, 1, 1, 0, 0, 0, 1, tzinfo=UTC)
+        fast = TimerEntry._from_store(
+            "tenant-1", "call-1", due, due, None, TimerState.SCHEDULED, None, None
+        )
+        assert fast.due_at == datetime(2026, 1, 1, 0, 0, 0, 1000, tzinfo=UTC)
+        assert fast.registered_at == datetime(2026, 1, 1, tzinfo=UTC)

@@ -384,18 +384,22 @@ class _RacingInsert(Exception):
     """Another transaction inserted a key this apply saw absent; run the apply again."""
 
 
+# The store's own row reader: the checks its rows need, not the constructor's converters.
+_from_store = TimerEntry._from_store
+_STATES = {state.value: state for state in TimerState}
+
+
 def _entry(row: Any) -> TimerEntry:
-    return TimerEntry(
-        tenant_id=row.tenant_id,
-        service_call_id=row.service_call_id,
-        due_at=row.due_at,
-        registered_at=row.registered_at,
-        correlation_id=row.correlation_id,
-        state=row.state,
-        reached_at=row.reached_at,
-        trace_context=(
-            None if row.traceparent is None else TraceContext(row.traceparent, row.tracestate)
-        ),
+    traceparent = row.traceparent
+    return _from_store(
+        row.tenant_id,
+        row.service_call_id,
+        row.due_at,
+        row.registered_at,
+        row.correlation_id,
+        _STATES.get(row.state, row.state),
+        row.reached_at,
+        None if traceparent is None else TraceContext(traceparent, row.tracestate),
     )
 
 

@@ -33,6 +33,8 @@ def write_timestamp(value: datetime) -> str:
     return value.isoformat(timespec="milliseconds")[:-6] + "Z"
 
 
+# The store's own row reader: the checks its rows need, not the constructor's converters.
+_from_store = TimerEntry._from_store
 _STATES = {state.value: state for state in TimerState}
 # A handful of tenants own every row: their validated ids are made once and handed to
 # TimerEntry, whose converter passes an id of the right type straight through.
@@ -62,15 +64,15 @@ def entry_from_row(row: Sequence[Any]) -> TimerEntry:
         traceparent,
         tracestate,
     ) = row
-    return TimerEntry(
-        tenant_id=_tenant_id(tenant_id),
-        service_call_id=service_call_id,
-        due_at=read_timestamp(due_at),
-        registered_at=read_timestamp(registered_at),
-        correlation_id=correlation_id,
-        state=_STATES[state],
-        reached_at=None if reached_at is None else read_timestamp(reached_at),
-        trace_context=None if traceparent is None else TraceContext(traceparent, tracestate),
+    return _from_store(
+        _tenant_id(tenant_id),
+        service_call_id,
+        read_timestamp(due_at),
+        read_timestamp(registered_at),
+        correlation_id,
+        _STATES[state],
+        None if reached_at is None else read_timestamp(reached_at),
+        None if traceparent is None else TraceContext(traceparent, tracestate),
     )
 
 

@@ -32,7 +32,7 @@ from timer_core import (
     to_epoch_ms,
 )
 from timer_core.testing import strategies as ts
-from timer_core.workflows import _operation, build_due_event
+from timer_core.workflows import _due_events, _operation, build_due_event
 
 T0 = datetime(2025, 11, 14, 10, 0, tzinfo=UTC)
 
@@ -239,6 +239,18 @@ class TestHotPathConstruction:
             assert type(getattr(fast.payload, field.name)) is type(
                 getattr(slow.payload, field.name)
             )
+
+    @given(st.lists(ts.timer_entries(state=TimerState.SCHEDULED), max_size=5), ts.utc_datetimes())
+    def test_a_batchs_due_events_equal_build_due_event(
+        self, entries: list[TimerEntry], reached: datetime
+    ) -> None:
+        """The events of a batch fired at one instant are build_due_event's, field by field."""
+        fast = _due_events(entries, reached, Uuid7EnvelopeIds())
+        slow = [build_due_event(entry, reached) for entry in entries]
+        assert fast == slow
+        for one, other in zip(fast, slow, strict=True):
+            for field in attrs.fields(MessageEnvelope):
+                assert type(getattr(one, field.name)) is type(getattr(other, field.name))
 
     @given(ts.command_envelopes(), ts.utc_datetimes(), st.none() | ts.trace_contexts())
     def test_stored_entries_equal_the_constructors(

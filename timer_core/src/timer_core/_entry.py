@@ -129,7 +129,12 @@ class TimerEntry:
 
         Raises :class:`IllegalTransition` if it is already ``Reached`` or not yet due.
         """
-        reached_at = _instant(reached_at)
+        return self._reached(_instant(reached_at))
+
+    def _reached(self, reached_at: datetime) -> TimerEntry:
+        """:meth:`reach` for a ``reached_at`` already an instant as Timer keeps them (a plain
+        UTC datetime at milliseconds, ``is_utc_ms``): the fire path's, once per timer, with
+        the instant's conversion made once per batch."""
         if self.state is not TimerState.SCHEDULED:
             raise IllegalTransition(
                 f"timer {self.tenant_id}/{self.service_call_id} is already Reached"

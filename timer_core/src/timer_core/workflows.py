@@ -268,6 +268,33 @@ def build_due_event(
     )
 
 
+def _due_events(
+    due: Sequence[TimerEntry], now: datetime, ids: EnvelopeIdGenerator
+) -> list[MessageEnvelope[DueTimeReached]]:
+    """:func:`build_due_event` for each timer of a batch fired at ``now``, with ``now``'s
+    checks and epoch milliseconds made once per batch rather than once per timer (the fire
+    path); the default ids only (another generator's ``firing_id`` is its own)."""
+    if type(ids) is not Uuid7EnvelopeIds or not is_utc_ms(now):
+        return [build_due_event(entry, now, ids) for entry in due]
+    now_ms = to_epoch_ms(now)
+    for_firing = EnvelopeId.for_firing
+    return [
+        _unchecked_due_event(
+            for_firing(entry.tenant_id, entry.service_call_id, to_epoch_ms(entry.due_at)),
+            entry.tenant_id,
+            entry.service_call_id,
+            entry.due_at,
+            now,
+            now_ms,
+            entry.correlation_id,
+            entry.trace_context,
+        )
+        if type(entry) is TimerEntry
+        else build_due_event(entry, now, ids)
+        for entry in due
+    ]
+
+
 @attrs.frozen
 class FiringReport:
     """What one call of :func:`fire_due_timers` did."""
@@ -698,7 +725,7 @@ async def _publish(
         await _release(store, due)
         instrumentation.poll_completed(clock.monotonic() - found.started, 0)
         return [], [], due, NO_BATCH_OBSERVER
-    envelopes = [build_due_event(entry, now, ids) for entry in due]
+    envelopes = _due_events(due, now, ids)
     observer = instrumentation.firing_started(envelopes)
     try:
         if deadline is None:
@@ -713,9 +740,11 @@ async def _publish(
     observer.published(results)
     reached: list[TimerEntry] = []
     failed: list[tuple[TimerEntry, PublishError]] = []
+    # `now` checked once for the batch, not converted again for each timer.
+    now_is_instant = is_utc_ms(now)
     for entry, error in zip(due, results, strict=True):
         if error is None:
-            reached.append(entry.reach(now))
+            reached.append(entry._reached(now) if now_is_instant else entry.reach(now))
         else:
             failed.append((entry, error))
             instrumentation.publish_failed(entry, error)

@@ -51,6 +51,80 @@ def _state(value: str) -> TimerState:
     return value if value.__class__ is TimerState else TimerState(value)
 
 
+_token_match = _TOKEN.fullmatch
+_new_str = str.__new__
+
+
+def _from_store(
+    tenant_id: str,
+    service_call_id: str,
+    due_at: datetime,
+    registered_at: datetime,
+    correlation_id: str | None,
+    state: TimerState,
+    reached_at: datetime | None,
+    trace_context: TraceContext | None,
+) -> TimerEntry:
+    """The entry a store reads back from one of its rows (``TimerEntry._from_store``).
+
+    A row holds what a valid entry wrote, so each value is checked only as far as it must
+    be to be used as it is (an id's characters, an instant's zone and precision, the state
+    and ``reached_at`` agreeing), inline and with none of the converters' calls: about 60%
+    of the constructor's cost, once per timer a store reads (bench/README.md, issue 14). A
+    value that fails a check goes through the constructor, which raises what it would.
+    """
+    if (
+        (
+            tenant_id.__class__ is TenantId
+            or (tenant_id.__class__ is str and _token_match(tenant_id) is not None)
+        )
+        and service_call_id.__class__ is str
+        and _token_match(service_call_id) is not None
+        and (
+            correlation_id is None
+            or (correlation_id.__class__ is str and _token_match(correlation_id) is not None)
+        )
+        and due_at.__class__ is datetime
+        and due_at.tzinfo is UTC
+        and not due_at.microsecond % 1000
+        and registered_at.__class__ is datetime
+        and registered_at.tzinfo is UTC
+        and not registered_at.microsecond % 1000
+        and (
+            reached_at is None
+            if state is TimerState.SCHEDULED
+            else (
+                state is TimerState.REACHED
+                and reached_at is not None
+                and reached_at.__class__ is datetime
+                and reached_at.tzinfo is UTC
+                and not reached_at.microsecond % 1000
+            )
+        )
+        and (trace_context is None or trace_context.__class__ is TraceContext)
+    ):
+        return _unchecked_entry(
+            tenant_id if tenant_id.__class__ is TenantId else _new_str(TenantId, tenant_id),
+            _new_str(ServiceCallId, service_call_id),
+            due_at,
+            registered_at,
+            None if correlation_id is None else _new_str(CorrelationId, correlation_id),
+            state,
+            reached_at,
+            trace_context,
+        )
+    return TimerEntry(
+        tenant_id=tenant_id,
+        service_call_id=service_call_id,
+        due_at=due_at,
+        registered_at=registered_at,
+        correlation_id=correlation_id,
+        state=state,
+        reached_at=reached_at,
+        trace_context=trace_context,
+    )
+
+
 @attrs.frozen(slots=True)
 class TimerEntry:
     """A stored timer.
@@ -80,35 +154,9 @@ class TimerEntry:
                 f"reached_at={self.reached_at})"
             )
 
-    @staticmethod
-    def _from_store(
-        tenant_id: str,
-        service_call_id: str,
-        due_at: datetime,
-        registered_at: datetime,
-        correlation_id: str | None,
-        state: TimerState,
-        reached_at: datetime | None,
-        trace_context: TraceContext | None,
-    ) -> TimerEntry:
-        """The entry a store reads back from one of its rows: for the stores' row readers
-        only (once per timer found), not part of the API.
-
-        A row holds what a valid entry wrote, so each value is checked only as far as it
-        must be to be used as it is (an id's characters, an instant's zone and precision,
-        the state and ``reached_at`` agreeing), with none of the converters' calls; a value
-        that fails a check goes through the constructor, which raises what it would.
-        """
-        return _from_store(
-            tenant_id,
-            service_call_id,
-            due_at,
-            registered_at,
-            correlation_id,
-            state,
-            reached_at,
-            trace_context,
-        )
+    _from_store = staticmethod(_from_store)
+    """The entry a store reads back from one of its rows: for the stores' row readers only
+    (once per timer found), not part of the API; see :func:`_from_store`."""
 
     @property
     def key(self) -> TimerKey:
@@ -204,71 +252,3 @@ def _unchecked_entry(
     put(entry, "reached_at", reached_at)
     put(entry, "trace_context", trace_context)
     return entry
-
-
-_token_match = _TOKEN.fullmatch
-_new_str = str.__new__
-
-
-def _from_store(
-    tenant_id: str,
-    service_call_id: str,
-    due_at: datetime,
-    registered_at: datetime,
-    correlation_id: str | None,
-    state: TimerState,
-    reached_at: datetime | None,
-    trace_context: TraceContext | None,
-) -> TimerEntry:
-    # What the converters would pass through unchanged, checked inline: about a third of
-    # the constructor's cost, once per timer a store reads (bench/README.md, issue 14).
-    if (
-        (
-            tenant_id.__class__ is TenantId
-            or (tenant_id.__class__ is str and _token_match(tenant_id) is not None)
-        )
-        and service_call_id.__class__ is str
-        and _token_match(service_call_id) is not None
-        and (
-            correlation_id is None
-            or (correlation_id.__class__ is str and _token_match(correlation_id) is not None)
-        )
-        and due_at.__class__ is datetime
-        and due_at.tzinfo is UTC
-        and not due_at.microsecond % 1000
-        and registered_at.__class__ is datetime
-        and registered_at.tzinfo is UTC
-        and not registered_at.microsecond % 1000
-        and (
-            reached_at is None
-            if state is TimerState.SCHEDULED
-            else (
-                state is TimerState.REACHED
-                and reached_at is not None
-                and reached_at.__class__ is datetime
-                and reached_at.tzinfo is UTC
-                and not reached_at.microsecond % 1000
-            )
-        )
-        and (trace_context is None or trace_context.__class__ is TraceContext)
-    ):
-        return _unchecked_entry(
-            tenant_id if tenant_id.__class__ is TenantId else _new_str(TenantId, tenant_id),
-            _new_str(ServiceCallId, service_call_id),
-            due_at,
-            registered_at,
-            None if correlation_id is None else _new_str(CorrelationId, correlation_id),
-            state,
-            reached_at,
-            trace_context,
-        )
-    return TimerEntry(
-        tenant_id=tenant_id,
-        service_call_id=service_call_id,
-        due_at=due_at,
-        registered_at=registered_at,
-        correlation_id=correlation_id,
-        state=state,
-        reached_at=reached_at,
-        trace_context=trace_context,
-    )

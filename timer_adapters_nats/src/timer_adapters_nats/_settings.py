@@ -237,7 +237,9 @@ class Subjects:
 
     def events(self, tenant_id: TenantId, service_call_id: ServiceCallId) -> str:
         """Where ``DueTimeReached`` for one timer is published."""
-        return f"{self.prefix}.events.{TenantId(tenant_id)}.{ServiceCallId(service_call_id)}"
+        # Concatenated, not an f-string, which formats each id (a str subclass) through a
+        # __format__ call: once per timer fired.
+        return self.prefix + ".events." + TenantId(tenant_id) + "." + ServiceCallId(service_call_id)
 
     def dlq(self, tenant_id: TenantId | None) -> str:
         """Where a rejected command goes: the tenant's dead-letter subject, or ``_``."""

@@ -102,8 +102,10 @@ class EnvelopeId(str):
         timer key and due time, so every instance and every restart computes the same id
         without storing it (contract, semantics 6).
         """
+        # Joined, not an f-string: the ids are str subclasses, which an f-string formats
+        # through a __format__ call each (once per timer fired).
         digest = hashlib.sha256(
-            f"{tenant_id}\x00{service_call_id}\x00{due_at_ms}".encode()
+            "\x00".join((tenant_id, service_call_id, str(due_at_ms))).encode()
         ).digest()
         ms = min(max(due_at_ms, 0), (1 << 48) - 1)
         # 48 bits of time, version 7 and the digest's low 12 bits of its first two bytes,

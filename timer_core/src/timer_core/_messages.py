@@ -7,7 +7,7 @@ from typing import Generic, Literal, TypeVar
 
 import attrs
 
-from timer_core._entry import _due, _instant, _optional_correlation
+from timer_core._entry import _due, _instant, _optional_correlation, _slot_setters
 from timer_core._ids import CausationId, CorrelationId, EnvelopeId, ServiceCallId, TenantId
 from timer_core._time import to_epoch_ms
 from timer_core._trace import TraceContext
@@ -146,6 +146,35 @@ _ENVELOPE_FIELDS = tuple(
 _ENVELOPE_FIELDS = tuple(field.name for field in attrs.fields(MessageEnvelope))
 
 
+(
+    _set_payload_tenant_id,
+    _set_service_call_id,
+    _set_due_at,
+    _set_reached_at,
+    _set_tag,
+) = _slot_setters(DueTimeReached, "tenant_id", "service_call_id", "due_at", "reached_at", "tag")
+(
+    _set_id,
+    _set_payload,
+    _set_timestamp_ms,
+    _set_aggregate_id,
+    _set_correlation_id,
+    _set_causation_id,
+    _set_position,
+    _set_trace_context,
+) = _slot_setters(
+    MessageEnvelope,
+    "id",
+    "payload",
+    "timestamp_ms",
+    "aggregate_id",
+    "correlation_id",
+    "causation_id",
+    "position",
+    "trace_context",
+)
+
+
 def _unchecked_due_event(
     envelope_id: EnvelopeId,
     tenant_id: TenantId,
@@ -158,23 +187,22 @@ def _unchecked_due_event(
 ) -> MessageEnvelope[DueTimeReached]:
     """A ``DueTimeReached`` envelope from values already of its fields' types and forms,
     without running the converters again: for the hot path only (a timer fired). A new field
-    of either class must be set here too (a test compares the result with the constructors')."""
-    put = object.__setattr__
+    of either class must be set here too (``_slot_setters`` fails at import until it is)."""
     payload = object.__new__(DueTimeReached)
-    put(payload, "tenant_id", tenant_id)
-    put(payload, "service_call_id", service_call_id)
-    put(payload, "due_at", due_at)
-    put(payload, "reached_at", reached_at)
-    put(payload, "tag", "DueTimeReached")
+    _set_payload_tenant_id(payload, tenant_id)
+    _set_service_call_id(payload, service_call_id)
+    _set_due_at(payload, due_at)
+    _set_reached_at(payload, reached_at)
+    _set_tag(payload, "DueTimeReached")
     envelope: MessageEnvelope[DueTimeReached] = object.__new__(MessageEnvelope)
-    put(envelope, "id", envelope_id)
-    put(envelope, "payload", payload)
-    put(envelope, "timestamp_ms", timestamp_ms)
-    put(envelope, "aggregate_id", service_call_id)
-    put(envelope, "correlation_id", correlation_id)
-    put(envelope, "causation_id", None)
-    put(envelope, "position", None)
-    put(envelope, "trace_context", trace_context)
+    _set_id(envelope, envelope_id)
+    _set_payload(envelope, payload)
+    _set_timestamp_ms(envelope, timestamp_ms)
+    _set_aggregate_id(envelope, service_call_id)
+    _set_correlation_id(envelope, correlation_id)
+    _set_causation_id(envelope, None)
+    _set_position(envelope, None)
+    _set_trace_context(envelope, trace_context)
     return envelope
 
 

@@ -233,14 +233,28 @@ def due_event(envelope: MessageEnvelope[DueTimeReached]) -> bytes | None:
     ):
         return None
     tenant_id = payload.tenant_id
-    head = f'{{"id":"{envelope.id}","type":"DueTimeReached","tenantId":"{tenant_id}",'
-    if aggregate_id is not None:
-        head += f'"aggregateId":"{aggregate_id}",'
-    head += f'"timestampMs":{envelope.timestamp_ms},'
-    if correlation_id is not None:
-        head += f'"correlationId":"{correlation_id}",'
-    return (
-        f'{head}"payload":{{"_tag":"DueTimeReached","tenantId":"{tenant_id}",'
-        f'"serviceCallId":"{payload.service_call_id}","dueAt":"{_utc_text(payload.due_at)}",'
-        f'"reachedAt":"{_reached_text(payload.reached_at)}"}}}}'
+    # Joined, not an f-string: formatting the ids (str subclasses) costs a __format__ call
+    # each, a quarter of the encoding's time, once per timer fired.
+    return "".join(
+        (
+            '{"id":"',
+            envelope.id,
+            '","type":"DueTimeReached","tenantId":"',
+            tenant_id,
+            '",',
+            "" if aggregate_id is None else '"aggregateId":"' + aggregate_id + '",',
+            '"timestampMs":',
+            str(envelope.timestamp_ms),
+            ",",
+            "" if correlation_id is None else '"correlationId":"' + correlation_id + '",',
+            '"payload":{"_tag":"DueTimeReached","tenantId":"',
+            tenant_id,
+            '","serviceCallId":"',
+            payload.service_call_id,
+            '","dueAt":"',
+            _utc_text(payload.due_at),
+            '","reachedAt":"',
+            _reached_text(payload.reached_at),
+            '"}}',
+        )
     ).encode()

@@ -226,7 +226,6 @@ class _Checkpointer:
         self._spacing_s = spacing_s
         self._wake = threading.Event()
         self._stopped = threading.Event()
-        self._stopping = False
         self._thread = threading.Thread(
             target=self._run, name="timer-sqlite-checkpointer", daemon=True
         )
@@ -240,7 +239,6 @@ class _Checkpointer:
         self._wake.set()
 
     def stop(self) -> None:
-        self._stopping = True
         self._stopped.set()
         self._wake.set()
         if self._thread.is_alive():
@@ -252,7 +250,7 @@ class _Checkpointer:
             while True:
                 self._wake.wait()
                 self._wake.clear()
-                if self._stopping:
+                if self._stopped.is_set():
                     return
                 started = time.monotonic()
                 try:

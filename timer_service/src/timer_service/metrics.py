@@ -24,6 +24,7 @@ __all__ = [
     "LATENESS_BUCKETS",
     "POLL_BUCKETS",
     "PrometheusInstrumentation",
+    "firing_lateness",
     "observe_all",
 ]
 
@@ -63,6 +64,15 @@ LATENESS_BUCKETS = (
 )
 #: Buckets of the worker-pass duration histogram, in seconds.
 POLL_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0)
+
+
+def firing_lateness(entries: Sequence[TimerEntry]) -> list[float]:
+    """Each fired timer's lateness, ``reachedAt - dueAt``, in seconds."""
+    lateness = []
+    for entry in entries:
+        assert entry.reached_at is not None
+        lateness.append((entry.reached_at - entry.due_at).total_seconds())
+    return lateness
 
 
 def observe_all(histogram: Histogram, amounts: Sequence[float]) -> None:
@@ -186,11 +196,7 @@ class PrometheusInstrumentation(Instrumentation):
 
     def timers_fired(self, entries: Sequence[TimerEntry]) -> None:
         self.processed.inc(len(entries))
-        lateness = []
-        for entry in entries:
-            assert entry.reached_at is not None
-            lateness.append((entry.reached_at - entry.due_at).total_seconds())
-        observe_all(self.lateness, lateness)
+        observe_all(self.lateness, firing_lateness(entries))
         if log.isEnabledFor(logging.DEBUG):
             for entry in entries:
                 log.debug(

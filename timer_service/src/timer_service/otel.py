@@ -69,7 +69,7 @@ from timer_core import (
     TimerEntry,
     TraceContext,
 )
-from timer_service.metrics import COUNTED_AS, LATENESS_BUCKETS, POLL_BUCKETS
+from timer_service.metrics import COUNTED_AS, LATENESS_BUCKETS, POLL_BUCKETS, firing_lateness
 from timer_service.settings import OTEL_LATENESS_SAMPLE, OTLP_ENDPOINT_VARIABLES
 
 __all__ = ["OtelInstrumentation", "configure"]
@@ -379,14 +379,11 @@ class OtelInstrumentation(Instrumentation):
         record = self._lateness.record
         every = self.lateness_sample
         if every == 1:
-            for entry in entries:
-                assert entry.reached_at is not None
-                record((entry.reached_at - entry.due_at).total_seconds())
+            for lateness in firing_lateness(entries):
+                record(lateness)
         else:
             skipped = self._lateness_skipped
-            for entry in entries:
-                assert entry.reached_at is not None
-                lateness = (entry.reached_at - entry.due_at).total_seconds()
+            for lateness in firing_lateness(entries):
                 # The bucket the SDK counts it in: upper bounds inclusive.
                 bucket = bisect_left(LATENESS_BUCKETS, lateness)
                 if skipped[bucket]:

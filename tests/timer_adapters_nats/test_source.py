@@ -115,6 +115,19 @@ async def dead_letters(broker: NatsBroker) -> list[StoredMessage]:
     return await read_stream(broker.jetstream, broker.settings.dlq_stream)
 
 
+async def fetch_and_vanish(broker: NatsBroker, count: int) -> None:
+    """A dead instance: another connection fetches ``count`` commands on the service's
+    consumer and closes without settling them (they come back after the ack wait)."""
+    dead = await nats.connect(broker.settings.url)
+    try:
+        pull = await dead.jetstream().pull_subscribe_bind(
+            broker.settings.consumer_name, stream=broker.settings.commands_stream
+        )
+        assert len(await pull.fetch(count, timeout=5)) == count
+    finally:
+        await dead.close()
+
+
 def schedule_json(tenant: str = "tenant-a", call: str = "call-1") -> dict[str, Any]:
     """A valid ScheduleTimer envelope as JSON, to be broken by a test."""
     client_envelope = {
@@ -430,14 +443,7 @@ class TestPredecessorCrash:
             client = TimerClient(broker)
             held = [await client.schedule("tenant-a", f"call-{i}", DUE) for i in range(3)]
             # The dead instance: it fetches the first three and vanishes without settling.
-            dead = await nats.connect(broker.settings.url)
-            try:
-                pull = await dead.jetstream().pull_subscribe_bind(
-                    "timer-service", stream="TIMER_COMMANDS"
-                )
-                assert len(await pull.fetch(3, timeout=5)) == 3
-            finally:
-                await dead.close()
+            await fetch_and_vanish(broker, 3)
             # A cancel of the first one, and more, sent before the successor starts.
             later = [await client.cancel("tenant-a", "call-0")]
             later += [await client.schedule("tenant-b", f"call-{i}", DUE) for i in range(3)]
@@ -460,14 +466,7 @@ class TestPredecessorCrash:
             assert info.config.max_ack_pending == 1000
             client = TimerClient(broker)
             held = [await client.schedule("tenant-a", f"held-{i}", DUE) for i in range(10)]
-            dead = await nats.connect(broker.settings.url)
-            try:
-                pull = await dead.jetstream().pull_subscribe_bind(
-                    "timer-service", stream="TIMER_COMMANDS"
-                )
-                assert len(await pull.fetch(10, timeout=5)) == 10
-            finally:
-                await dead.close()
+            await fetch_and_vanish(broker, 10)
             later = [client.schedule_envelope("tenant-a", f"later-{i}", DUE) for i in range(1100)]
             assert await client.send_many(later) == [None] * len(later)
             recorder = Recorder()

@@ -87,12 +87,17 @@ _RETURNING = (
 # sequential scan of the whole table for batches of ~1000 and for every generic plan (which
 # psycopg's automatic prepared statements lead to). The ctids cannot move meanwhile: this
 # statement holds the row locks.
-_CLAIM = """
+# A claim of the rows its subquery locks: leased to this owner, their token bumped.
+_CLAIM_ROWS = """
 UPDATE timer_schedules
 SET lease_owner = :owner,
     lease_until = now() + CAST(:lease AS interval),
     lease_token = lease_token + 1
-WHERE ctid = ANY(ARRAY(
+WHERE ctid = ANY(ARRAY({locked}))
+RETURNING {{returning}}, lease_token
+"""
+_CLAIM = _CLAIM_ROWS.format(
+    locked="""
     SELECT ctid
     FROM timer_schedules
     WHERE state = 'Scheduled'
@@ -102,9 +107,8 @@ WHERE ctid = ANY(ARRAY(
     ORDER BY {order}
     LIMIT :limit
     FOR UPDATE SKIP LOCKED
-))
-RETURNING {returning}, lease_token
 """
+)
 _DUE_ORDER = "due_at, tenant_id, service_call_id"
 _CLAIM_FIRST = sa.text(_CLAIM.format(after="", order=_DUE_ORDER, returning=_RETURNING))
 _CLAIM_AFTER = sa.text(
@@ -154,12 +158,8 @@ WHERE due_at <= :now ORDER BY due_at, tenant_id LIMIT :limit
 # k.share", statistics taken while the storm was far off (or none yet) had each tenant's
 # LIMIT walk ix_timer_schedules_due across every tenant's due timers, or sort the tenant's
 # rows: 6-7 ms (at 10,000 due) and 11-35 ms (at 20,000) a claim of 100, against 1-2 ms.
-_CLAIM_OF_TENANTS = """
-UPDATE timer_schedules
-SET lease_owner = :owner,
-    lease_until = now() + CAST(:lease AS interval),
-    lease_token = lease_token + 1
-WHERE ctid = ANY(ARRAY(
+_CLAIM_OF_TENANTS = _CLAIM_ROWS.format(
+    locked="""
     SELECT c.ctid
     FROM unnest(
         CAST(:tenants AS text[]), CAST(:after_dues AS timestamptz[]),
@@ -176,9 +176,8 @@ WHERE ctid = ANY(ARRAY(
         LIMIT {share}
         FOR UPDATE SKIP LOCKED
     ) AS c
-))
-RETURNING {returning}, lease_token
 """
+)
 _CLAIMS_OF_TENANTS: dict[int, sa.TextClause] = {}
 
 

@@ -341,12 +341,7 @@ async def scenario_schedule(run: Run) -> None:
         measured["load"] = load
         rounds.append((yardstick, measured))
         drop_scratch(run, "schedule", round_=round_)
-    yardstick, result = median_round(rounds, key=lambda pair: pair[1]["vs_raw"])
-    if len(rounds) > 1:
-        result["rounds_vs_raw"] = [pair[1]["vs_raw"] for pair in rounds]
-        result["rounds_load"] = [pair[1]["load"] for pair in rounds]
-        result["rounds_per_s"] = [pair[1]["per_s"] for pair in rounds]
-        yardstick["rounds_per_s"] = [pair[0]["per_s"] for pair in rounds]
+    yardstick, result = median_against_yardstick(rounds)
     result["fetch_batch"] = run.command_batch_size
     run.results["schedule"] = result
     run.results.setdefault("yardsticks", {})["raw_schedule"] = yardstick
@@ -437,12 +432,7 @@ async def scenario_fire(run: Run) -> None:
         measured["load"] = load
         rounds.append((yardstick, measured))
         drop_scratch(run, f"raw-pipeline-{RAW_BATCH}", f"fire-{batch}", round_=round_)
-    yardstick, measured = median_round(rounds, key=lambda pair: pair[1]["vs_raw"])
-    if len(rounds) > 1:
-        measured["rounds_vs_raw"] = [pair[1]["vs_raw"] for pair in rounds]
-        measured["rounds_load"] = [pair[1]["load"] for pair in rounds]
-        measured["rounds_per_s"] = [pair[1]["per_s"] for pair in rounds]
-        yardstick["rounds_per_s"] = [pair[0]["per_s"] for pair in rounds]
+    yardstick, measured = median_against_yardstick(rounds)
     run.results["fire"] = {str(batch): measured}
     run.results.setdefault("yardsticks", {})["raw_pipeline"] = {str(RAW_BATCH): yardstick}
 
@@ -451,6 +441,20 @@ def median_round(rounds: list[Any], key: Callable[[Any], float]) -> Any:
     """The round whose ``key`` is the median (the lower middle one of an even count)."""
     ordered = sorted(rounds, key=key)
     return ordered[(len(ordered) - 1) // 2]
+
+
+def median_against_yardstick(
+    rounds: list[tuple[dict[str, Any], dict[str, Any]]],
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The (yardstick, measured) round with the median ratio to its yardstick; with more than
+    one round, each round's ratio, load and rates are kept beside it."""
+    yardstick, measured = median_round(rounds, key=lambda pair: pair[1]["vs_raw"])
+    if len(rounds) > 1:
+        measured["rounds_vs_raw"] = [pair[1]["vs_raw"] for pair in rounds]
+        measured["rounds_load"] = [pair[1]["load"] for pair in rounds]
+        measured["rounds_per_s"] = [pair[1]["per_s"] for pair in rounds]
+        yardstick["rounds_per_s"] = [pair[0]["per_s"] for pair in rounds]
+    return yardstick, measured
 
 
 def round_name(name: str, round_: int) -> str:

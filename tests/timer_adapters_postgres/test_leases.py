@@ -14,6 +14,7 @@ from timer_adapters_memory import MemoryEventBus
 from timer_adapters_postgres import PostgresTimerStore
 from timer_core import (
     CommandOutcome,
+    DueCursor,
     DueTimeReached,
     EventPublisher,
     MessageEnvelope,
@@ -149,6 +150,72 @@ class TestClaimingByTenant:
         assert lease_of(postgres_sql, "call-1") == ("Scheduled", "fast", 2)
         assert await fast.mark_reached([e.reach(datetime.now(UTC)) for e in theirs]) == 2
         assert lease_of(postgres_sql, "call-2") == ("Reached", None, 2)
+
+
+class TestTenantsOfAClaim:
+    """The claim by tenant lists the tenants with due timers, and reuses a complete list for
+    the next claims of a drain for a moment (a claim is then one statement)."""
+
+    async def test_claims_are_planned_without_sorts_bitmap_scans_or_jit(
+        self, make_started_store: MakeStore
+    ) -> None:
+        """Its own connections carry the planner settings; the store's others do not."""
+        store = await make_started_store()
+
+        def settings(conn: Any) -> list[str]:
+            names = ("enable_sort", "enable_bitmapscan", "enable_incremental_sort", "jit")
+            return [conn.exec_driver_sql(f"SHOW {name}").scalar_one() for name in names]
+
+        assert await store._run("read", settings, claiming=True) == ["off"] * 4
+        assert await store._run("read", settings) == ["on"] * 4
+
+    async def test_a_tenant_falling_due_during_a_drain_joins_once_the_list_is_old(
+        self, make_started_store: MakeStore, monkeypatch: Any
+    ) -> None:
+        """Tenants a and b fill their shares; c's timers, stored after the first claim, are
+        claimed once the reused list is older than _TENANTS_REUSED_S, not before."""
+        from timer_adapters_postgres import _store
+
+        clock = [1000.0]
+        monkeypatch.setattr(_store, "monotonic", lambda: clock[0])
+        store = await make_started_store()
+        await store.apply(
+            [timer(f"call-{t}{i}", -60 + i, f"tenant-{t}") for t in "ab" for i in range(10)]
+        )
+        after: dict[Any, Any] = {}
+
+        async def claim() -> set[str]:
+            batch = await store.find_due_by_tenant(datetime.now(UTC), 4, after=after)
+            assert len(batch) == 4
+            for entry in batch:  # as a drain keeps them: each tenant's last one
+                after[entry.tenant_id] = DueCursor.of(entry)
+            return {entry.tenant_id for entry in batch}
+
+        assert await claim() == {"tenant-a", "tenant-b"}
+        await store.apply([timer(f"call-c{i}", -120 + i, "tenant-c") for i in range(10)])
+        clock[0] += _store._TENANTS_REUSED_S / 2
+        assert await claim() == {"tenant-a", "tenant-b"}  # the list of the first claim
+        clock[0] += _store._TENANTS_REUSED_S
+        assert await claim() == {"tenant-a", "tenant-b", "tenant-c"}
+
+    async def test_a_full_list_is_read_again_every_claim(
+        self, make_started_store: MakeStore, monkeypatch: Any
+    ) -> None:
+        """With as many tenants due as the claim's limit, others may wait beyond the list:
+        every claim asks again (longest waiting first), whatever the clock."""
+        from timer_adapters_postgres import _store
+
+        monkeypatch.setattr(_store, "monotonic", lambda: 1000.0)
+        store = await make_started_store()
+        await store.apply(
+            [timer(f"call-{t}{i}", -60 + i, f"tenant-{t}") for t in "ab" for i in range(10)]
+        )
+        first = await store.find_due_by_tenant(datetime.now(UTC), 2, after={})
+        assert {entry.tenant_id for entry in first} == {"tenant-a", "tenant-b"}
+        await store.apply([timer("call-c0", -120, "tenant-c")])
+        after = {entry.tenant_id: DueCursor.of(entry) for entry in first}
+        second = await store.find_due_by_tenant(datetime.now(UTC), 2, after=after)
+        assert "tenant-c" in {entry.tenant_id for entry in second}
 
 
 class StallingPublisher(EventPublisher):

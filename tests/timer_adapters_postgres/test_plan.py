@@ -26,6 +26,7 @@ from timer_adapters_postgres import PostgresTimerStore, migrate
 from timer_adapters_postgres._store import (
     _CLAIM_AFTER,
     _CLAIM_FIRST,
+    _CLAIM_PLANNING,
     _DUE_TENANTS,
     _MARK,
     _NEXT_DUE,
@@ -337,7 +338,9 @@ class TestTenantClaimPlan:
             "after_calls": [""] * len(tenants),
         }
         with stale_storm.connect() as conn, conn.begin() as transaction:
-            # As the store does: the tenants first, which sets how the claim is planned.
+            # As on the store's claiming connections: planned without sorts and bitmap scans.
+            for name, value in _CLAIM_PLANNING:
+                conn.execute(sa.text(f"SET LOCAL {name} = {value}"))
             due = conn.execute(_DUE_TENANTS, {"now": NOW, "limit": 100}).all()
             assert len(due) == len(tenants)
             if plan == "repeated":

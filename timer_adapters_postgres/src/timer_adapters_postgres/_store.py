@@ -14,6 +14,7 @@ import socket
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
+from time import monotonic
 from typing import Any, TypeVar
 
 import attrs
@@ -119,20 +120,29 @@ _CLAIM_AFTER = sa.text(
     )
 )
 
+# find_due_by_tenant runs on connections of its own, planned without sorts and bitmap scans
+# (session settings given when they connect; nothing else runs on them). Statistics that
+# call nothing due (taken while a storm was far off, the usual case) make PostgreSQL sort
+# each tenant's share out of all its due rows, read by a bitmap scan or the primary key (0.5
+# ms and 180 rows per tenant of a claim, 8,800 buffers for 100 timers at 20,000 due, in
+# bench/scale_out.py), where the walk of ix_timer_schedules_tenant_due in its order stops
+# after the share. (Set per transaction instead, the claim took a transaction of four round
+# trips: BEGIN, the settings with the tenants, the claim, COMMIT.)
+# And without JIT: a plan that must sort anyway (the tenants' list) is costed at 10^10 with
+# sorts off, far past jit_above_cost, and compiling it took 60 ms a claim.
+_CLAIM_PLANNING = (
+    ("enable_sort", "off"),
+    ("enable_bitmapscan", "off"),
+    ("enable_incremental_sort", "off"),
+    ("jit", "off"),
+)
+# Connections that claim by tenant: one claims ahead while another's claim commits.
+_CLAIMING_POOL = 2
 # find_due_by_tenant: the tenants with pending timers and their earliest due time, one index
 # seek per tenant (a loose scan of ix_timer_schedules_tenant_due), longest waiting first ...
-# It also sets, for the rest of its transaction, what the tenants' claim below must be
-# planned without: sorts and bitmap scans. Statistics that call nothing due (taken while a
-# storm was far off, the usual case) make PostgreSQL sort each tenant's share out of all its
-# due rows, read by a bitmap scan or the primary key (0.5 ms and 180 rows per tenant of a
-# claim, 8,800 buffers for 100 timers at 20,000 due, in bench/scale_out.py), where the walk
-# of ix_timer_schedules_tenant_due in its order stops after the share.
 _DUE_TENANTS = sa.text(
     """
-WITH RECURSIVE planned AS (
-    SELECT set_config('enable_sort', 'off', true), set_config('enable_bitmapscan', 'off', true),
-           set_config('enable_incremental_sort', 'off', true)
-), pending AS (
+WITH RECURSIVE pending AS (
     (SELECT tenant_id, due_at FROM timer_schedules
      WHERE state = 'Scheduled'
      ORDER BY tenant_id, due_at, service_call_id LIMIT 1)
@@ -143,10 +153,14 @@ WITH RECURSIVE planned AS (
         ORDER BY tenant_id, due_at, service_call_id LIMIT 1
     ) AS n
 )
-SELECT tenant_id FROM pending CROSS JOIN planned
+SELECT tenant_id FROM pending
 WHERE due_at <= :now ORDER BY due_at, tenant_id LIMIT :limit
 """
 )
+# (When they were fewer than asked for, i.e. every tenant with due timers, the next claims of
+# the drain reuse the list for up to _TENANTS_REUSED_S, less those whose share came back
+# short: a claim is then one statement. A tenant that falls due meanwhile waits that long.)
+_TENANTS_REUSED_S = 0.1
 # ... then every tenant's share in one statement (one round trip, one commit, not one per
 # tenant): each tenant's rows claimed like _CLAIM, in its own order after its cursor. Written
 # so that only ix_timer_schedules_tenant_due can serve it, whatever the statistics say: the
@@ -630,6 +644,8 @@ class PostgresTimerStore(TimerStore):
         suffix). ``notify_horizon_s``: only timers due at most this long after they were
         registered are announced (None: all); later ones are found by the poll anyway.
         ``migrate=False`` refuses a database whose schema is not already current.
+        ``pool_size`` connections read and write; the claims shared among tenants take two
+        more of their own, and ``listen=True`` one for ``LISTEN``.
         """
         if lease_s <= 0:
             raise ValueError("lease_s must be positive")
@@ -652,6 +668,10 @@ class PostgresTimerStore(TimerStore):
         self._migrate = migrate
         self._engine: sa.Engine | None = None
         self._autocommit: sa.Engine | None = None
+        self._claiming: sa.Engine | None = None
+        # The tenants the last claim by tenant shared among (all those due), its limit, and
+        # when they were read (time.monotonic()).
+        self._tenants: tuple[list[str], int, float] | None = None
         self._executor: ThreadPoolExecutor | None = None
         self._listener: ScheduleListener | None = None
         self._lifecycle = asyncio.Lock()
@@ -686,7 +706,10 @@ class PostgresTimerStore(TimerStore):
             if self._engine is not None:
                 return
             engine = self._create_engine()
-            executor = ThreadPoolExecutor(self._pool_size, thread_name_prefix="timer-postgres")
+            claiming = self._create_engine(_CLAIMING_POOL, _CLAIM_PLANNING)
+            executor = ThreadPoolExecutor(
+                self._pool_size + _CLAIMING_POOL, thread_name_prefix="timer-postgres"
+            )
             listener: ScheduleListener | None = None
             try:
                 loop = asyncio.get_running_loop()
@@ -705,9 +728,11 @@ class PostgresTimerStore(TimerStore):
             except BaseException:
                 executor.shutdown(wait=False)
                 engine.dispose()
+                claiming.dispose()
                 raise
             self._engine = engine
             self._autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
+            self._claiming = claiming.execution_options(isolation_level="AUTOCOMMIT")
             self._executor = executor
             self._listener = listener
             log.info("timer store started on %r as %s", self, self._owner_id)
@@ -717,6 +742,7 @@ class PostgresTimerStore(TimerStore):
         async with self._lifecycle:
             listener, self._listener = self._listener, None
             engine, self._engine, self._autocommit = self._engine, None, None
+            claiming, self._claiming = self._claiming, None
             executor, self._executor = self._executor, None
             if listener is not None:
                 await listener.aclose()
@@ -724,15 +750,21 @@ class PostgresTimerStore(TimerStore):
                 await asyncio.to_thread(executor.shutdown, wait=True)
             if engine is not None:
                 engine.dispose()
+            if claiming is not None:
+                claiming.dispose()
             self._claims.clear()
+            self._tenants = None
 
-    def _create_engine(self) -> sa.Engine:
+    def _create_engine(
+        self, pool_size: int | None = None, settings: Sequence[tuple[str, str]] = ()
+    ) -> sa.Engine:
         options = "-c TimeZone=UTC"
         if self._statement_timeout_s is not None:
             options += f" -c statement_timeout={round(self._statement_timeout_s * 1000)}"
+        options += "".join(f" -c {name}={value}" for name, value in settings)
         return sa.create_engine(
             self._url,
-            pool_size=self._pool_size,
+            pool_size=pool_size or self._pool_size,
             max_overflow=0,
             pool_timeout=self._connect_timeout_s,
             connect_args={
@@ -779,10 +811,16 @@ class PostgresTimerStore(TimerStore):
     # -- running blocking work -----------------------------------------------------------
 
     async def _run(
-        self, action: str, work: Callable[[sa.Connection], _T], *, atomic: bool = False
+        self,
+        action: str,
+        work: Callable[[sa.Connection], _T],
+        *,
+        atomic: bool = False,
+        claiming: bool = False,
     ) -> _T:
-        """Run ``work`` in the store's threads: one transaction if ``atomic``, else autocommit."""
-        engine = self._engine if atomic else self._autocommit
+        """Run ``work`` in the store's threads: one transaction if ``atomic``, else autocommit;
+        ``claiming``: autocommit on the connections that claim by tenant."""
+        engine = self._claiming if claiming else self._engine if atomic else self._autocommit
         executor = self._executor
         if engine is None or executor is None:
             raise StoreUnavailable("the PostgreSQL timer store is not started (or closed)")
@@ -952,12 +990,24 @@ class PostgresTimerStore(TimerStore):
             tenant: (cursor.due_at, cursor.service_call_id) for tenant, cursor in after.items()
         }
         base = {"owner": self._owner_id, "lease": self._lease, "now": now}
+        known, self._tenants = self._tenants, None
+        reused: list[str] | None = None
+        read_at = monotonic()
+        if known is not None and known[1] == limit and read_at - known[2] < _TENANTS_REUSED_S:
+            reused, read_at = known[0], known[2]
 
-        def claim(conn: sa.Connection) -> list[Any]:
-            # At most ``limit`` tenants take part (one timer each at least): the others are
-            # not even listed, so a backlog over many tenants costs no memory per tenant.
-            active = list(conn.execute(_DUE_TENANTS, {"now": now, "limit": limit}).scalars())
+        def claim(conn: sa.Connection) -> tuple[list[Any], list[str] | None]:
+            """The rows claimed, and the tenants the next claim may share among."""
+            active = reused
+            if active is None:
+                # At most ``limit`` tenants take part (one timer each at least): the others
+                # are not even listed, so a backlog over many tenants costs no memory per
+                # tenant.
+                active = list(conn.execute(_DUE_TENANTS, {"now": now, "limit": limit}).scalars())
+            # Every tenant due was listed: those that fill their share are listed again next.
+            again: list[str] | None = [] if len(active) < limit else None
             rows: list[Any] = []
+            first = True
             while len(rows) < limit and active:
                 share = max(1, (limit - len(rows)) // len(active))
                 # Longest waiting first: when fewer are left than tenants, the first get one.
@@ -982,11 +1032,16 @@ class PostgresTimerStore(TimerStore):
                         cursors[tenant] = (mine[-1].due_at, mine[-1].service_call_id)
                     if len(mine) == share:
                         more.append(tenant)  # it may use what others leave of their share
+                if first and again is not None:
+                    again = more + active[len(tenants) :]
+                first = False
                 active = more
-            return rows
+            return rows, again if len(rows) >= limit else None
 
-        # One transaction: the planner settings _DUE_TENANTS sets hold for its claims only.
-        return self._track_claims(await self._run("claim due timers by tenant", claim, atomic=True))
+        rows, again = await self._run("claim due timers by tenant", claim, claiming=True)
+        if again:
+            self._tenants = (again, limit, read_at)
+        return self._track_claims(rows)
 
     def _track_claims(self, rows: Sequence[Any]) -> list[TimerEntry]:
         """The claimed rows as entries in due order, their claims remembered for the fence."""

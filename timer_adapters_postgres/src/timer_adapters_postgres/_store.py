@@ -437,26 +437,58 @@ def _due_order(entry: TimerEntry) -> tuple[datetime, str, str]:
     return (entry.due_at, entry.tenant_id, entry.service_call_id)
 
 
+# Arrays go to PostgreSQL as array literals built here, each read by a CAST(... AS type[]):
+# psycopg adapts a list element by element in Python, which was an eighth of a service's CPU
+# on the fire path (4 arrays of 100 a mark, 8 of 1,000 a stored command batch).
+def _text_array(values: Sequence[str | None]) -> str:
+    """A ``text[]`` literal of ``values`` (None: NULL)."""
+    if not values:
+        return "{}"
+    if None not in values:
+        joined = '","'.join(values)  # type: ignore[arg-type]
+        if '"' not in joined and "\\" not in joined:  # identifiers: nothing to escape
+            return '{"' + joined + '"}'
+    return (
+        "{"
+        + ",".join(
+            "NULL" if value is None else '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+            for value in values
+        )
+        + "}"
+    )
+
+
+def _timestamp_array(values: Sequence[datetime]) -> str:
+    """A ``timestamptz[]`` literal of aware datetimes."""
+    return "{" + ",".join([value.isoformat() for value in values]) + "}"
+
+
+def _int_array(values: Sequence[int | None]) -> str:
+    """A ``bigint[]`` literal of ``values`` (None: NULL)."""
+    return "{" + ",".join(["NULL" if value is None else str(value) for value in values]) + "}"
+
+
 def _columns(
     entries: Iterable[TimerEntry], positions: dict[TimerKey, int | None]
-) -> dict[str, list[Any]]:
+) -> dict[str, str]:
     rows = list(entries)
+    contexts: list[TraceContext | None] = [e.trace_context for e in rows]
     return {
-        "tenant_ids": [e.tenant_id for e in rows],
-        "service_call_ids": [e.service_call_id for e in rows],
-        "correlation_ids": [e.correlation_id for e in rows],
-        "due_ats": [e.due_at for e in rows],
-        "registered_ats": [e.registered_at for e in rows],
-        "positions": [positions.get(e.key) for e in rows],
-        "traceparents": [e.trace_context and e.trace_context.traceparent for e in rows],
-        "tracestates": [e.trace_context and e.trace_context.tracestate for e in rows],
+        "tenant_ids": _text_array([e.tenant_id for e in rows]),
+        "service_call_ids": _text_array([e.service_call_id for e in rows]),
+        "correlation_ids": _text_array([e.correlation_id for e in rows]),
+        "due_ats": _timestamp_array([e.due_at for e in rows]),
+        "registered_ats": _timestamp_array([e.registered_at for e in rows]),
+        "positions": _int_array([positions.get(e.key) for e in rows]),
+        "traceparents": _text_array([None if c is None else c.traceparent for c in contexts]),
+        "tracestates": _text_array([None if c is None else c.tracestate for c in contexts]),
     }
 
 
-def _key_columns(keys: Sequence[TimerKey]) -> dict[str, list[str]]:
+def _key_columns(keys: Sequence[TimerKey]) -> dict[str, str]:
     return {
-        "tenant_ids": [key.tenant_id for key in keys],
-        "service_call_ids": [key.service_call_id for key in keys],
+        "tenant_ids": _text_array([key.tenant_id for key in keys]),
+        "service_call_ids": _text_array([key.service_call_id for key in keys]),
     }
 
 
@@ -577,8 +609,8 @@ def _apply_operations(
             _TOMBSTONE,
             {
                 **_key_columns(marked),
-                "positions": [tombstones[key][0] for key in marked],
-                "cancelled_ats": [tombstones[key][1] for key in marked],
+                "positions": _int_array([tombstones[key][0] for key in marked]),
+                "cancelled_ats": _timestamp_array([tombstones[key][1] for key in marked]),
             },
         )
     wake_at = wake_at_of(inserts + updates)
@@ -908,10 +940,10 @@ class PostgresTimerStore(TimerStore):
             {
                 "owner": self._owner_id,
                 "reached_at": reached_at,
-                "tenant_ids": [entries[i].tenant_id for i in indexes],
-                "service_call_ids": [entries[i].service_call_id for i in indexes],
-                "due_ats": [entries[i].due_at for i in indexes],
-                "tokens": [tokens[i] for i in indexes],
+                "tenant_ids": _text_array([entries[i].tenant_id for i in indexes]),
+                "service_call_ids": _text_array([entries[i].service_call_id for i in indexes]),
+                "due_ats": _timestamp_array([entries[i].due_at for i in indexes]),
+                "tokens": _int_array([tokens[i] for i in indexes]),
             }
             for reached_at, indexes in groups.items()
         ]
@@ -928,9 +960,9 @@ class PostgresTimerStore(TimerStore):
             return
         params = {
             "owner": self._owner_id,
-            "tenant_ids": [key.tenant_id for key, _ in claimed],
-            "service_call_ids": [key.service_call_id for key, _ in claimed],
-            "tokens": [claim.token for _, claim in claimed],
+            "tenant_ids": _text_array([key.tenant_id for key, _ in claimed]),
+            "service_call_ids": _text_array([key.service_call_id for key, _ in claimed]),
+            "tokens": _int_array([claim.token for _, claim in claimed]),
         }
         await self._run("release timer claims", lambda conn: conn.execute(_RELEASE, params))
 
@@ -1015,9 +1047,9 @@ class PostgresTimerStore(TimerStore):
                 starts = [cursors.get(tenant, (_BEFORE_ALL, "")) for tenant in tenants]
                 params = {
                     **base,
-                    "tenants": tenants,
-                    "after_dues": [start[0] for start in starts],
-                    "after_calls": [start[1] for start in starts],
+                    "tenants": _text_array(tenants),
+                    "after_dues": _timestamp_array([start[0] for start in starts]),
+                    "after_calls": _text_array([start[1] for start in starts]),
                 }
                 claimed: dict[str, list[Any]] = {}
                 for row in conn.execute(_claim_of_tenants(share), params).all():

@@ -364,6 +364,52 @@ class TestHandlerFailures:
         assert info.num_redelivered == 0
 
 
+class TestKeepAlive:
+    """In-progress acks go to the commands held long enough to need them, not to every one."""
+
+    async def test_commands_settled_within_a_sixth_of_the_ack_wait_get_none(
+        self, settings: NatsSettings
+    ) -> None:
+        """Commands each held a fraction of a check interval are acked without any in-progress
+        ack, though together they span several of the checks."""
+        # Checks every 0.5 s; one command a batch, each held 0.1 s (and read ahead while the
+        # one before is held): 15 batches span three checks, no command two.
+        quick = attrs.evolve(settings, ack_wait_s=3.0, fetch_batch=1)
+        async with NatsBroker(quick) as broker:
+            watcher = await nats.connect(quick.url)
+            acks: list[bytes] = []
+
+            async def on_ack(message: nats.aio.msg.Msg) -> None:
+                acks.append(message.data)
+
+            try:
+                await watcher.subscribe(f"$JS.ACK.{quick.commands_stream}.>", cb=on_ack)
+                await watcher.flush()
+                client = TimerClient(broker)
+                for n in range(15):
+                    await client.schedule("tenant-a", f"call-{n}", DUE)
+                recorder = SlowRecorder(0.1)
+                async with consuming(broker.command_source(), recorder):
+                    await wait_until(lambda: settled(broker), what="every command acked")
+                await watcher.flush()
+            finally:
+                await watcher.close()
+        assert recorder.calls == 15
+        assert acks == [b""] * 15  # an ack each (nats-py's is empty), no b"+WPI"
+
+
+class SlowRecorder(Recorder):
+    """A :class:`Recorder` that takes ``seconds`` over every batch."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__()
+        self.seconds = seconds
+
+    async def __call__(self, batch: Sequence[MessageEnvelope[Command]]) -> list[CommandOutcome]:
+        await asyncio.sleep(self.seconds)
+        return await super().__call__(batch)
+
+
 class TestLifecycle:
     """stop() finishes the batch in hand; the source outlives disconnects."""
 

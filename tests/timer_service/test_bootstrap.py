@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import gc
+import weakref
 from pathlib import Path
 
 import pytest
@@ -10,6 +12,7 @@ import pytest
 from timer_adapters_memory import MemoryEventBus, MemoryTimerStore
 from timer_adapters_nats import NatsBroker
 from timer_core import CommandBatchHandler, CommandSource, ComponentFailed, Timer
+from timer_service.app import serve
 from timer_service.bootstrap import bootstrap, nats_settings
 from timer_service.metrics import PrometheusInstrumentation
 from timer_service.service import TimerService
@@ -67,3 +70,35 @@ class TestFailedPart:
                 await asyncio.wait_for(service.run(asyncio.Event()), 10)
             healthy, _ = service.health()
         assert not healthy
+
+
+class _Node:
+    """An object that can sit in a reference cycle and be watched through a weak reference."""
+
+    def __init__(self) -> None:
+        self.me = self
+
+
+class TestServe:
+    async def test_the_started_heap_is_frozen_out_of_the_cyclic_collector(
+        self, tmp_path: Path, nats_url: str
+    ) -> None:
+        """Once started, the service has frozen what it holds (gc.freeze), so the collector's
+        full passes walk only what traffic makes; cyclic garbage is collected, not frozen."""
+        settings = Settings(db_path=tmp_path / "timer.db", broker_url=nats_url, http_port=0)
+        stop = asyncio.Event()
+        seen: list[tuple[int, bool]] = []
+        garbage = weakref.ref(_Node())  # only its own cycle keeps it
+
+        def on_ready(service: TimerService) -> None:
+            seen.append((gc.get_freeze_count(), garbage() is None))
+            stop.set()
+
+        gc.unfreeze()
+        try:
+            await asyncio.wait_for(serve(settings, stop, on_ready=on_ready), 30)
+        finally:
+            gc.unfreeze()
+        ((frozen, collected),) = seen
+        assert frozen > 1000
+        assert collected

@@ -130,8 +130,9 @@ class NatsSettings:
     ack_wait_s: float = attrs.field(default=3.0, validator=positive)
     """Time the server gives a fetched command before redelivering it: what a crashed
     consumer costs its in-flight commands (they are re-applied about this long after its
-    death). A live consumer keeps every command it holds alive with an in-progress ack three
-    times per ack wait, however long decoding and storing take; an event loop stalled for
+    death). A live consumer keeps every command it holds alive with an in-progress ack at
+    most a third of the ack wait after its delivery and after each in-progress ack, however
+    long decoding and storing take (one settled sooner gets none); an event loop stalled for
     most of it would see commands redelivered while still in hand (applied twice, harmless).
     Provisioning updates an existing consumer to this value."""
     max_deliver: int = attrs.field(default=100, validator=_max_deliver)

@@ -64,8 +64,9 @@ class NatsCommandSource(CommandSource):
       its stream sequence as :attr:`~timer_core.MessageEnvelope.position`, and are
       acked when it returns. Every command in hand, from its delivery to its ack (decoded,
       stored, read ahead, or waiting in the pull subscription), is kept from redelivery by
-      in-progress acks three times per ack wait, so a short ack wait only costs the commands
-      a dead instance held: they come back that long after its death.
+      an in-progress ack at most a third of the ack wait after its delivery and after each
+      in-progress ack (those settled sooner need none), so a short ack wait only costs the
+      commands a dead instance held: they come back that long after its death.
     - When the handler raises, each is nak'd with a delay that doubles per delivery, and
       fetching pauses that long so later commands do not overtake them. On its last
       allowed delivery (``max_deliver``) a command is dead-lettered instead of dropped.
@@ -493,18 +494,42 @@ class NatsCommandSource(CommandSource):
 
     async def _keep_alive(self) -> None:
         """Every message in hand (fetched, decoded, being stored, read ahead, or delivered to
-        an open pull request and not fetched yet) gets an in-progress ack three times per
-        ack wait, so the server redelivers only what a dead instance held."""
+        an open pull request and not fetched yet) gets an in-progress ack at most a third of
+        the ack wait after its delivery and after each in-progress ack, so the server
+        redelivers only what a dead instance held.
+
+        The check runs every sixth of the ack wait; a message is refreshed on the second
+        check that finds it in hand (it came at most two checks ago) and on every second one
+        after that. Commands settled within a sixth of the ack wait, the usual case, never
+        need one, so the in-progress acks do not grow with how much several instances hold.
+        """
+        # id(message) -> the check it was last refreshed on (for a message not refreshed
+        # yet: the check before the first that found it). An id reused by a new message
+        # only makes its first refresh come early.
+        refreshed: dict[int, int] = {}
+        check = 0
         while True:
             await asyncio.sleep(self._progress_interval())
+            check += 1
             in_hand = list(self._in_hand.values())
             waiting = [] if self._puller is None else self._puller.held_messages()
+            seen: dict[int, int] = {}
             for message in in_hand:
                 if id(message) in self._in_hand:  # not settled meanwhile
-                    await self._progress(message)
+                    seen[id(message)] = await self._refresh(message, check, refreshed)
             for message in waiting:
                 if not message.is_acked:
-                    await self._progress(message)
+                    seen[id(message)] = await self._refresh(message, check, refreshed)
+            refreshed = seen
+
+    async def _refresh(self, message: Msg, check: int, refreshed: dict[int, int]) -> int:
+        """An in-progress ack for ``message`` if its last one (or its delivery) may be two
+        checks old; returns the check it counts as refreshed on."""
+        last = refreshed.get(id(message), check - 1)
+        if check - last < 2:
+            return last
+        await self._progress(message)
+        return check
 
     @staticmethod
     async def _progress(message: Msg) -> None:
@@ -512,7 +537,7 @@ class NatsCommandSource(CommandSource):
             await message.in_progress()
 
     def _progress_interval(self) -> float:
-        return max(0.05, self._ack_wait / 3)
+        return max(0.025, self._ack_wait / 6)
 
     def _hold(self, messages: Sequence[Msg]) -> list[Msg]:
         """Note ``messages`` as in hand (kept alive until settled); returns them."""

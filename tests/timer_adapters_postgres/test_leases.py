@@ -198,6 +198,35 @@ class TestTenantsOfAClaim:
         clock[0] += _store._TENANTS_REUSED_S
         assert await claim() == {"tenant-a", "tenant-b", "tenant-c"}
 
+    async def test_an_uneven_split_is_one_statement(self, make_started_store: MakeStore) -> None:
+        """10 among 3 tenants: 4, 3 and 3 (the longest waiting gets the one left), claimed by
+        one statement after the tenants' list, not a second one for what was left over."""
+        import sqlalchemy as sa
+
+        store = await make_started_store()
+        await store.apply(
+            [
+                timer(f"call-{t}{i}", -60 + i + n, f"tenant-{t}")
+                for n, t in enumerate("abc")
+                for i in range(10)
+            ]
+        )
+        statements: list[str] = []
+
+        def seen(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+            statements.append(statement)
+
+        engine = store._claiming
+        assert engine is not None
+        sa.event.listen(engine, "before_cursor_execute", seen)
+        batch = await store.find_due_by_tenant(datetime.now(UTC), 10, after={})
+        counts = {
+            t: sum(1 for e in batch if e.tenant_id == t)
+            for t in ("tenant-a", "tenant-b", "tenant-c")
+        }
+        assert counts == {"tenant-a": 4, "tenant-b": 3, "tenant-c": 3}
+        assert len(statements) == 2  # the tenants, then the claim
+
     async def test_a_full_list_is_read_again_every_claim(
         self, make_started_store: MakeStore, monkeypatch: Any
     ) -> None:

@@ -25,6 +25,7 @@ from tests.timer_adapters_postgres.conftest import PostgresCluster
 from timer_adapters_postgres import PostgresTimerStore, migrate
 from timer_adapters_postgres._store import (
     _CLAIM_AFTER,
+    _CLAIM_BY_TENANT,
     _CLAIM_FIRST,
     _CLAIM_PLANNING,
     _DUE_TENANTS,
@@ -32,7 +33,6 @@ from timer_adapters_postgres._store import (
     _NEXT_DUE,
     _PURGE,
     _RELEASE,
-    _claim_of_tenants,
 )
 from timer_core import DueCursor
 
@@ -321,14 +321,20 @@ class TestTenantClaimPlan:
     """The claim shared among tenants seeks each tenant's own index range, not the storm."""
 
     @pytest.mark.parametrize("plan", ["custom", "generic", "repeated"])
+    @pytest.mark.parametrize("statistics", ["stale", "none"])
     async def test_each_tenant_is_a_seek_into_the_tenant_due_index(
-        self, stale_storm: sa.Engine, plan: str
+        self, request: pytest.FixtureRequest, plan: str, statistics: str
     ) -> None:
         """Each tenant's share is read from ix_timer_schedules_tenant_due, unsorted, even with
-        statistics that call nothing due (then ix_timer_schedules_due looked free): planned
-        for the values, for any values, and once prepared and run again and again (as
-        psycopg does)."""
+        statistics that call nothing due (then ix_timer_schedules_due looked free) or none:
+        planned for the values, for any values, and once prepared and run again and again
+        (as psycopg does). The shares differ (what does not divide evenly goes one each to
+        the first tenants)."""
+        storm = request.getfixturevalue(
+            "stale_storm" if statistics == "stale" else "unanalysed_storm"
+        )
         tenants = [f"tenant-{n}" for n in range(50)]
+        shares = [3] * 25 + [1] * 25
         params = {
             "owner": "explain",
             "lease": timedelta(seconds=30),
@@ -336,17 +342,18 @@ class TestTenantClaimPlan:
             "tenants": tenants,
             "after_dues": [NOW - timedelta(days=1)] * len(tenants),
             "after_calls": [""] * len(tenants),
+            "shares": shares,
         }
-        with stale_storm.connect() as conn, conn.begin() as transaction:
+        with storm.connect() as conn, conn.begin() as transaction:
             # As on the store's claiming connections: planned without sorts and bitmap scans.
             for name, value in _CLAIM_PLANNING:
                 conn.execute(sa.text(f"SET LOCAL {name} = {value}"))
             due = conn.execute(_DUE_TENANTS, {"now": NOW, "limit": 100}).all()
             assert len(due) == len(tenants)
             if plan == "repeated":
-                document = explain_as_repeated(conn, _claim_of_tenants(2), params)
+                document = explain_as_repeated(conn, _CLAIM_BY_TENANT, params)
             else:
-                document = explain(conn, _claim_of_tenants(2), params, generic=plan == "generic")
+                document = explain(conn, _CLAIM_BY_TENANT, params, generic=plan == "generic")
             transaction.rollback()
         found = list(nodes(document["Plan"]))
         kinds = {node["Node Type"] for node in found}
@@ -355,7 +362,7 @@ class TestTenantClaimPlan:
         assert walk.get("Index Name") == "ix_timer_schedules_tenant_due", walk
         assert walk["Actual Loops"] == len(tenants)
         (update,) = [n for n in found if n["Node Type"] == "Tid Scan"]
-        assert update["Actual Rows"] == 2 * len(tenants)
+        assert update["Actual Rows"] == sum(shares)
 
 
 class TestMarkPlan:

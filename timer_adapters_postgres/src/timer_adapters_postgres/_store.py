@@ -165,20 +165,20 @@ _TENANTS_REUSED_S = 0.1
 # tenant): each tenant's rows claimed like _CLAIM, in its own order after its cursor. Written
 # so that only ix_timer_schedules_tenant_due can serve it, whatever the statistics say: the
 # tenant is bounded by row comparisons (no plain "tenant_id = ...", which pkey and the
-# correlation index serve as well), the order names the tenant, and the share is one
-# number for all, written into the statement: a parameter's value is unknown to the generic
-# plan PostgreSQL settles on for a statement psycopg prepared, which then assumed a tenth
-# of each tenant's rows and sorted them all. Before, with "due_at <= :now" and "LIMIT
-# k.share", statistics taken while the storm was far off (or none yet) had each tenant's
-# LIMIT walk ix_timer_schedules_due across every tenant's due timers, or sort the tenant's
-# rows: 6-7 ms (at 10,000 due) and 11-35 ms (at 20,000) a claim of 100, against 1-2 ms.
+# correlation index serve as well), the order names the tenant, and the connections plan
+# without sorts and bitmap scans. Before, with "due_at <= :now", statistics taken while the
+# storm was far off (or none yet) had each tenant's LIMIT walk ix_timer_schedules_due across
+# every tenant's due timers, or sort the tenant's rows: 6-7 ms (at 10,000 due) and 11-35 ms
+# (at 20,000) a claim of 100, against 1-2 ms. Each tenant's share is its own (a limit that
+# does not divide evenly among the tenants is not left to a second statement); with sorts
+# allowed, that made the generic plan assume a tenth of each tenant's rows and sort them.
 _CLAIM_OF_TENANTS = _CLAIM_ROWS.format(
     locked="""
     SELECT c.ctid
     FROM unnest(
         CAST(:tenants AS text[]), CAST(:after_dues AS timestamptz[]),
-        CAST(:after_calls AS text[]))
-        AS k(tenant_id, after_due, after_call)
+        CAST(:after_calls AS text[]), CAST(:shares AS int[]))
+        AS k(tenant_id, after_due, after_call, share)
     CROSS JOIN LATERAL (
         SELECT ctid
         FROM timer_schedules
@@ -187,21 +187,12 @@ _CLAIM_OF_TENANTS = _CLAIM_ROWS.format(
           AND (tenant_id, due_at) <= (k.tenant_id, CAST(:now AS timestamptz))
           AND (lease_until IS NULL OR lease_until < now() OR lease_owner = :owner)
         ORDER BY tenant_id, due_at, service_call_id
-        LIMIT {share}
+        LIMIT k.share
         FOR UPDATE SKIP LOCKED
     ) AS c
 """
 )
-_CLAIMS_OF_TENANTS: dict[int, sa.TextClause] = {}
-
-
-def _claim_of_tenants(share: int) -> sa.TextClause:
-    """The claim of ``share`` timers of each tenant given (one statement text per share)."""
-    statement = _CLAIMS_OF_TENANTS.get(share)
-    if statement is None:
-        statement = sa.text(_CLAIM_OF_TENANTS.format(share=int(share), returning=_RETURNING))
-        _CLAIMS_OF_TENANTS[share] = statement
-    return statement
+_CLAIM_BY_TENANT = sa.text(_CLAIM_OF_TENANTS.format(returning=_RETURNING))
 
 
 _BEFORE_ALL = datetime(1, 1, 1, tzinfo=UTC)
@@ -1041,28 +1032,32 @@ class PostgresTimerStore(TimerStore):
             rows: list[Any] = []
             first = True
             while len(rows) < limit and active:
-                share = max(1, (limit - len(rows)) // len(active))
-                # Longest waiting first: when fewer are left than tenants, the first get one.
-                tenants = active[: limit - len(rows)]
+                # Longest waiting first: when fewer are left than tenants, the first get one;
+                # what does not divide evenly goes one each to the first ones.
+                left = limit - len(rows)
+                tenants = active[:left]
+                share, extra = divmod(left, len(tenants))
+                shares = [share + 1] * extra + [share] * (len(tenants) - extra)
                 starts = [cursors.get(tenant, (_BEFORE_ALL, "")) for tenant in tenants]
                 params = {
                     **base,
                     "tenants": _text_array(tenants),
                     "after_dues": _timestamp_array([start[0] for start in starts]),
                     "after_calls": _text_array([start[1] for start in starts]),
+                    "shares": _int_array(shares),
                 }
                 claimed: dict[str, list[Any]] = {}
-                for row in conn.execute(_claim_of_tenants(share), params).all():
+                for row in conn.execute(_CLAIM_BY_TENANT, params).all():
                     claimed.setdefault(row.tenant_id, []).append(row)
                 more = []
-                for tenant in tenants:
+                for tenant, wanted in zip(tenants, shares, strict=True):
                     mine = sorted(
                         claimed.get(tenant, ()), key=lambda row: (row.due_at, row.service_call_id)
                     )
                     rows += mine
                     if mine:
                         cursors[tenant] = (mine[-1].due_at, mine[-1].service_call_id)
-                    if len(mine) == share:
+                    if len(mine) == wanted:
                         more.append(tenant)  # it may use what others leave of their share
                 if first and again is not None:
                     again = more + active[len(tenants) :]

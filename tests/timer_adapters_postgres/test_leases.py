@@ -169,6 +169,20 @@ class TestTenantsOfAClaim:
         assert await store._run("read", settings, claiming=True) == ["off"] * 4
         assert await store._run("read", settings) == ["on"] * 4
 
+    async def test_its_threads_run_as_batch_work_and_the_loop_keeps_its_policy(
+        self, make_started_store: MakeStore
+    ) -> None:
+        """Statements run on threads scheduled SCHED_BATCH (waking one does not preempt the
+        event loop's thread, which holds the GIL it needs); the caller's thread is untouched."""
+        import os
+
+        store = await make_started_store()
+        policy = await store._run("read", lambda conn: os.sched_getscheduler(0))
+        assert policy == os.SCHED_BATCH
+        claiming = await store._run("read", lambda conn: os.sched_getscheduler(0), claiming=True)
+        assert claiming == os.SCHED_BATCH
+        assert os.sched_getscheduler(0) == os.SCHED_OTHER
+
     async def test_a_tenant_falling_due_during_a_drain_joins_once_the_list_is_old(
         self, make_started_store: MakeStore, monkeypatch: Any
     ) -> None:

@@ -168,6 +168,17 @@ class TestTenantsOfAClaim:
 
         assert await store._run("read", settings, claiming=True) == ["off"] * 4
         assert await store._run("read", settings) == ["on"] * 4
+        # Both claims run there.
+        import sqlalchemy as sa
+
+        statements: list[str] = []
+        engine = store._claiming
+        assert engine is not None
+        sa.event.listen(engine, "before_cursor_execute", lambda *args: statements.append(args[2]))
+        await store.apply([timer("call-1")])
+        assert len(await store.find_due(datetime.now(UTC), 10)) == 1
+        await store.find_due_by_tenant(datetime.now(UTC), 10, after={})
+        assert [s.split()[0] for s in statements] == ["UPDATE", "WITH", "UPDATE"]
 
     async def test_its_threads_run_as_batch_work_and_the_loop_keeps_its_policy(
         self, make_started_store: MakeStore

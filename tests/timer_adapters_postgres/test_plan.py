@@ -164,6 +164,27 @@ class TestClaimPlan:
         assert update["Actual Rows"] == limit
         assert document["Execution Time"] < 5000  # ms; a few for 100 rows
 
+    @pytest.mark.parametrize("plan", ["custom", "generic", "repeated"])
+    async def test_a_table_never_analysed_is_walked_too(
+        self, unanalysed_storm: sa.Engine, plan: str
+    ) -> None:
+        """A new table's first storm, no statistics: on the claiming connections' settings
+        the claim is still the walk (by default, PostgreSQL read all 20,000 due timers by a
+        bitmap scan and sorted them for each claim of 100)."""
+        with unanalysed_storm.connect() as conn, conn.begin() as transaction:
+            for name, value in _CLAIM_PLANNING:
+                conn.execute(sa.text(f"SET LOCAL {name} = {value}"))
+            if plan == "repeated":
+                document = explain_as_repeated(conn, _CLAIM_FIRST, claim_params(), undo=True)
+            else:
+                document = explain(conn, _CLAIM_FIRST, claim_params(), generic=plan == "generic")
+            transaction.rollback()
+        found = list(nodes(document["Plan"]))
+        no_full_scan(found)
+        (walk,) = [n for n in found if n.get("Index Name") == "ix_timer_schedules_due"]
+        assert walk["Node Type"] == "Index Scan"
+        assert walk["Actual Rows"] == LIMIT
+
     async def test_keyset_claim_starts_inside_the_index(self, storm: sa.Engine) -> None:
         """With a cursor, the walk starts at the cursor (a row comparison in the index)."""
         params = {

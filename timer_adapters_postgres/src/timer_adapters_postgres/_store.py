@@ -120,8 +120,9 @@ _CLAIM_AFTER = sa.text(
     )
 )
 
-# find_due_by_tenant runs on connections of its own, planned without sorts and bitmap scans
-# (session settings given when they connect; nothing else runs on them). Statistics that
+# Claims (find_due and find_due_by_tenant) run on connections of their own, planned without
+# sorts and bitmap scans (session settings given when they connect; nothing else runs on
+# them): their plans must be walks of an index in its order. Statistics that
 # call nothing due (taken while a storm was far off, the usual case) make PostgreSQL sort
 # each tenant's share out of all its due rows, read by a bitmap scan or the primary key (0.5
 # ms and 180 rows per tenant of a claim, 8,800 buffers for 100 timers at 20,000 due, in
@@ -136,7 +137,7 @@ _CLAIM_PLANNING = (
     ("enable_incremental_sort", "off"),
     ("jit", "off"),
 )
-# Connections that claim by tenant: one claims ahead while another's claim commits.
+# Connections that claim: one claims ahead while another's claim commits.
 _CLAIMING_POOL = 2
 # find_due_by_tenant: the tenants with pending timers and their earliest due time, one index
 # seek per tenant (a loose scan of ix_timer_schedules_tenant_due), longest waiting first ...
@@ -1014,8 +1015,11 @@ class PostgresTimerStore(TimerStore):
                 after_tenant=after.tenant_id,
                 after_call=after.service_call_id,
             )
+        # On the claiming connections too: with no statistics yet (a new table's first
+        # storm), the walk of ix_timer_schedules_due became a bitmap scan of every due timer
+        # and a sort, 16 ms against 0.4 for a claim of 100 at 20,000 due.
         rows = await self._run(
-            "claim due timers", lambda conn: conn.execute(statement, params).all()
+            "claim due timers", lambda conn: conn.execute(statement, params).all(), claiming=True
         )
         return self._track_claims(rows)
 

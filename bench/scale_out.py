@@ -782,9 +782,15 @@ def ratios(runs: list[Run], counts: list[int]) -> str:
                 ratio = statistics.median(r.own_cpu_ms for r in of(n, path)) / statistics.median(
                     r.own_cpu_ms for r in one
                 )
+                # Each round's pair too: the host's speed drifts between rounds, and a
+                # ratio of medians can pair a fast round's one instance with a slow one's N.
+                each = [
+                    round(many.own_cpu_ms / single.own_cpu_ms, 2)
+                    for many, single in zip(of(n, path), one, strict=False)
+                ]
                 out.append(
                     f"{path} path, total CPU per timer, {n} instances / 1: {ratio:.2f} "
-                    "(target <= 1.15)"
+                    f"(rounds: {' / '.join(str(x) for x in each)}; target <= 1.15)"
                 )
     return "; ".join(out) + "."
 

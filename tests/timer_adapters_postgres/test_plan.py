@@ -8,6 +8,7 @@ generic plans prepared statements end up with, for small and large batches.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -245,9 +246,12 @@ class TestClaimPlan:
             await store.release_claims(claimed)
 
 
-def made_due(postgres_cluster: PostgresCluster, name: str, *, analysed: bool) -> sa.Engine:
+@contextlib.contextmanager
+def made_due(
+    postgres_cluster: PostgresCluster, name: str, *, analysed: bool
+) -> Iterator[sa.Engine]:
     """20,000 timers over 50 tenants scheduled far off, analysed then (or never), then all
-    made due at once."""
+    made due at once, in a database of their own dropped afterwards."""
     engine = sa.create_engine(postgres_cluster.create_database(name))
     try:
         with engine.begin() as conn:
@@ -274,24 +278,18 @@ def made_due(postgres_cluster: PostgresCluster, name: str, *, analysed: bool) ->
                 sa.text("UPDATE timer_schedules SET due_at = :due"),
                 {"due": NOW - timedelta(seconds=1)},
             )
-    except BaseException:
+        yield engine
+    finally:
         engine.dispose()
         postgres_cluster.drop_database(name)
-        raise
-    return engine
 
 
 @pytest.fixture(scope="module")
 def stale_storm(postgres_cluster: PostgresCluster) -> Iterator[sa.Engine]:
     """20,000 timers over 50 tenants analysed while far off, then all made due (a storm the
     statistics have not seen, as after a bulk reschedule or a long outage)."""
-    name = f"timer_stale_storm_{os.getpid()}"
-    engine = made_due(postgres_cluster, name, analysed=True)
-    try:
+    with made_due(postgres_cluster, f"timer_stale_storm_{os.getpid()}", analysed=True) as engine:
         yield engine
-    finally:
-        engine.dispose()
-        postgres_cluster.drop_database(name)
 
 
 @pytest.fixture(scope="module")
@@ -299,12 +297,8 @@ def unanalysed_storm(postgres_cluster: PostgresCluster) -> Iterator[sa.Engine]:
     """The same storm in a table never analysed (a new deployment's first burst, before
     autovacuum came by): the partial indexes look nearly empty to the planner."""
     name = f"timer_unanalysed_storm_{os.getpid()}"
-    engine = made_due(postgres_cluster, name, analysed=False)
-    try:
+    with made_due(postgres_cluster, name, analysed=False) as engine:
         yield engine
-    finally:
-        engine.dispose()
-        postgres_cluster.drop_database(name)
 
 
 def explain_as_repeated(

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
+import sqlalchemy as sa
 
 from timer_adapters_memory import MemoryEventBus
-from timer_adapters_postgres import PostgresTimerStore
+from timer_adapters_postgres import PostgresTimerStore, _store
 from timer_core import (
     CommandOutcome,
     DueCursor,
@@ -49,6 +51,16 @@ def lease_of(sql: psycopg.Connection[Any], call: str) -> tuple[Any, ...]:
     ).fetchone()
     assert row is not None
     return tuple(row)
+
+
+def claiming_statements(store: PostgresTimerStore) -> list[str]:
+    """Every statement the store runs on its claiming connections from now on, as sent."""
+    statements: list[str] = []
+    assert store._claiming is not None
+    sa.event.listen(
+        store._claiming, "before_cursor_execute", lambda *args: statements.append(args[2])
+    )
+    return statements
 
 
 async def claim_until_found(store: PostgresTimerStore, limit: int = 10) -> list[TimerEntry]:
@@ -169,12 +181,7 @@ class TestTenantsOfAClaim:
         assert await store._run("read", settings, claiming=True) == ["off"] * 4
         assert await store._run("read", settings) == ["on"] * 4
         # Both claims run there.
-        import sqlalchemy as sa
-
-        statements: list[str] = []
-        engine = store._claiming
-        assert engine is not None
-        sa.event.listen(engine, "before_cursor_execute", lambda *args: statements.append(args[2]))
+        statements = claiming_statements(store)
         await store.apply([timer("call-1")])
         assert len(await store.find_due(datetime.now(UTC), 10)) == 1
         await store.find_due_by_tenant(datetime.now(UTC), 10, after={})
@@ -185,8 +192,6 @@ class TestTenantsOfAClaim:
     ) -> None:
         """Statements run on threads scheduled SCHED_BATCH (waking one does not preempt the
         event loop's thread, which holds the GIL it needs); the caller's thread is untouched."""
-        import os
-
         store = await make_started_store()
         policy = await store._run("read", lambda conn: os.sched_getscheduler(0))
         assert policy == os.SCHED_BATCH
@@ -199,8 +204,6 @@ class TestTenantsOfAClaim:
     ) -> None:
         """Tenants a and b fill their shares; c's timers, stored after the first claim, are
         claimed once the reused list is older than _TENANTS_REUSED_S, not before."""
-        from timer_adapters_postgres import _store
-
         clock = [1000.0]
         monkeypatch.setattr(_store, "monotonic", lambda: clock[0])
         store = await make_started_store()
@@ -226,8 +229,6 @@ class TestTenantsOfAClaim:
     async def test_an_uneven_split_is_one_statement(self, make_started_store: MakeStore) -> None:
         """10 among 3 tenants: 4, 3 and 3 (the longest waiting gets the one left), claimed by
         one statement after the tenants' list, not a second one for what was left over."""
-        import sqlalchemy as sa
-
         store = await make_started_store()
         await store.apply(
             [
@@ -236,14 +237,7 @@ class TestTenantsOfAClaim:
                 for i in range(10)
             ]
         )
-        statements: list[str] = []
-
-        def seen(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
-            statements.append(statement)
-
-        engine = store._claiming
-        assert engine is not None
-        sa.event.listen(engine, "before_cursor_execute", seen)
+        statements = claiming_statements(store)
         batch = await store.find_due_by_tenant(datetime.now(UTC), 10, after={})
         counts = {
             t: sum(1 for e in batch if e.tenant_id == t)
@@ -257,8 +251,6 @@ class TestTenantsOfAClaim:
     ) -> None:
         """With as many tenants due as the claim's limit, others may wait beyond the list:
         every claim asks again (longest waiting first), whatever the clock."""
-        from timer_adapters_postgres import _store
-
         monkeypatch.setattr(_store, "monotonic", lambda: 1000.0)
         store = await make_started_store()
         await store.apply(

@@ -51,6 +51,20 @@ def nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
         yield from nodes(child)
 
 
+def prepared(
+    conn: sa.Connection, statement: sa.TextClause, params: dict[str, Any]
+) -> tuple[str, str]:
+    """``statement`` with its ``:name`` parameters as ``$n``, and the values to EXECUTE it
+    with, as SQL literals in that order."""
+    text = statement.text
+    for number, name in enumerate(params, start=1):
+        text = re.sub(rf":{name}\b", f"${number}", text)
+    raw = conn.connection.driver_connection
+    assert isinstance(raw, psycopg.Connection)
+    values = ", ".join(psycopg.sql.Literal(v).as_string(raw) for v in params.values())
+    return text, values
+
+
 def explain(
     conn: sa.Connection,
     statement: sa.TextClause,
@@ -67,12 +81,7 @@ def explain(
     if not generic:
         (document,) = conn.execute(sa.text(options + statement.text), params).scalar_one()
     else:
-        text = statement.text
-        for number, name in enumerate(params, start=1):
-            text = re.sub(rf":{name}\b", f"${number}", text)
-        raw = conn.connection.driver_connection
-        assert isinstance(raw, psycopg.Connection)
-        values = ", ".join(psycopg.sql.Literal(v).as_string(raw) for v in params.values())
+        text, values = prepared(conn, statement, params)
         conn.exec_driver_sql("SET LOCAL plan_cache_mode = force_generic_plan")
         conn.exec_driver_sql(f"PREPARE timer_explained AS {text}")
         try:
@@ -309,12 +318,7 @@ def explain_as_repeated(
 
     With ``undo``, each execution runs under a savepoint rolled back after it, so a
     statement that writes finds the same rows every time."""
-    text = statement.text
-    for number, name in enumerate(params, start=1):
-        text = re.sub(rf":{name}\b", f"${number}", text)
-    raw = conn.connection.driver_connection
-    assert isinstance(raw, psycopg.Connection)
-    values = ", ".join(psycopg.sql.Literal(v).as_string(raw) for v in params.values())
+    text, values = prepared(conn, statement, params)
     conn.exec_driver_sql(f"PREPARE timer_repeated AS {text}")
     try:
         for _ in range(9):

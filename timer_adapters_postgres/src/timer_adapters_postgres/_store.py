@@ -811,6 +811,7 @@ class PostgresTimerStore(TimerStore):
             self._url,
             pool_size=pool_size or self._pool_size,
             max_overflow=0,
+            pool_use_lifo=True,
             pool_timeout=self._connect_timeout_s,
             connect_args={
                 "connect_timeout": max(1, round(self._connect_timeout_s)),

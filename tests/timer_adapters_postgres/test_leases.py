@@ -10,10 +10,9 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
-import sqlalchemy as sa
 
 from timer_adapters_memory import MemoryEventBus
-from timer_adapters_postgres import PostgresTimerStore, _store
+from timer_adapters_postgres import PostgresTimerStore, _lanes, _store
 from timer_core import (
     CommandOutcome,
     DueCursor,
@@ -54,13 +53,10 @@ def lease_of(sql: psycopg.Connection[Any], call: str) -> tuple[Any, ...]:
 
 
 def claiming_statements(store: PostgresTimerStore) -> list[str]:
-    """Every statement the store runs on its claiming connections from now on, as sent."""
-    statements: list[str] = []
+    """Every statement the store runs on its claiming connection from now on, as sent."""
     assert store._claiming is not None
-    sa.event.listen(
-        store._claiming, "before_cursor_execute", lambda *args: statements.append(args[2])
-    )
-    return statements
+    store._claiming.statements = []
+    return store._claiming.statements
 
 
 async def claim_until_found(store: PostgresTimerStore, limit: int = 10) -> list[TimerEntry]:
@@ -171,14 +167,19 @@ class TestTenantsOfAClaim:
     async def test_claims_are_planned_without_sorts_bitmap_scans_or_jit(
         self, make_started_store: MakeStore
     ) -> None:
-        """Its own connections carry the planner settings; the store's others do not."""
+        """Its own connection carries the planner settings; the store's others do not."""
         store = await make_started_store()
+        names = ("enable_sort", "enable_bitmapscan", "enable_incremental_sort", "jit")
 
         def settings(conn: Any) -> list[str]:
-            names = ("enable_sort", "enable_bitmapscan", "enable_incremental_sort", "jit")
             return [conn.exec_driver_sql(f"SHOW {name}").scalar_one() for name in names]
 
-        assert await store._run("read", settings, claiming=True) == ["off"] * 4
+        async def lane_settings(lane: _lanes.StatementLane | None) -> list[str]:
+            assert lane is not None
+            return [(await lane.fetch("read", f"SHOW {name}", {}))[0][0] for name in names]
+
+        assert await lane_settings(store._claiming) == ["off"] * 4
+        assert await lane_settings(store._marking) == ["on"] * 4
         assert await store._run("read", settings) == ["on"] * 4
         # Both claims run there.
         statements = claiming_statements(store)
@@ -195,8 +196,6 @@ class TestTenantsOfAClaim:
         store = await make_started_store()
         policy = await store._run("read", lambda conn: os.sched_getscheduler(0))
         assert policy == os.SCHED_BATCH
-        claiming = await store._run("read", lambda conn: os.sched_getscheduler(0), claiming=True)
-        assert claiming == os.SCHED_BATCH
         assert os.sched_getscheduler(0) == os.SCHED_OTHER
 
     async def test_a_tenant_falling_due_during_a_drain_joins_once_the_list_is_old(

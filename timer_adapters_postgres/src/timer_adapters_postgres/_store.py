@@ -23,6 +23,7 @@ import sqlalchemy.exc
 import sqlalchemy.orm
 
 from timer_adapters_postgres._errors import is_retryable, translate_error
+from timer_adapters_postgres._lanes import StatementLane, pyformat
 from timer_adapters_postgres._listener import ScheduleListener, notify_payload
 from timer_adapters_postgres._schema import SCHEMA_VERSION, migrate, schema_version
 from timer_adapters_postgres._schema import timer_schedules as t
@@ -120,15 +121,15 @@ _CLAIM_AFTER = sa.text(
     )
 )
 
-# Claims (find_due and find_due_by_tenant) run on connections of their own, planned without
-# sorts and bitmap scans (session settings given when they connect; nothing else runs on
-# them): their plans must be walks of an index in its order. Statistics that
-# call nothing due (taken while a storm was far off, the usual case) make PostgreSQL sort
-# each tenant's share out of all its due rows, read by a bitmap scan or the primary key (0.5
-# ms and 180 rows per tenant of a claim, 8,800 buffers for 100 timers at 20,000 due, in
-# bench/scale_out.py), where the walk of ix_timer_schedules_tenant_due in its order stops
-# after the share. (Set per transaction instead, the claim took a transaction of four round
-# trips: BEGIN, the settings with the tenants, the claim, COMMIT.)
+# Claims (find_due and find_due_by_tenant) run on a connection of their own (a lane: see
+# ._lanes), planned without sorts and bitmap scans (session settings given when it
+# connects; nothing else runs on it): their plans must be walks of an index in its order.
+# Statistics that call nothing due (taken while a storm was far off, the usual case) make
+# PostgreSQL sort each tenant's share out of all its due rows, read by a bitmap scan or the
+# primary key (0.5 ms and 180 rows per tenant of a claim, 8,800 buffers for 100 timers at
+# 20,000 due, in bench/scale_out.py), where the walk of ix_timer_schedules_tenant_due in
+# its order stops after the share. (Set per transaction instead, the claim took a
+# transaction of four round trips: BEGIN, the settings with the tenants, the claim, COMMIT.)
 # And without JIT: a plan that must sort anyway (the tenants' list) is costed at 10^10 with
 # sorts off, far past jit_above_cost, and compiling it took 60 ms a claim.
 _CLAIM_PLANNING = (
@@ -137,8 +138,6 @@ _CLAIM_PLANNING = (
     ("enable_incremental_sort", "off"),
     ("jit", "off"),
 )
-# Connections that claim: one claims ahead while another's claim commits.
-_CLAIMING_POOL = 2
 # find_due_by_tenant: the tenants with pending timers and their earliest due time, one index
 # seek per tenant (a loose scan of ix_timer_schedules_tenant_due), longest waiting first ...
 _DUE_TENANTS = sa.text(
@@ -197,6 +196,11 @@ _CLAIM_BY_TENANT = sa.text(_CLAIM_OF_TENANTS.format(returning=_RETURNING))
 
 
 _BEFORE_ALL = datetime(1, 1, 1, tzinfo=UTC)
+# The statements the lanes run, in psycopg's parameter style.
+_CLAIM_FIRST_SQL = pyformat(_CLAIM_FIRST)
+_CLAIM_AFTER_SQL = pyformat(_CLAIM_AFTER)
+_DUE_TENANTS_SQL = pyformat(_DUE_TENANTS)
+_CLAIM_BY_TENANT_SQL = pyformat(_CLAIM_BY_TENANT)
 
 _LOCK_KEYS = sa.text(
     """
@@ -347,6 +351,7 @@ _MARK = sa.text(
           END""",
     )
 )
+_MARK_SQL = pyformat(_MARK)
 _RELEASE = sa.text(
     _LOCKED_BY_KEY.format(
         set="lease_owner = NULL, lease_until = NULL",
@@ -687,8 +692,8 @@ class PostgresTimerStore(TimerStore):
         suffix). ``notify_horizon_s``: only timers due at most this long after they were
         registered are announced (None: all); later ones are found by the poll anyway.
         ``migrate=False`` refuses a database whose schema is not already current.
-        ``pool_size`` connections read and write; the claims shared among tenants take two
-        more of their own, and ``listen=True`` one for ``LISTEN``.
+        ``pool_size`` connections read and write; claims and marks take two more of their own
+        (used from the event loop), and ``listen=True`` one for ``LISTEN``.
         """
         if lease_s <= 0:
             raise ValueError("lease_s must be positive")
@@ -711,7 +716,9 @@ class PostgresTimerStore(TimerStore):
         self._migrate = migrate
         self._engine: sa.Engine | None = None
         self._autocommit: sa.Engine | None = None
-        self._claiming: sa.Engine | None = None
+        # Claims, and the marks of fired batches: the drain's statements, run from the loop.
+        self._claiming: StatementLane | None = None
+        self._marking: StatementLane | None = None
         # The tenants the last claim by tenant shared among (all those due), its limit, and
         # when they were read (time.monotonic()).
         self._tenants: tuple[list[str], int, float] | None = None
@@ -749,9 +756,8 @@ class PostgresTimerStore(TimerStore):
             if self._engine is not None:
                 return
             engine = self._create_engine()
-            claiming = self._create_engine(_CLAIMING_POOL, _CLAIM_PLANNING)
             executor = ThreadPoolExecutor(
-                self._pool_size + _CLAIMING_POOL,
+                self._pool_size,
                 thread_name_prefix="timer-postgres",
                 initializer=_scheduled_as_batch,
             )
@@ -773,11 +779,11 @@ class PostgresTimerStore(TimerStore):
             except BaseException:
                 executor.shutdown(wait=False)
                 engine.dispose()
-                claiming.dispose()
                 raise
             self._engine = engine
             self._autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
-            self._claiming = claiming.execution_options(isolation_level="AUTOCOMMIT")
+            self._claiming = self._lane(_CLAIM_PLANNING)
+            self._marking = self._lane()
             self._executor = executor
             self._listener = listener
             log.info("timer store started on %r as %s", self, self._owner_id)
@@ -787,35 +793,44 @@ class PostgresTimerStore(TimerStore):
         async with self._lifecycle:
             listener, self._listener = self._listener, None
             engine, self._engine, self._autocommit = self._engine, None, None
-            claiming, self._claiming = self._claiming, None
+            lanes = [lane for lane in (self._claiming, self._marking) if lane is not None]
+            self._claiming = self._marking = None
             executor, self._executor = self._executor, None
             if listener is not None:
                 await listener.aclose()
+            for lane in lanes:
+                await lane.aclose()
             if executor is not None:
                 await asyncio.to_thread(executor.shutdown, wait=True)
             if engine is not None:
                 engine.dispose()
-            if claiming is not None:
-                claiming.dispose()
             self._claims.clear()
             self._tenants = None
 
-    def _create_engine(
-        self, pool_size: int | None = None, settings: Sequence[tuple[str, str]] = ()
-    ) -> sa.Engine:
+    def _options(self, settings: Sequence[tuple[str, str]] = ()) -> str:
+        """libpq ``options``: the session settings every connection of the store starts with."""
         options = "-c TimeZone=UTC"
         if self._statement_timeout_s is not None:
             options += f" -c statement_timeout={round(self._statement_timeout_s * 1000)}"
-        options += "".join(f" -c {name}={value}" for name, value in settings)
+        return options + "".join(f" -c {name}={value}" for name, value in settings)
+
+    def _lane(self, settings: Sequence[tuple[str, str]] = ()) -> StatementLane:
+        return StatementLane(
+            self._url.set(drivername="postgresql").render_as_string(hide_password=False),
+            options=self._options(settings),
+            connect_timeout_s=self._connect_timeout_s,
+        )
+
+    def _create_engine(self) -> sa.Engine:
         return sa.create_engine(
             self._url,
-            pool_size=pool_size or self._pool_size,
+            pool_size=self._pool_size,
             max_overflow=0,
             pool_use_lifo=True,
             pool_timeout=self._connect_timeout_s,
             connect_args={
                 "connect_timeout": max(1, round(self._connect_timeout_s)),
-                "options": options,
+                "options": self._options(),
                 "application_name": "timer",
             },
         )
@@ -862,11 +877,9 @@ class PostgresTimerStore(TimerStore):
         work: Callable[[sa.Connection], _T],
         *,
         atomic: bool = False,
-        claiming: bool = False,
     ) -> _T:
-        """Run ``work`` in the store's threads: one transaction if ``atomic``, else autocommit;
-        ``claiming``: autocommit on the connections that claim by tenant."""
-        engine = self._claiming if claiming else self._engine if atomic else self._autocommit
+        """Run ``work`` in the store's threads: one transaction if ``atomic``, else autocommit."""
+        engine = self._engine if atomic else self._autocommit
         executor = self._executor
         if engine is None or executor is None:
             raise StoreUnavailable("the PostgreSQL timer store is not started (or closed)")
@@ -962,10 +975,21 @@ class PostgresTimerStore(TimerStore):
             for reached_at, indexes in groups.items()
         ]
 
+        if len(statements) == 1:  # a fired batch: one autocommit statement, from the loop
+            return await self._lane_of("marking").execute(
+                "mark timers reached", _MARK_SQL, statements[0]
+            )
+
         def mark(conn: sa.Connection) -> int:
             return sum(conn.execute(_MARK, params).rowcount for params in statements)
 
-        return await self._run("mark timers reached", mark, atomic=len(statements) > 1)
+        return await self._run("mark timers reached", mark, atomic=True)
+
+    def _lane_of(self, name: str) -> StatementLane:
+        lane = self._claiming if name == "claiming" else self._marking
+        if lane is None:
+            raise StoreUnavailable("the PostgreSQL timer store is not started (or closed)")
+        return lane
 
     async def release_claims(self, entries: Sequence[TimerEntry]) -> None:
         """Drop this store's claims on ``entries`` so any instance may claim them at once."""
@@ -1008,20 +1032,18 @@ class PostgresTimerStore(TimerStore):
             "now": require_utc(now),
             "limit": limit,
         }
-        statement = _CLAIM_FIRST
+        statement = _CLAIM_FIRST_SQL
         if after is not None:
-            statement = _CLAIM_AFTER
+            statement = _CLAIM_AFTER_SQL
             params.update(
                 after_due=after.due_at,
                 after_tenant=after.tenant_id,
                 after_call=after.service_call_id,
             )
-        # On the claiming connections too: with no statistics yet (a new table's first
+        # On the claiming connection too: with no statistics yet (a new table's first
         # storm), the walk of ix_timer_schedules_due became a bitmap scan of every due timer
         # and a sort, 16 ms against 0.4 for a claim of 100 at 20,000 due.
-        rows = await self._run(
-            "claim due timers", lambda conn: conn.execute(statement, params).all(), claiming=True
-        )
+        rows = await self._lane_of("claiming").fetch("claim due timers", statement, params)
         return self._track_claims(rows)
 
     @property
@@ -1045,14 +1067,18 @@ class PostgresTimerStore(TimerStore):
         if known is not None and known[1] == limit and read_at - known[2] < _TENANTS_REUSED_S:
             reused, read_at = known[0], known[2]
 
-        def claim(conn: sa.Connection) -> tuple[list[Any], list[str] | None]:
+        lane = self._lane_of("claiming")
+        action = "claim due timers by tenant"
+
+        async def claim() -> tuple[list[Any], list[str] | None]:
             """The rows claimed, and the tenants the next claim may share among."""
             active = reused
             if active is None:
                 # At most ``limit`` tenants take part (one timer each at least): the others
                 # are not even listed, so a backlog over many tenants costs no memory per
                 # tenant.
-                active = list(conn.execute(_DUE_TENANTS, {"now": now, "limit": limit}).scalars())
+                listed = await lane.fetch(action, _DUE_TENANTS_SQL, {"now": now, "limit": limit})
+                active = [row.tenant_id for row in listed]
             # Every tenant due was listed: those that fill their share are listed again next.
             again: list[str] | None = [] if len(active) < limit else None
             rows: list[Any] = []
@@ -1073,7 +1099,7 @@ class PostgresTimerStore(TimerStore):
                     "shares": _int_array(shares),
                 }
                 claimed: dict[str, list[Any]] = {}
-                for row in conn.execute(_CLAIM_BY_TENANT, params).all():
+                for row in await lane.fetch(action, _CLAIM_BY_TENANT_SQL, params):
                     claimed.setdefault(row.tenant_id, []).append(row)
                 more = []
                 for tenant, wanted in zip(tenants, shares, strict=True):
@@ -1091,7 +1117,7 @@ class PostgresTimerStore(TimerStore):
                 active = more
             return rows, again if len(rows) >= limit else None
 
-        rows, again = await self._run("claim due timers by tenant", claim, claiming=True)
+        rows, again = await claim()
         if again:
             self._tenants = (again, limit, read_at)
         return self._track_claims(rows)

@@ -1,0 +1,136 @@
+"""The store's lanes: claims and marks on connections of its own, used from the event loop."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import psycopg
+import pytest
+import sqlalchemy as sa
+
+from timer_adapters_postgres import PostgresTimerStore
+from timer_adapters_postgres._lanes import pyformat
+from timer_core import StoreUnavailable, TimerEntry
+
+NOW = datetime.now(UTC).replace(microsecond=0)
+
+
+def due(call: str) -> TimerEntry:
+    return TimerEntry(
+        tenant_id="tenant-a",
+        service_call_id=call,
+        due_at=NOW - timedelta(seconds=30),
+        registered_at=NOW - timedelta(seconds=60),
+    )
+
+
+def kill_store_connections(sql: psycopg.Connection[Any]) -> None:
+    sql.execute(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+        "WHERE application_name = 'timer' AND datname = current_database()"
+    )
+
+
+def scheduled(sql: psycopg.Connection[Any]) -> int:
+    row = sql.execute("SELECT count(*) FROM timer_schedules WHERE state = 'Scheduled'").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+async def wait_until_blocked(sql: psycopg.Connection[Any]) -> None:
+    """Wait until one of the store's connections waits for a lock."""
+    async with asyncio.timeout(10):
+        while not sql.execute(
+            "SELECT 1 FROM pg_stat_activity WHERE application_name = 'timer'"
+            " AND wait_event_type = 'Lock'"
+        ).fetchone():
+            await asyncio.sleep(0.01)  # nothing to await but the server's own view
+
+
+class TestStatementsOfTheLanes:
+    def test_named_parameters_become_psycopg_ones(self) -> None:
+        """``:name`` becomes ``%(name)s``; casts and text that only looks alike stay."""
+        statement = sa.text("SELECT CAST(:a AS int), 'x'::text, now() WHERE b = :b_2")
+        assert (
+            pyformat(statement) == "SELECT CAST(%(a)s AS int), 'x'::text, now() WHERE b = %(b_2)s"
+        )
+
+    def test_a_percent_sign_is_refused(self) -> None:
+        """psycopg would read it as a placeholder: such a statement is refused up front."""
+        with pytest.raises(ValueError, match="'%'"):
+            pyformat(sa.text("SELECT 1 WHERE a LIKE 'x%'"))
+
+
+class TestLanesFailAndRecover:
+    async def test_killed_lanes_fail_once_then_reconnect(
+        self, postgres_url: str, postgres_sql: psycopg.Connection[Any]
+    ) -> None:
+        """A claim and a mark whose connection the server dropped raise StoreUnavailable;
+        the next ones reconnect, and nothing was claimed or marked meanwhile."""
+        async with PostgresTimerStore(postgres_url, listen=False) as store:
+            await store.apply([due("call-0"), due("call-1"), due("call-2")])
+            first = await store.find_due(NOW, 1)  # both lanes connected
+            assert await store.mark_reached([entry.reach(NOW) for entry in first]) == 1
+            kill_store_connections(postgres_sql)
+            with pytest.raises(StoreUnavailable, match="claim due timers"):
+                await store.find_due(NOW, 10)
+            claimed = await store.find_due(NOW, 10)
+            assert [e.service_call_id for e in claimed] == ["call-1", "call-2"]
+            reached = [entry.reach(NOW) for entry in claimed]
+            kill_store_connections(postgres_sql)
+            with pytest.raises(StoreUnavailable, match="mark timers reached"):
+                await store.mark_reached(reached)
+            assert scheduled(postgres_sql) == 2
+            assert await store.mark_reached(reached) == 2
+            assert scheduled(postgres_sql) == 0
+
+    async def test_a_claim_past_the_statement_timeout_is_unavailable(
+        self, postgres_url: str, postgres_sql: psycopg.Connection[Any]
+    ) -> None:
+        """The lanes carry the store's statement_timeout_s like its other connections."""
+        async with PostgresTimerStore(postgres_url, listen=False, statement_timeout_s=0.2) as store:
+            await store.apply([due("call-1")])
+            with postgres_sql.transaction():
+                postgres_sql.execute("LOCK TABLE timer_schedules IN ACCESS EXCLUSIVE MODE")
+                with pytest.raises(StoreUnavailable, match="statement timeout"):
+                    await store.find_due_by_tenant(NOW, 10, after={})
+            assert [e.service_call_id for e in await store.find_due(NOW, 10)] == ["call-1"]
+
+    async def test_a_cancelled_claim_runs_to_its_end_and_the_lane_goes_on(
+        self, postgres_url: str, postgres_sql: psycopg.Connection[Any]
+    ) -> None:
+        """Cancelling the caller does not cut the exchange with the server short: the claim
+        still commits (its timers leased to this store, which may claim them again at once)
+        and the next statement on the lane runs normally."""
+        async with PostgresTimerStore(postgres_url, listen=False) as store:
+            await store.apply([due("call-1")])
+            with psycopg.connect(postgres_sql.info.dsn) as other:
+                other.execute("LOCK TABLE timer_schedules IN ACCESS EXCLUSIVE MODE")
+                claiming = asyncio.create_task(store.find_due(NOW, 10))
+                await wait_until_blocked(postgres_sql)
+                claiming.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await claiming
+                other.commit()
+            again = await store.find_due(NOW, 10)
+            assert [e.service_call_id for e in again] == ["call-1"]
+            row = postgres_sql.execute(
+                "SELECT lease_owner, lease_token FROM timer_schedules"
+            ).fetchone()
+            assert row == (store.owner_id, 2)  # claimed by the cancelled call, then again
+
+    async def test_closed_lanes_are_unavailable(self, postgres_url: str) -> None:
+        """After aclose, claims and marks raise StoreUnavailable like every other call."""
+        store = PostgresTimerStore(postgres_url, listen=False)
+        await store.start()
+        await store.apply([due("call-1")])
+        claimed = await store.find_due(NOW, 10)
+        await store.aclose()
+        with pytest.raises(StoreUnavailable):
+            await store.find_due(NOW, 10)
+        with pytest.raises(StoreUnavailable):
+            await store.find_due_by_tenant(NOW, 10, after={})
+        with pytest.raises(StoreUnavailable):
+            await store.mark_reached([entry.reach(NOW) for entry in claimed])

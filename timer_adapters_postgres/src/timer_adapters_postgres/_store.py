@@ -1,7 +1,8 @@
 """The timer store on PostgreSQL, shared by several timer-service instances through leased claims.
 
 Blocking SQLAlchemy/psycopg calls run in a small thread pool of the store's own; the
-``LISTEN`` connection lives in the event loop (see :mod:`._listener`).
+claims and the marks of fired batches run on two connections used from the event loop
+(see :mod:`._lanes`), and so does the ``LISTEN`` connection (see :mod:`._listener`).
 """
 
 from __future__ import annotations

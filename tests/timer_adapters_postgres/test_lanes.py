@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import threading
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -13,6 +15,8 @@ import sqlalchemy as sa
 from timer_adapters_postgres import PostgresTimerStore
 from timer_adapters_postgres._lanes import pyformat
 from timer_core import StoreUnavailable, TimerEntry
+
+MakeStore = Callable[..., Awaitable[PostgresTimerStore]]
 
 NOW = datetime.now(UTC).replace(microsecond=0)
 
@@ -134,3 +138,27 @@ class TestLanesFailAndRecover:
             await store.find_due_by_tenant(NOW, 10, after={})
         with pytest.raises(StoreUnavailable):
             await store.mark_reached([entry.reach(NOW) for entry in claimed])
+
+
+class TestPooledConnections:
+    async def test_the_most_recently_used_connection_is_handed_out_first(
+        self, make_started_store: MakeStore
+    ) -> None:
+        """Once the pool holds several connections, calls one after another keep using the
+        same one (its server process stays warm) instead of going round all of them."""
+        store = await make_started_store(pool_size=3)
+
+        def backend(conn: Any) -> int:
+            return int(conn.exec_driver_sql("SELECT pg_backend_pid()").scalar_one())
+
+        together = threading.Barrier(3, timeout=30)
+
+        def held(conn: Any) -> int:
+            pid = backend(conn)
+            together.wait()  # all three hold a connection at once
+            return pid
+
+        opened = set(await asyncio.gather(*(store._run("hold", held) for _ in range(3))))
+        assert len(opened) == 3  # three connections in the pool now
+        used = {await store._run("read", backend) for _ in range(6)}
+        assert len(used) == 1

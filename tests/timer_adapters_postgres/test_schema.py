@@ -148,6 +148,11 @@ class TestMigrations:
                 }
                 indexes = {i["name"]: i["column_names"] for i in inspector.get_indexes(table.name)}
                 assert indexes == {i.name: [c.name for c in i.columns] for i in table.indexes}
+                options = inspector.get_table_options(table.name).get("postgresql_with", {})
+                expected = table.dialect_options["postgresql"]["with"] or {}
+                assert {k: str(v) for k, v in options.items()} == {
+                    k: str(v) for k, v in expected.items()
+                }
         finally:
             engine.dispose()
 

@@ -77,6 +77,8 @@ timer_schedules = sa.Table(
         "reached_at",
         postgresql_where=sa.text("state = 'Reached'"),
     ),
+    # Half of each page left free (schema version 5): a claim's update stays on its page.
+    postgresql_with={"fillfactor": 50},
 )
 
 #: The tombstone of a positioned cancel: the key's highest command position, kept after its
@@ -203,6 +205,20 @@ MIGRATIONS: tuple[Migration, ...] = (
             # Nullable without a default: a catalog-only change, no table rewrite or scan.
             "ALTER TABLE timer_schedules ADD COLUMN traceparent text",
             "ALTER TABLE timer_schedules ADD COLUMN tracestate text",
+        ),
+    ),
+    Migration(
+        5,
+        "half-full pages: a claim's update stays on its page",
+        (
+            # Timers due together sit together, so a claim of 100 updates most rows of a
+            # few pages in one statement; at fillfactor 90 only about one in ten of the new
+            # versions fitted on its page, and every other one was a non-HOT update writing
+            # an entry into each of the table's four indexes. With half of each page free,
+            # the claim's updates are heap-only (PostgreSQL CPU per fired timer about 30%
+            # lower in bench/scale_out.py), for 1.8 times the heap. Pages already
+            # written keep their fill until rewritten (VACUUM FULL, pg_repack).
+            "ALTER TABLE timer_schedules SET (fillfactor = 50)",
         ),
     ),
 )

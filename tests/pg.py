@@ -7,6 +7,7 @@ The session fixture ``postgres_cluster`` (in ``tests/conftest.py``) starts one p
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import pwd
@@ -17,6 +18,7 @@ import subprocess
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import attrs
 import psycopg
@@ -248,3 +250,14 @@ def _wait_ready(cluster: PostgresCluster) -> bool:
         except psycopg.OperationalError:
             time.sleep(0.05)  # polling a starting server: nothing to wait on but the port
     return False
+
+
+async def wait_until_blocked(sql: psycopg.Connection[Any]) -> None:
+    """Wait until one of a Timer store's connections waits for a lock (it shows in
+    ``pg_stat_activity`` under ``application_name = 'timer'``)."""
+    async with asyncio.timeout(10):
+        while not sql.execute(
+            "SELECT 1 FROM pg_stat_activity WHERE application_name = 'timer'"
+            " AND wait_event_type = 'Lock'"
+        ).fetchone():
+            await asyncio.sleep(0.01)  # nothing to await but the server's own view

@@ -12,6 +12,7 @@ import psycopg
 import pytest
 import sqlalchemy as sa
 
+from tests.pg import wait_until_blocked
 from timer_adapters_postgres import PostgresTimerStore, _store
 from timer_adapters_postgres._lanes import pyformat
 from timer_core import StoreUnavailable, TimerEntry
@@ -41,16 +42,6 @@ def scheduled(sql: psycopg.Connection[Any]) -> int:
     row = sql.execute("SELECT count(*) FROM timer_schedules WHERE state = 'Scheduled'").fetchone()
     assert row is not None
     return int(row[0])
-
-
-async def wait_until_blocked(sql: psycopg.Connection[Any]) -> None:
-    """Wait until one of the store's connections waits for a lock."""
-    async with asyncio.timeout(10):
-        while not sql.execute(
-            "SELECT 1 FROM pg_stat_activity WHERE application_name = 'timer'"
-            " AND wait_event_type = 'Lock'"
-        ).fetchone():
-            await asyncio.sleep(0.01)  # nothing to await but the server's own view
 
 
 class TestStatementsOfTheLanes:

@@ -11,6 +11,7 @@ from typing import Any
 
 import psycopg
 
+from tests.pg import wait_until_blocked
 from timer_adapters_memory import MemoryEventBus
 from timer_adapters_postgres import PostgresTimerStore, _lanes, _store
 from timer_core import (
@@ -330,15 +331,6 @@ class TestFiringAcrossInstances:
 class TestRacingWriters:
     """apply stays exact when another transaction inserts the same new key at the same time."""
 
-    async def wait_until_blocked(self, sql: psycopg.Connection[Any]) -> None:
-        """Wait until one of the store's connections waits for a row lock."""
-        async with asyncio.timeout(10):
-            while not sql.execute(
-                "SELECT 1 FROM pg_stat_activity WHERE application_name = 'timer'"
-                " AND wait_event_type = 'Lock'"
-            ).fetchone():
-                await asyncio.sleep(0.01)  # nothing to await but the server's own view
-
     async def test_a_key_inserted_concurrently_is_rescheduled(
         self, make_started_store: MakeStore, postgres_sql: psycopg.Connection[Any]
     ) -> None:
@@ -350,7 +342,7 @@ class TestRacingWriters:
                 " VALUES ('tenant-a', 'raced', now(), now())"
             )
             applying = asyncio.create_task(store.apply([timer("raced", 30)]))
-            await self.wait_until_blocked(postgres_sql)
+            await wait_until_blocked(postgres_sql)
             other.commit()
         assert await applying == [CommandOutcome.SCHEDULED]
         assert await store.get(timer("raced").tenant_id, timer("raced").service_call_id) == timer(
@@ -369,7 +361,7 @@ class TestRacingWriters:
                 " VALUES ('tenant-a', 'raced', now(), now(), 'Reached', now())"
             )
             applying = asyncio.create_task(store.apply([timer("raced", 30), timer("other")]))
-            await self.wait_until_blocked(postgres_sql)
+            await wait_until_blocked(postgres_sql)
             other.commit()
         assert await applying == [CommandOutcome.IGNORED_REACHED, CommandOutcome.SCHEDULED]
         stored = await store.get(timer("raced").tenant_id, timer("raced").service_call_id)

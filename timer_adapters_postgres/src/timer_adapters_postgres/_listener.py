@@ -12,13 +12,14 @@ import contextlib
 import logging
 from collections.abc import Callable
 from datetime import UTC, datetime
+from time import monotonic
 
 import psycopg
 from psycopg import sql
 
 from timer_core import StoreUnavailable, from_epoch_ms, to_epoch_ms
 
-__all__ = ["EARLIEST", "ScheduleListener", "notify_payload", "parse_payload"]
+__all__ = ["EARLIEST", "ScheduleListener", "notify_payload", "parse_payload", "peer_payload"]
 
 log = logging.getLogger(__name__)
 
@@ -27,11 +28,22 @@ EARLIEST = datetime.min.replace(tzinfo=UTC)
 
 _RECONNECT_INITIAL_S = 0.1
 _RECONNECT_MAX_S = 5.0
+# An instance's "I am here" on the channel (see PostgresTimerStore): not a schedule's
+# payload, so listeners that do not know it ignore it.
+_PEER = "peer "
+# Instances remembered at most; those not heard for a minute are forgotten first.
+_MOST_PEERS = 256
+_FORGOTTEN_S = 60.0
 
 
 def notify_payload(due_at: datetime, owner_id: str) -> str:
     """The ``NOTIFY`` payload for a timer due at ``due_at`` scheduled by ``owner_id``."""
     return f"{to_epoch_ms(due_at)} {owner_id}"
+
+
+def peer_payload(owner_id: str) -> str:
+    """The ``NOTIFY`` payload by which the instance ``owner_id`` says it is there."""
+    return _PEER + owner_id
 
 
 def parse_payload(payload: str) -> tuple[datetime, str] | None:
@@ -66,6 +78,13 @@ class ScheduleListener:
         self._connect_timeout = max(1, round(connect_timeout_s))
         self._conn: psycopg.AsyncConnection[tuple[object, ...]] | None = None
         self._task: asyncio.Task[None] | None = None
+        # Other instances heard on the channel, and when (time.monotonic()).
+        self._peers: dict[str, float] = {}
+
+    def peers(self, within_s: float) -> list[str]:
+        """The other instances heard on the channel in the last ``within_s`` seconds."""
+        now = monotonic()
+        return sorted(owner for owner, at in self._peers.items() if now - at <= within_s)
 
     async def start(self) -> None:
         """Connect and ``LISTEN``; raises :class:`StoreUnavailable` if the server is down."""
@@ -127,6 +146,9 @@ class ScheduleListener:
             await self._close()
 
     def _on_notify(self, payload: str) -> None:
+        if payload.startswith(_PEER):
+            self._heard(payload[len(_PEER) :])
+            return
         parsed = parse_payload(payload)
         if parsed is None:
             log.debug("ignoring notification %r on %s", payload, self._channel)
@@ -134,6 +156,15 @@ class ScheduleListener:
         due_at, owner = parsed
         if owner != self._own_id:
             self._hand_over(due_at)
+
+    def _heard(self, owner: str) -> None:
+        if not owner or owner == self._own_id:
+            return
+        now = monotonic()
+        self._peers[owner] = now
+        if len(self._peers) > _MOST_PEERS:
+            for old in [o for o, at in self._peers.items() if now - at > _FORGOTTEN_S]:
+                del self._peers[old]
 
     def _hand_over(self, due_at: datetime) -> None:
         try:

@@ -8,10 +8,12 @@ claims and the marks of fired batches run on two connections used from the event
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import secrets
 import socket
+import zlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
@@ -25,7 +27,7 @@ import sqlalchemy.orm
 
 from timer_adapters_postgres._errors import is_retryable, translate_error
 from timer_adapters_postgres._lanes import StatementLane, pyformat
-from timer_adapters_postgres._listener import ScheduleListener, notify_payload
+from timer_adapters_postgres._listener import ScheduleListener, notify_payload, peer_payload
 from timer_adapters_postgres._schema import SCHEMA_VERSION, migrate, schema_version
 from timer_adapters_postgres._schema import timer_schedules as t
 from timer_core import (
@@ -154,7 +156,7 @@ WITH RECURSIVE pending AS (
         ORDER BY tenant_id, due_at, service_call_id LIMIT 1
     ) AS n
 )
-SELECT tenant_id FROM pending
+SELECT tenant_id, due_at FROM pending
 WHERE due_at <= :now ORDER BY due_at, tenant_id LIMIT :limit
 """
 )
@@ -197,6 +199,21 @@ _CLAIM_BY_TENANT = sa.text(_CLAIM_OF_TENANTS.format(returning=_RETURNING))
 
 
 _BEFORE_ALL = datetime(1, 1, 1, tzinfo=UTC)
+# Instances say they are there this often on the LISTEN channel, and one not heard for
+# _PEER_GONE_S no longer owns tenants (see PostgresTimerStore._by_preference).
+_PEER_EVERY_S = 1.0
+_PEER_GONE_S = 3.5
+# ... and another instance's tenant whose earliest timer waits this much longer than this
+# instance's own earliest is claimed as if it were its own (the other is behind).
+_HELP_BEHIND = timedelta(seconds=1)
+_ANNOUNCE_SQL = "SELECT pg_notify(%(channel)s, %(payload)s)"
+
+
+def _assigned(tenant: str, owners: Sequence[str]) -> str:
+    """The instance among ``owners`` that claims ``tenant`` first (rendezvous hashing)."""
+    return max(owners, key=lambda owner: zlib.crc32(f"{owner}\0{tenant}".encode()))
+
+
 # The statements the lanes run, in psycopg's parameter style.
 _CLAIM_FIRST_SQL = pyformat(_CLAIM_FIRST)
 _CLAIM_AFTER_SQL = pyformat(_CLAIM_AFTER)
@@ -722,9 +739,11 @@ class PostgresTimerStore(TimerStore):
         self._marking: StatementLane | None = None
         # The tenants the last claim by tenant shared among (all those due), its limit, and
         # when they were read (time.monotonic()).
-        self._tenants: tuple[list[str], int, float] | None = None
+        # The tenants a drain's next claim may reuse: (tenants, limit, read at, earliest due).
+        self._tenants: tuple[list[str], int, float, dict[str, datetime]] | None = None
         self._executor: ThreadPoolExecutor | None = None
         self._listener: ScheduleListener | None = None
+        self._announcing: asyncio.Task[None] | None = None
         self._lifecycle = asyncio.Lock()
         self._claims: dict[TimerKey, _Claim] = {}
 
@@ -787,11 +806,20 @@ class PostgresTimerStore(TimerStore):
             self._marking = self._lane()
             self._executor = executor
             self._listener = listener
+            if listener is not None:
+                self._announcing = asyncio.create_task(
+                    self._announce(), name=f"timer-announce-{self._channel}"
+                )
             log.info("timer store started on %r as %s", self, self._owner_id)
 
     async def aclose(self) -> None:
         """Stop listening, let the calls in flight finish, close the connections."""
         async with self._lifecycle:
+            announcing, self._announcing = self._announcing, None
+            if announcing is not None:
+                announcing.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await announcing
             listener, self._listener = self._listener, None
             engine, self._engine, self._autocommit = self._engine, None, None
             lanes = [lane for lane in (self._claiming, self._marking) if lane is not None]
@@ -807,6 +835,16 @@ class PostgresTimerStore(TimerStore):
                 engine.dispose()
             self._claims.clear()
             self._tenants = None
+
+    async def _announce(self) -> None:
+        """Say on the ``LISTEN`` channel that this instance is there, every _PEER_EVERY_S."""
+        params = {"channel": self._channel, "payload": peer_payload(self._owner_id)}
+        while (lane := self._marking) is not None:
+            try:
+                await lane.execute("announce this instance", _ANNOUNCE_SQL, params)
+            except StoreError as exc:  # the others take its tenants over meanwhile
+                log.debug("could not announce this instance: %s", exc)
+            await asyncio.sleep(_PEER_EVERY_S)
 
     def _options(self, settings: Sequence[tuple[str, str]] = ()) -> str:
         """libpq ``options``: the session settings every connection of the store starts with."""
@@ -1064,9 +1102,10 @@ class PostgresTimerStore(TimerStore):
         base = {"owner": self._owner_id, "lease": self._lease, "now": now}
         known, self._tenants = self._tenants, None
         reused: list[str] | None = None
+        earliest: dict[str, datetime] = {}
         read_at = monotonic()
         if known is not None and known[1] == limit and read_at - known[2] < _TENANTS_REUSED_S:
-            reused, read_at = known[0], known[2]
+            reused, read_at, earliest = known[0], known[2], known[3]
 
         lane = self._lane_of("claiming")
         action = "claim due timers by tenant"
@@ -1080,9 +1119,21 @@ class PostgresTimerStore(TimerStore):
                 # tenant.
                 listed = await lane.fetch(action, _DUE_TENANTS_SQL, {"now": now, "limit": limit})
                 active = [row.tenant_id for row in listed]
+                earliest.update((row.tenant_id, row.due_at) for row in listed)
             # Every tenant due was listed: those that fill their share are listed again next.
-            again: list[str] | None = [] if len(active) < limit else None
+            complete = len(active) < limit
+            again: list[str] = []
             rows: list[Any] = []
+            # This instance's own tenants first, the others' only for what they leave.
+            for group in self._by_preference(active, earliest):
+                if len(rows) >= limit:
+                    again += group  # not reached: all of them may share the next claim
+                    continue
+                await take(group, rows, again)
+            return rows, again if complete and len(rows) >= limit else None
+
+        async def take(active: list[str], rows: list[Any], again: list[str]) -> None:
+            """Claim shares of ``active``'s tenants into ``rows`` (up to ``limit``)."""
             first = True
             while len(rows) < limit and active:
                 # Longest waiting first: when fewer are left than tenants, the first get one;
@@ -1112,16 +1163,42 @@ class PostgresTimerStore(TimerStore):
                         cursors[tenant] = (mine[-1].due_at, mine[-1].service_call_id)
                     if len(mine) == wanted:
                         more.append(tenant)  # it may use what others leave of their share
-                if first and again is not None:
-                    again = more + active[len(tenants) :]
+                if first:
+                    again += more + active[len(tenants) :]
                 first = False
                 active = more
-            return rows, again if len(rows) >= limit else None
 
         rows, again = await claim()
         if again:
-            self._tenants = (again, limit, read_at)
+            self._tenants = (again, limit, read_at, earliest)
         return self._track_claims(rows)
+
+    def _by_preference(
+        self, tenants: list[str], earliest: Mapping[str, datetime]
+    ) -> list[list[str]]:
+        """``tenants`` (in their order) as this instance's own, then the others'.
+
+        Instances that hear each other on the ``LISTEN`` channel (each says it is there
+        every ``_PEER_EVERY_S``) share the tenants out by rendezvous hashing over those heard
+        in the last ``_PEER_GONE_S``: each claims its own tenants' timers first and the
+        others' only when its own cannot fill a batch, so no instance walks past the timers
+        another one leased, nor works on the same pages. A tenant whose instance went quiet
+        is taken over once it has not been heard for ``_PEER_GONE_S``; one whose earliest
+        due timer (``earliest``) waits ``_HELP_BEHIND`` longer than this instance's own
+        earliest is claimed as if it were this instance's own, so a slow instance's tenants
+        do not fall behind the others'.
+        """
+        listener = self._listener
+        peers = [] if listener is None else listener.peers(_PEER_GONE_S)
+        if not peers:
+            return [tenants]
+        owners = (self._owner_id, *peers)
+        own = {tenant for tenant in tenants if _assigned(tenant, owners) == self._owner_id}
+        dues = [earliest[tenant] for tenant in own if tenant in earliest]
+        if dues:
+            behind = min(dues) - _HELP_BEHIND
+            own.update(t for t in tenants if t in earliest and earliest[t] < behind)
+        return [[t for t in tenants if t in own], [t for t in tenants if t not in own]]
 
     def _track_claims(self, rows: Sequence[Any]) -> list[TimerEntry]:
         """The claimed rows as entries in due order, their claims remembered for the fence."""

@@ -4,6 +4,7 @@ its own tenants' timers first, the others' only for what its own leave of a batc
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 
@@ -44,7 +45,7 @@ def owned_by(owner: str, owners: tuple[str, ...]) -> set[str]:
 
 class TestTenantsSharedOut:
     async def test_each_instance_claims_its_own_tenants_first(
-        self, make_started_store: MakeStore
+        self, make_started_store: MakeStore, caplog: pytest.LogCaptureFixture
     ) -> None:
         """Two instances that hear each other claim disjoint tenants while their own fill a
         batch; the announcements wake no worker."""
@@ -56,7 +57,9 @@ class TestTenantsSharedOut:
         owners = ("instance-a", "instance-b")
         mine, theirs = owned_by("instance-a", owners), owned_by("instance-b", owners)
         assert mine and theirs  # 12 tenants over two instances: each owns some
-        claimed_a = await a.find_due_by_tenant(NOW, 2 * len(mine), after={})
+        with caplog.at_level(logging.INFO, logger=_store.__name__):
+            claimed_a = await a.find_due_by_tenant(NOW, 2 * len(mine), after={})
+        assert "instance-a shares the tenants with instance-b" in caplog.messages
         claimed_b = await b.find_due_by_tenant(NOW, 2 * len(theirs), after={})
         assert {entry.tenant_id for entry in claimed_a} == mine
         assert {entry.tenant_id for entry in claimed_b} == theirs
@@ -97,10 +100,13 @@ class TestTenantsSharedOut:
         assert {entry.tenant_id for entry in claimed} == mine | lagging
 
     async def test_an_instance_not_heard_for_a_while_owns_nothing(
-        self, make_started_store: MakeStore, monkeypatch: pytest.MonkeyPatch
+        self,
+        make_started_store: MakeStore,
+        monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture,
     ) -> None:
         """Once the other instance has been quiet for _PEER_GONE_S, its tenants are shared
-        among those still heard, here all claimed by the one left."""
+        among those still heard, here all claimed by the one left, and the log says so."""
         a = await make_started_store(owner_id="instance-a")
         b = await make_started_store(owner_id="instance-b")
         await a.apply([due(tenant, n) for tenant in TENANTS for n in range(5)])
@@ -108,8 +114,10 @@ class TestTenantsSharedOut:
         await b.aclose()
         later = _listener.monotonic() + _store._PEER_GONE_S + 1
         monkeypatch.setattr(_listener, "monotonic", lambda: later)
-        claimed = await a.find_due_by_tenant(NOW, 2 * len(TENANTS), after={})
+        with caplog.at_level(logging.INFO, logger=_store.__name__):
+            claimed = await a.find_due_by_tenant(NOW, 2 * len(TENANTS), after={})
         assert {entry.tenant_id for entry in claimed} == set(TENANTS)
+        assert "instance-a shares the tenants with no other instance" in caplog.messages
 
     async def test_a_store_that_does_not_listen_shares_with_no_one(
         self, make_started_store: MakeStore

@@ -744,6 +744,8 @@ class PostgresTimerStore(TimerStore):
         self._executor: ThreadPoolExecutor | None = None
         self._listener: ScheduleListener | None = None
         self._announcing: asyncio.Task[None] | None = None
+        # The other instances the tenants were last shared with (None: no claim yet).
+        self._sharing: tuple[str, ...] | None = None
         self._lifecycle = asyncio.Lock()
         self._claims: dict[TimerKey, _Claim] = {}
 
@@ -835,6 +837,7 @@ class PostgresTimerStore(TimerStore):
                 engine.dispose()
             self._claims.clear()
             self._tenants = None
+            self._sharing = None
 
     async def _announce(self) -> None:
         """Say on the ``LISTEN`` channel that this instance is there, every _PEER_EVERY_S."""
@@ -1189,7 +1192,14 @@ class PostgresTimerStore(TimerStore):
         do not fall behind the others'.
         """
         listener = self._listener
-        peers = [] if listener is None else listener.peers(_PEER_GONE_S)
+        peers = () if listener is None else tuple(listener.peers(_PEER_GONE_S))
+        if peers != self._sharing:
+            self._sharing = peers
+            log.info(
+                "%s shares the tenants with %s",
+                self._owner_id,
+                ", ".join(peers) if peers else "no other instance",
+            )
         if not peers:
             return [tenants]
         owners = (self._owner_id, *peers)

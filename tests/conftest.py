@@ -75,19 +75,18 @@ def nats_cluster(
     The cluster elects its JetStream meta leader a moment after start: retry the first
     stream creation until it succeeds.
     """
-    servers = [
-        nats_server_factory(
+    servers: list[NatsServerProcess] = []
+    for member in NatsServerProcess.cluster(tmp_path_factory.mktemp("nats-cluster"), 3):
+        # Made by the factory (stopped by it), seeded with those started before it: each
+        # server picks its own ports, so none can be taken by another process meanwhile.
+        server = nats_server_factory(
             store_dir=member.store_dir,
-            port=member.port,
             server_name=member.server_name,
             cluster_name=member.cluster_name,
-            cluster_port=member.cluster_port,
-            routes=member.routes,
+            seeds=list(servers),
         )
-        for member in NatsServerProcess.cluster(tmp_path_factory.mktemp("nats-cluster"), 3)
-    ]
-    for server in servers:
         server.start()
+        servers.append(server)
     return servers
 
 

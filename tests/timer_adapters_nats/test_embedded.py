@@ -138,3 +138,50 @@ class TestCluster:
             assert len(info.cluster.replicas or []) == 2
         finally:
             await nc.close()
+
+    def test_members_pick_their_own_ports(self, tmp_path: Path) -> None:
+        """cluster() fixes no port in advance (nothing to be taken by another process before
+        the start): each member routes to the members before it, on the ports they chose
+        (the first one to itself, on a port picked as it starts)."""
+        members = NatsServerProcess.cluster(tmp_path, 3)
+        assert [m.port for m in members] == [0, 0, 0]
+        assert [m.cluster_port for m in members] == [None, None, None]
+        assert [m.seeds for m in members] == [(), (members[0],), (members[0], members[1])]
+
+    def test_a_member_started_before_its_seed_says_so(self, tmp_path: Path) -> None:
+        """Starting n2 before n1 is refused, naming both, and no process is left behind."""
+        _, second = NatsServerProcess.cluster(tmp_path, 2)
+        with pytest.raises(NatsServerError, match="start n1 before n2"):
+            second.start()
+        assert not second.running
+
+    async def test_a_restarted_seed_rejoins(self, nats_cluster: list[NatsServerProcess]) -> None:
+        """n1 (which dials no one: the others dial it) stopped and started again comes back
+        on its cluster port: a stream with three replicas needs it."""
+        first = nats_cluster[0]
+        route = first.route_url
+        first.stop()
+        first.start()
+        assert first.route_url == route
+        nc = await nats.connect(servers=[server.url for server in nats_cluster])
+        js = nc.jetstream(timeout=2)
+
+        async def r3_stream_created() -> bool:
+            try:
+                await js.add_stream(
+                    StreamConfig(
+                        name="BACK", subjects=["back"], storage=StorageType.FILE, num_replicas=3
+                    )
+                )
+            except nats.errors.Error:
+                return False  # the restarted member has not rejoined (or no meta leader) yet
+            return True
+
+        try:
+            await wait_until(r3_stream_created, within=30, interval=0.25, what="an R3 stream")
+            info = await js.stream_info("BACK")
+            assert info.cluster is not None
+            names = {info.cluster.leader, *(r.name for r in info.cluster.replicas or [])}
+            assert names == {"n1", "n2", "n3"}
+        finally:
+            await nc.close()

@@ -89,9 +89,11 @@ class NatsServerProcess:
 
     After the first :meth:`start` the chosen ports stick, so a :meth:`stop` then :meth:`start`
     comes back on the same URL with the same ``store_dir`` (a server restart). Cluster options
-    (``server_name``, ``cluster_name``, ``cluster_port``, ``routes``) form a JetStream cluster
-    of several processes on loopback. With ``die_with_parent`` (Linux) the server is
-    terminated when the process that started it dies, even by SIGKILL.
+    (``server_name``, ``cluster_name``, ``cluster_port``, ``routes``, ``seeds``) form a
+    JetStream cluster of several processes on loopback; ``seeds`` are members started before
+    this one, routed to on the cluster ports they chose, so no port is picked and then
+    bound later (where another process could take it in between). With ``die_with_parent``
+    (Linux) the server is terminated when the process that started it dies, even by SIGKILL.
     """
 
     def __init__(
@@ -105,6 +107,7 @@ class NatsServerProcess:
         cluster_name: str | None = None,
         cluster_port: int | None = None,
         routes: Sequence[str] = (),
+        seeds: Sequence[NatsServerProcess] = (),
         executable: Path | str | None = None,
         start_timeout_s: float = 15.0,
         stop_timeout_s: float = 10.0,
@@ -120,6 +123,7 @@ class NatsServerProcess:
         self.cluster_name = cluster_name
         self.cluster_port = cluster_port
         self.routes = tuple(routes)
+        self.seeds = tuple(seeds)
         self.executable = Path(executable) if executable is not None else None
         self.start_timeout_s = start_timeout_s
         self.stop_timeout_s = stop_timeout_s
@@ -128,6 +132,8 @@ class NatsServerProcess:
         self._reader: threading.Thread | None = None
         self._tail: collections.deque[str] = collections.deque(maxlen=40)
         self._ready = threading.Event()
+        # Ready once it says so and, in a cluster, once it listens for routes (said after).
+        self._awaiting: set[str] = set()
 
     @classmethod
     def cluster(
@@ -141,25 +147,25 @@ class NatsServerProcess:
     ) -> list[NatsServerProcess]:
         """``size`` unstarted servers forming one JetStream cluster on ``host``.
 
-        Each gets a fixed client and cluster port, the server name ``n1``..``n<size>``, its
-        own store under ``store_root``, and routes to every member. Start them all, then wait
-        for a meta leader (creating a stream succeeds) before relying on JetStream.
+        Each gets the server name ``n1``..``n<size>``, its own store under ``store_root``,
+        client and cluster ports the server picks at its first start (then kept across
+        restarts), and the members before it as ``seeds``. Start them in order, ``n1``
+        first (each :meth:`start` returns once the server is ready), then wait for a meta
+        leader (creating a stream succeeds) before relying on JetStream.
         """
-        route_ports = [free_port(host) for _ in range(size)]
-        routes = [f"nats://{host}:{port}" for port in route_ports]
-        return [
-            cls(
-                Path(store_root) / f"n{index}",
-                host=host,
-                port=free_port(host),
-                server_name=f"n{index}",
-                cluster_name=cluster_name,
-                cluster_port=route_ports[index - 1],
-                routes=routes,
-                **options,  # type: ignore[arg-type]
+        members: list[NatsServerProcess] = []
+        for index in range(1, size + 1):
+            members.append(
+                cls(
+                    Path(store_root) / f"n{index}",
+                    host=host,
+                    server_name=f"n{index}",
+                    cluster_name=cluster_name,
+                    seeds=list(members),
+                    **options,  # type: ignore[arg-type]
+                )
             )
-            for index in range(1, size + 1)
-        ]
+        return members
 
     @property
     def url(self) -> str:
@@ -195,13 +201,29 @@ class NatsServerProcess:
             args += ["-js", "-sd", str(self.store_dir)]
         if self.server_name:
             args += ["--server_name", self.server_name]
-        if self.cluster_name or self.cluster_port is not None or self.routes:
+        if self.cluster_name or self.cluster_port is not None or self.routes or self.seeds:
+            # nats-server starts a JetStream cluster member only with a route configured: a
+            # first member (no routes, no seeds) routes to itself, on a port picked the
+            # moment before it starts (the others then route to it).
+            to_self = self.jetstream and not self.routes and not self.seeds
+            if to_self and not self.cluster_port:
+                self.cluster_port = free_port(self.host)
             cluster_port = self.cluster_port or -1
             args += ["--cluster", f"nats://{self.host}:{cluster_port}"]
             if self.cluster_name:
                 args += ["--cluster_name", self.cluster_name]
-            if self.routes:
-                args += ["--routes", ",".join(self.routes)]
+            for seed in self.seeds:
+                if not seed.cluster_port:
+                    raise NatsServerError(
+                        f"start {seed.server_name or seed.store_dir} before "
+                        f"{self.server_name or self.store_dir}: it is a seed of it, and its "
+                        "cluster port is known only once it started"
+                    )
+            routes = [*self.routes, *(seed.route_url for seed in self.seeds)]
+            if to_self:
+                routes.append(f"nats://{self.host}:{cluster_port}")
+            if routes:
+                args += ["--routes", ",".join(routes)]
         return args + list(self.extra_args)
 
     def start(self) -> None:
@@ -217,6 +239,7 @@ class NatsServerProcess:
         args = self._arguments(executable)
         self._tail.clear()
         self._ready.clear()
+        self._awaiting = {"ready", "routes"} if "--cluster" in args else {"ready"}
         try:
             self._process = subprocess.Popen(
                 args,
@@ -263,9 +286,15 @@ class NatsServerProcess:
                 self.port = int(match.group(1))
             elif (match := _ROUTE_PORT.search(line)) is not None:
                 self.cluster_port = int(match.group(1))
+                self._heard("routes")
             elif _READY in line:
-                self._ready.set()
+                self._heard("ready")
         stream.close()
+
+    def _heard(self, what: str) -> None:
+        self._awaiting.discard(what)
+        if not self._awaiting:
+            self._ready.set()
 
     def stop(self) -> None:
         """Stop gracefully (SIGTERM to its pid), then SIGKILL after ``stop_timeout_s``."""

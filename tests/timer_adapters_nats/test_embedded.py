@@ -7,6 +7,7 @@ from pathlib import Path
 
 import nats
 import pytest
+from nats.js import JetStreamContext
 from nats.js.api import StorageType, StreamConfig
 
 from tests.conftest import NatsServerFactory
@@ -100,6 +101,24 @@ class TestSingleServer:
         assert os.getpgid(server.pid) != os.getpgid(0)
 
 
+async def create_r3_stream(js: JetStreamContext, name: str) -> None:
+    """Create a stream with three replicas, retried while the cluster cannot place it yet
+    (no meta leader, or a member not (re)joined)."""
+
+    async def created() -> bool:
+        try:
+            await js.add_stream(
+                StreamConfig(
+                    name=name, subjects=[name.lower()], storage=StorageType.FILE, num_replicas=3
+                )
+            )
+        except nats.errors.Error:
+            return False
+        return True
+
+    await wait_until(created, within=30, interval=0.25, what=f"the R3 stream {name}")
+
+
 class TestCluster:
     """Three servers on loopback form a JetStream cluster."""
 
@@ -109,20 +128,8 @@ class TestCluster:
         """A 3-node cluster forms and accepts a stream with 3 replicas."""
         nc = await nats.connect(servers=[server.url for server in nats_cluster])
         js = nc.jetstream(timeout=2)
-
-        async def r3_stream_created() -> bool:
-            try:
-                await js.add_stream(
-                    StreamConfig(
-                        name="R3", subjects=["r3"], storage=StorageType.FILE, num_replicas=3
-                    )
-                )
-            except nats.errors.Error:
-                return False  # no meta leader yet
-            return True
-
         try:
-            await wait_until(r3_stream_created, within=30, interval=0.25, what="an R3 stream")
+            await create_r3_stream(js, "R3")
 
             async def published() -> bool:
                 try:
@@ -156,7 +163,7 @@ class TestCluster:
         assert not second.running
 
     async def test_a_restarted_seed_rejoins(self, nats_cluster: list[NatsServerProcess]) -> None:
-        """n1 (which dials no one: the others dial it) stopped and started again comes back
+        """n1 (which dials only itself: the others dial it) stopped and started again comes back
         on its cluster port: a stream with three replicas needs it."""
         first = nats_cluster[0]
         route = first.route_url
@@ -165,20 +172,8 @@ class TestCluster:
         assert first.route_url == route
         nc = await nats.connect(servers=[server.url for server in nats_cluster])
         js = nc.jetstream(timeout=2)
-
-        async def r3_stream_created() -> bool:
-            try:
-                await js.add_stream(
-                    StreamConfig(
-                        name="BACK", subjects=["back"], storage=StorageType.FILE, num_replicas=3
-                    )
-                )
-            except nats.errors.Error:
-                return False  # the restarted member has not rejoined (or no meta leader) yet
-            return True
-
         try:
-            await wait_until(r3_stream_created, within=30, interval=0.25, what="an R3 stream")
+            await create_r3_stream(js, "BACK")
             info = await js.stream_info("BACK")
             assert info.cluster is not None
             names = {info.cluster.leader, *(r.name for r in info.cluster.replicas or [])}

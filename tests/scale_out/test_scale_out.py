@@ -37,6 +37,7 @@ KILL_AFTER_FIRED = TIMERS // 3
 WITHIN_S = 120.0
 STORED = 'timer_commands_received_total{outcome="stored"}'
 FIRED = "timer_schedules_processed_total"
+SHARING = "timer_instances_sharing"
 
 
 @attrs.frozen
@@ -198,6 +199,15 @@ class TestScaleOut:
         for service in services:
             await asyncio.to_thread(service.wait_healthy, 60.0)
 
+        async def sharing(among: list[ServiceProcess], count: int) -> bool:
+            gauges = [await asyncio.to_thread(metric, s, SHARING) for s in among]
+            return gauges == [count] * len(among)
+
+        # Each hears the others (announced every second, the gauge refreshed every 5 s).
+        await wait_until_true(
+            lambda: sharing(services, INSTANCES), within=30, what="the instances hearing each other"
+        )
+
         nc: Client = await nats.connect(
             servers=urls.split(","), max_reconnect_attempts=-1, reconnect_time_wait=0.2
         )
@@ -251,6 +261,12 @@ class TestScaleOut:
             await wait_until_true(all_reached, within=WITHIN_S, what="every timer Reached")
             done_s = time.monotonic() - started
             survivors = services[1:]
+            # The killed instance is no longer heard: the survivors share its tenants.
+            await wait_until_true(
+                lambda: sharing(survivors, INSTANCES - 1),
+                within=30,
+                what="the survivors no longer hearing the killed instance",
+            )
             per_instance = [f"scale-0:stored>={victim_stored:.0f},fired>={victim_fired:.0f}"] + [
                 f"scale-{i}:stored={metric(s, STORED):.0f},fired={metric(s, FIRED):.0f}"
                 for i, s in enumerate(survivors, start=1)

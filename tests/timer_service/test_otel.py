@@ -274,6 +274,7 @@ class TestMetrics:
         otel.timer_quarantined(entry, PublishError("down"), 3)
         otel.quarantine_size(1)
         otel.set_pending(4)
+        otel.set_instances(2)
         otel.poll_completed(0.01, 1)
         otel.worker_error(RuntimeError("store down"))
         data = telemetry.metrics.get_metrics_data()

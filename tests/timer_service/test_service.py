@@ -93,6 +93,7 @@ class TestHealthAndMetrics:
             "timer_timers_pending",
         ):
             assert series in body, series
+        assert "\ntimer_instances_sharing 1.0\n" in body  # SQLite: this one alone
         assert http_get(service.http_port, "/nope")[0] == 404
 
 

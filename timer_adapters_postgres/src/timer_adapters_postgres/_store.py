@@ -1176,6 +1176,13 @@ class PostgresTimerStore(TimerStore):
             self._tenants = (again, limit, read_at, earliest)
         return self._track_claims(rows)
 
+    @property
+    def sharing_with(self) -> tuple[str, ...]:
+        """The other instances this store shares the tenants with: those heard on the
+        ``LISTEN`` channel in the last ``_PEER_GONE_S`` (none when not listening)."""
+        listener = self._listener
+        return () if listener is None else tuple(listener.peers(_PEER_GONE_S))
+
     def _by_preference(
         self, tenants: list[str], earliest: Mapping[str, datetime]
     ) -> list[list[str]]:
@@ -1191,8 +1198,7 @@ class PostgresTimerStore(TimerStore):
         earliest is claimed as if it were this instance's own, so a slow instance's tenants
         do not fall behind the others'.
         """
-        listener = self._listener
-        peers = () if listener is None else tuple(listener.peers(_PEER_GONE_S))
+        peers = self.sharing_with
         if peers != self._sharing:
             self._sharing = peers
             log.info(

@@ -157,6 +157,13 @@ class PrometheusInstrumentation(Instrumentation):
             "Timers stored and still Scheduled (refreshed every few seconds).",
             registry=self.registry,
         )
+        self.instances = Gauge(
+            "timer_instances_sharing",
+            "Instances sharing the tenants, this one included: those it heard on the "
+            "PostgreSQL LISTEN channel in the last 3.5 s (1 alone, on SQLite, or without "
+            "LISTEN; refreshed every few seconds).",
+            registry=self.registry,
+        )
         self.last_poll = Gauge(
             "timer_last_poll_timestamp_seconds",
             "Unix time of the last completed worker pass.",

@@ -170,6 +170,7 @@ class _Gauges:
     """The latest values behind the observable gauges."""
 
     pending: int | None = None
+    instances: int | None = None
     quarantined: int | None = None
     last_poll: float | None = None
 
@@ -184,8 +185,9 @@ class OtelInstrumentation(Instrumentation):
     (attribute ``outcome``), ``timer.schedules.processed``, ``timer.publish.failures``,
     ``timer.quarantined``, ``timer.worker.errors``, ``timer.polling.duration`` and
     ``timer.firing.lateness`` (histograms, seconds), ``timer.timers.pending``,
-    ``timer.timers.quarantined`` and ``timer.last_poll.timestamp`` (gauges; set the first
-    with :meth:`set_pending`). ``timer.firing.lateness`` records one fired timer in
+    ``timer.instances.sharing``, ``timer.timers.quarantined`` and
+    ``timer.last_poll.timestamp`` (gauges; set the first two with :meth:`set_pending` and
+    :meth:`set_instances`). ``timer.firing.lateness`` records one fired timer in
     ``lateness_sample`` (see the module docstring); the rest count every timer.
     """
 
@@ -257,6 +259,12 @@ class OtelInstrumentation(Instrumentation):
             description="Timers stored and still Scheduled.",
         )
         meter.create_observable_gauge(
+            "timer.instances.sharing",
+            callbacks=[self._observe_instances],
+            unit="{instance}",
+            description="Instances sharing the tenants, this one included.",
+        )
+        meter.create_observable_gauge(
             "timer.timers.quarantined",
             callbacks=[self._observe_quarantined],
             unit="{timer}",
@@ -285,6 +293,14 @@ class OtelInstrumentation(Instrumentation):
     def _observe_pending(self, options: CallbackOptions) -> Iterable[Observation]:
         pending = self._gauges.pending
         return () if pending is None else (Observation(pending),)
+
+    def set_instances(self, count: int) -> None:
+        """Report how many instances share the tenants, this one included."""
+        self._gauges.instances = count
+
+    def _observe_instances(self, options: CallbackOptions) -> Iterable[Observation]:
+        instances = self._gauges.instances
+        return () if instances is None else (Observation(instances),)
 
     def _observe_quarantined(self, options: CallbackOptions) -> Iterable[Observation]:
         quarantined = self._gauges.quarantined

@@ -31,6 +31,21 @@ class PendingGauge(Protocol):
     def set_pending(self, count: int) -> None: ...
 
 
+@runtime_checkable
+class InstancesGauge(Protocol):
+    """Telemetry with a gauge of the instances sharing the tenants (OpenTelemetry's)."""
+
+    def set_instances(self, count: int) -> None: ...
+
+
+@runtime_checkable
+class SharesTenants(Protocol):
+    """A store that shares the tenants with other instances (PostgreSQL's)."""
+
+    @property
+    def sharing_with(self) -> tuple[str, ...]: ...
+
+
 class StartupError(RuntimeError):
     """The service could not start; ``str()`` is one line naming the variable or path."""
 
@@ -146,8 +161,13 @@ class TimerService:
         log.info("shutting down: finishing the batch in flight")
 
     async def _maintenance(self) -> None:
-        """Refresh the pending-timers gauge every few seconds."""
+        """Refresh the pending-timers and instances gauges every few seconds."""
         while True:
+            store = self.timer.store
+            instances = 1 + len(store.sharing_with) if isinstance(store, SharesTenants) else 1
+            self.instrumentation.instances.set(instances)
+            if isinstance(self.telemetry, InstancesGauge):
+                self.telemetry.set_instances(instances)
             try:
                 pending = await self.timer.store.count_scheduled()
                 self.instrumentation.pending.set(pending)

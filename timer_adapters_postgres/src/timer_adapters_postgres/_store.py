@@ -789,9 +789,7 @@ class PostgresTimerStore(TimerStore):
                 await loop.run_in_executor(executor, self._prepare_schema, engine)
                 if self._listen:
                     listener = ScheduleListener(
-                        self._url.set(drivername="postgresql").render_as_string(
-                            hide_password=False
-                        ),
+                        self._conninfo(),
                         self._channel,
                         self._owner_id,
                         self._on_remote_schedule,
@@ -856,9 +854,13 @@ class PostgresTimerStore(TimerStore):
             options += f" -c statement_timeout={round(self._statement_timeout_s * 1000)}"
         return options + "".join(f" -c {name}={value}" for name, value in settings)
 
+    def _conninfo(self) -> str:
+        """The URL as psycopg's own connections (the listener's, the lanes') take it."""
+        return self._url.set(drivername="postgresql").render_as_string(hide_password=False)
+
     def _lane(self, settings: Sequence[tuple[str, str]] = ()) -> StatementLane:
         return StatementLane(
-            self._url.set(drivername="postgresql").render_as_string(hide_password=False),
+            self._conninfo(),
             options=self._options(settings),
             connect_timeout_s=self._connect_timeout_s,
         )

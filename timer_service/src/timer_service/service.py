@@ -169,7 +169,7 @@ class TimerService:
             if isinstance(self.telemetry, InstancesGauge):
                 self.telemetry.set_instances(instances)
             try:
-                pending = await self.timer.store.count_scheduled()
+                pending = await store.count_scheduled()
                 self.instrumentation.pending.set(pending)
                 if isinstance(self.telemetry, PendingGauge):
                     self.telemetry.set_pending(pending)

@@ -1,8 +1,8 @@
 """Tenant fairness: one tenant's backlog of due timers never makes another tenant wait for it.
 
-The full figure (a 50,000-timer storm, lateness measured on the wall clock) is in
-bench/fairness.py; here a scaled-down storm is drained at one fake instant on each store, and
-the order of the publishes shows who waited for whom.
+The full figure (a 50,000-timer storm, lateness measured on the wall clock) is
+``python -m timer_bench fairness``'s; here a scaled-down storm is drained at one fake instant
+on each store, and the order of the publishes shows who waited for whom.
 """
 
 from __future__ import annotations

@@ -1,11 +1,13 @@
-"""One round of a peer scheduler, run inside the peers' own virtualenv by bench/compare/run.py.
+"""One round of a peer scheduler, run by :mod:`timer_bench.compare` inside the peers' own
+virtualenv (Timer is not installed there; ``bench/src`` is on its path for the kit)::
 
-    python peers.py pgqueuer --dsn postgresql://... --jobs 10000 --rate 100 --seconds 10
-    python peers.py apscheduler --db /tmp/x.db --jobs 1000 --rate 100 --seconds 10
+    python -m timer_bench.peers pgqueuer --dsn postgresql://... --jobs 10000 --rate 20 ...
+    python -m timer_bench.peers apscheduler --db /tmp/x.db --jobs 1000 --rate 20 ...
 
 Prints one JSON object: the peer's schedule and fire rates, its lateness under a steady load,
 and its raw yardstick (the same database work done by hand) measured in the same process.
-Only the standard library and the peer's own packages are imported here.
+Only the standard library, the kit's :mod:`timer_bench.kit` and the peer's own packages are
+imported here.
 """
 
 from __future__ import annotations
@@ -15,22 +17,13 @@ import asyncio
 import json
 import random
 import sqlite3
-import statistics
 import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from timer_bench.kit import percentiles
+
 BATCH = 100
-
-
-def percentiles(values_ms: list[float]) -> dict[str, float]:
-    ordered = sorted(values_ms)
-    return {
-        "count": len(ordered),
-        "p50_ms": round(statistics.median(ordered), 1),
-        "p99_ms": round(ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))], 1),
-        "max_ms": round(ordered[-1], 1),
-    }
 
 
 # --- pgqueuer on PostgreSQL ----------------------------------------------------------------
@@ -69,7 +62,7 @@ async def pgqueuer_round(
     async def work(qm_connection: Any, on_job: Any, mode: Any) -> None:
         qm = QueueManager(Queries(AsyncpgDriver(qm_connection)))
 
-        @qm.entrypoint("noop")
+        @qm.entrypoint("noop")  # type: ignore[untyped-decorator]
         async def noop(job: Any) -> None:
             on_job(job)
 

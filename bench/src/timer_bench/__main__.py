@@ -1,0 +1,56 @@
+"""``python -m timer_bench <scenario>``: one command per figure; ``render`` writes the tables
+of bench/README.md from bench/results (``render --check`` fails when they are stale)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from pathlib import Path
+
+from timer_bench import kit
+
+#: Scenario -> (module, what it measures). Each writes results/<scenario>.json.
+SCENARIOS = {
+    "e2e": ("e2e", "the service end to end on SQLite against raw yardsticks"),
+    "scale-out": ("scale_out", "1, 2 and 4 services on PostgreSQL against raw pipelines"),
+    "scale-out-steady": ("scale_out", "steady lateness of 1, 2 and 4 services on PostgreSQL"),
+    "backlog-sqlite": ("backlog", "a big overdue backlog drained on SQLite"),
+    "backlog-postgres": ("backlog", "a big overdue backlog drained by services on PostgreSQL"),
+    "compare": ("compare", "Timer beside pgqueuer and APScheduler on the same machine"),
+    "store": ("store", "SqliteTimerStore against raw sqlite3"),
+    "publish": ("publish", "acked JetStream publishing, sequential and windowed"),
+    "otel": ("otel", "what OpenTelemetry costs the fire path"),
+    "fairness": ("fairness", "a quiet tenant's lateness during another tenant's storm"),
+    "command-order": ("command_order", "the SQLite store's writes with command positions"),
+}
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(prog="python -m timer_bench", description=__doc__)
+    commands = top.add_subparsers(dest="scenario", required=True)
+    for name, (module, what) in SCENARIOS.items():
+        sub = commands.add_parser(name, help=what, description=what)
+        importlib.import_module(f"timer_bench.{module}").add_arguments(sub)
+        sub.add_argument("--output", help="results file (default bench/results/<scenario>.json)")
+    render = commands.add_parser("render", help="bench/README.md's tables from bench/results")
+    render.add_argument("--check", action="store_true", help="fail if the README is stale")
+    return top
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    if args.scenario == "render":
+        from timer_bench.render import main as render
+
+        return render(check=args.check)
+    quick = getattr(args, "quick", False)
+    name = f"quick-{args.scenario}" if quick else args.scenario
+    args.output = Path(args.output) if args.output else kit.results_path(name)
+    module = importlib.import_module(f"timer_bench.{SCENARIOS[args.scenario][0]}")
+    code: int = module.main(args)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

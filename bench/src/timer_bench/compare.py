@@ -1,0 +1,256 @@
+"""Timer beside its peers on the same machine, round by round: pgqueuer on the same
+PostgreSQL server, APScheduler 4 on SQLite with Timer's settings, each with its own raw
+yardstick measured in the same round.
+
+The peers, at the versions pinned in ``PEERS``, go into a virtualenv of their own in a
+temporary directory (never into Timer's environment). Every system does the same three
+things through its public API: **schedule** ``--jobs`` jobs due in an hour (batches of 100
+where it has a batch call), **fire** ``--jobs`` jobs due now with one worker (batch 100;
+each job a no-op for the peers, an acked JetStream publish for Timer), and **lateness** of
+``--rate`` new jobs a second due 1-2 s ahead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib.metadata
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from timer_adapters_nats import NatsBroker, NatsServerProcess, NatsSettings
+from timer_adapters_sqlite import SqliteTimerStore
+from timer_bench import kit, sqlite, yardsticks
+from timer_bench.procs import WatchedPublisher, postgres
+from timer_core import SystemClock, TenantId, Timer, TimerEntry
+
+#: The peers and everything they import, pinned: the versions the figures are for.
+PEERS = {
+    "pgqueuer": "1.6.0",
+    "asyncpg": "0.32.0",
+    "apscheduler[sqlalchemy]": "4.0.0a6",
+    "sqlalchemy[asyncio]": "2.1.9",
+    "greenlet": "3.5.6",
+    "aiosqlite": "0.22.1",
+    "sniffio": "1.3.1",  # APScheduler 4.0.0a6 imports it; newer anyio no longer pulls it in
+}
+#: PostgreSQL as durable as Timer's SQLite default (WAL, synchronous=NORMAL): every commit
+#: survives a crash of the process, the last ones may be lost on power loss.
+POSTGRES = {"fsync": "on", "synchronous_commit": "off", "full_page_writes": "on"}
+BATCH = 100
+
+
+def peer_python(directory: Path) -> Path:
+    """A virtualenv with the pinned peers; its python."""
+    venv = directory / "peers-venv"
+    subprocess.run(["uv", "venv", "-q", "-p", sys.executable, str(venv)], check=True)
+    python = venv / "bin" / "python"
+    pins = [f"{name}=={version}" for name, version in PEERS.items()]
+    subprocess.run(["uv", "pip", "install", "-q", "-p", str(python), *pins], check=True)
+    return python
+
+
+def peer_round(python: Path, arguments: list[str]) -> dict[str, Any]:
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    done = subprocess.run(
+        [str(python), "-m", "timer_bench.peers", *arguments],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=env,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"{arguments[0]} failed:\n{done.stderr[-4000:]}")
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+async def timer_round(directory: Path, nats_url: str, jobs: int, rate: int, seconds: float) -> Any:
+    clock = SystemClock()
+
+    def batches(due: Any, now: Any) -> list[list[TimerEntry]]:
+        entries = [TimerEntry(f"tenant-{i % 50}", f"call-{i}", due, now) for i in range(jobs)]
+        return [entries[start : start + BATCH] for start in range(0, jobs, BATCH)]
+
+    async with SqliteTimerStore(directory / "schedule.db") as store:
+        now = clock.now()
+        watch = kit.Stopwatch()
+        for batch in batches(now + timedelta(hours=1), now):
+            await store.apply(batch)
+        schedule_per_s = kit.rate(jobs, watch.elapsed())
+
+    async with NatsBroker(NatsSettings(url=nats_url)) as broker:
+        async with SqliteTimerStore(directory / "fire.db") as store:
+            now = clock.now()
+            for batch in batches(now, now):
+                await store.apply(batch)
+            watched = WatchedPublisher(broker.publisher, jobs)
+            fire_per_s = kit.rate(jobs, await watched.fire_all(store, batch=BATCH))
+
+        total = int(rate * seconds)
+        store = SqliteTimerStore(directory / "steady.db")
+        async with Timer(store, broker.publisher) as timer:
+            watch = kit.Stopwatch()
+            for i in range(total):
+                due = clock.now() + timedelta(milliseconds=random.randint(1000, 2000))
+                await timer.schedule("tenant-a", f"call-{i}", due)
+                await asyncio.sleep(max(0.0, (i + 1) / rate - watch.elapsed()))
+            while await store.count_scheduled() and watch.elapsed() < seconds + 60:
+                await asyncio.sleep(0.05)
+            fired = await store.list_for_tenant(TenantId("tenant-a"), limit=total + 1)
+        lateness = [(e.reached_at - e.due_at).total_seconds() * 1000 for e in fired if e.reached_at]
+
+    return {
+        "schedule_per_s": schedule_per_s,
+        "fire_per_s": fire_per_s,
+        "fired": len(lateness),
+        "lateness": kit.percentiles(lateness),
+        "yardstick": await timer_yardstick(directory / "raw.db", nats_url, jobs),
+    }
+
+
+async def timer_yardstick(path: Path, nats_url: str, jobs: int) -> dict[str, float]:
+    """Timer's work by hand on Timer's schema: upserts 100 a commit; then select 100 due ->
+    acked JetStream publishes -> mark them, one commit per batch."""
+    now = kit.now_ms()
+    rows = list(sqlite.timer_rows(jobs, prefix="raw", due_ms=lambda i: now - 1000))
+    insert_per_s = yardsticks.upserts(sqlite.create(path), rows, BATCH)
+    claim_per_s, _ = await yardsticks.fire_pipeline(path, nats_url, BATCH)
+    return {"insert_per_s": insert_per_s, "claim_delete_per_s": claim_per_s}
+
+
+FIGURES = (
+    "schedule_per_s",
+    "fire_per_s",
+    "lateness.p50_ms",
+    "lateness.p99_ms",
+    "yardstick.insert_per_s",
+    "yardstick.claim_delete_per_s",
+)
+
+
+def medians(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per figure, the median over the rounds with every round's value; and each rate's
+    median of per-round ratios to its yardstick."""
+
+    def pick(path: str) -> list[float]:
+        values = []
+        for one in rounds:
+            value: Any = one
+            for key in path.split("."):
+                value = value[key]
+            values.append(float(value))
+        return values
+
+    out: dict[str, Any] = {
+        path: {"median": round(kit.median(pick(path)), 1), "rounds": pick(path)} for path in FIGURES
+    }
+    for rate, yardstick, name in (
+        ("schedule_per_s", "yardstick.insert_per_s", "schedule_vs_raw"),
+        ("fire_per_s", "yardstick.claim_delete_per_s", "fire_vs_raw"),
+    ):
+        out[name] = {"median": round(kit.median_ratio(pick(rate), pick(yardstick)), 2)}
+    return out
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--quick", action="store_true", help="one round of 1,000 jobs, 3 s")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--jobs", type=int, default=10_000, help="for Timer and pgqueuer")
+    parser.add_argument("--apscheduler-jobs", type=int, default=1_000)
+    parser.add_argument("--rate", type=int, default=20, help="steady jobs/s for lateness")
+    parser.add_argument("--seconds", type=float, default=10.0)
+
+
+def main(args: argparse.Namespace) -> int:
+    if args.quick:
+        args.rounds, args.jobs, args.apscheduler_jobs, args.seconds = 1, 1_000, 200, 3.0
+    scratch = Path(tempfile.mkdtemp(prefix="timer-compare-"))
+    os.chmod(scratch, 0o755)
+    machine = kit.machine()
+    kit.progress(f"peers: {', '.join(f'{k} {v}' for k, v in PEERS.items())}")
+    python = peer_python(scratch)
+    server = NatsServerProcess(scratch / "nats", host="127.0.0.1", port=0)
+    rounds: dict[str, list[dict[str, Any]]] = {"timer": [], "pgqueuer": [], "apscheduler": []}
+    try:
+        with postgres(POSTGRES) as pg:
+            with pg.admin() as connection:
+                row = connection.execute("SHOW server_version").fetchone()
+                machine["postgres"] = f"PostgreSQL {row[0] if row else '?'}"
+            server.start()
+            dsn = f"postgresql://{pg.user}@127.0.0.1:{pg.port}/postgres"
+            common = ["--rate", str(args.rate), "--seconds", str(args.seconds)]
+            common += ["--yardstick-jobs", str(args.jobs)]
+
+            def measure(system: str, n: int) -> dict[str, Any]:
+                kit.progress(f"round {n}: {system}")
+                work = scratch / f"{system}-{n}"
+                work.mkdir()
+                if system == "timer":
+                    return asyncio.run(
+                        timer_round(work, server.url, args.jobs, args.rate, args.seconds)
+                    )
+                if system == "pgqueuer":
+                    return peer_round(
+                        python, ["pgqueuer", "--dsn", dsn, "--jobs", str(args.jobs), *common]
+                    )
+                db = str(work / "aps.db")
+                return peer_round(
+                    python,
+                    ["apscheduler", "--db", db, "--jobs", str(args.apscheduler_jobs), *common],
+                )
+
+            for one in asyncio.run(
+                kit.alternated(args.rounds, list(rounds), _in_thread(measure), rotate=False)
+            ):
+                for system, result in one.items():
+                    rounds[system].append(result)
+    finally:
+        server.stop()
+        frozen = subprocess.run(
+            ["uv", "pip", "freeze", "-p", str(python)], capture_output=True, text=True, check=False
+        ).stdout.split()
+        shutil.rmtree(scratch, ignore_errors=True)
+    document = {
+        "date": kit.today(),
+        "machine": machine,
+        "timer_version": importlib.metadata.version("timer-core"),
+        "peers": PEERS,
+        "peer_environment": frozen,
+        "settings": {
+            "rounds": args.rounds,
+            "jobs": {
+                "timer": args.jobs,
+                "pgqueuer": args.jobs,
+                "apscheduler": args.apscheduler_jobs,
+            },
+            "batch": BATCH,
+            "steady_rate_per_s": args.rate,
+            "steady_seconds": args.seconds,
+            "postgres": POSTGRES,
+            "sqlite": "WAL, synchronous=NORMAL (Timer's default; set on APScheduler's engine too)",
+        },
+        "systems": {name: medians(r) for name, r in rounds.items()},
+        "rounds": rounds,
+    }
+    kit.write_result(document, args.output)
+    from timer_bench.render import compare_block
+
+    print(compare_block(document))
+    return 0
+
+
+def _in_thread(measure: Any) -> Any:
+    """``measure`` off the event loop (Timer's round runs a loop of its own)."""
+
+    async def run(system: str, n: int) -> Any:
+        return await asyncio.to_thread(measure, system, n)
+
+    return run

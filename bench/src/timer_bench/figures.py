@@ -1,0 +1,234 @@
+"""Every figure the docs show, by name, formatted from bench/results: the docs write
+``{{ e2e.fire }}`` and :mod:`timer_bench.docs_hook` puts the figure there at build time.
+
+Each results file also gives ``NAME.source`` (the sentence a page cites its figures with:
+command, date, store, settings, machine) and ``NAME.label`` (the same, short). The names are
+the results files' with ``_`` for ``-``: ``scale_out.fire_4``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from timer_bench import kit, render
+from timer_bench.kit import count, ms, per_s, times
+
+Figures = dict[str, str]
+
+
+def _shared(machine: dict[str, Any]) -> str:
+    load = machine.get("load_average_start")
+    busy = f"load average {load[0]} at the start" if load else "shared with other work"
+    return f"{machine['nproc']} cores ({machine['cpu']}), {busy}"
+
+
+def _day(document: dict[str, Any]) -> str:
+    return str(document["date"]).split(" ")[0]
+
+
+def _sources(document: dict[str, Any], command: str, setup: str, short: str) -> Figures:
+    """``source``: command, date, what ran with which settings, and the machine, in full;
+    ``label``: what ran and where, short enough for a parenthesis."""
+    machine = document["machine"]
+    where = kit.describe_machine(machine, versions=("sqlite", "postgres", "nats_server"))
+    return {
+        "source": (
+            f"Measured on {_day(document)} (`python -m timer_bench {command}`): {setup}. "
+            f"Machine: {where}; a virtual machine shared with other work."
+        ),
+        "label": f"{short}; {_shared(machine)}, {_day(document)}",
+        "date": _day(document),
+        "machine": _shared(machine),
+    }
+
+
+def e2e(d: dict[str, Any]) -> Figures:
+    r, service = d["results"], d["service"]
+    fire = r["fire"][str(service["default_batch_size"])]
+    steady, storm, catchup, scale = r["steady"], r["storm"], r["catchup"], r["scale"]
+    raw_fire = r["yardsticks"]["raw_pipeline"][str(service["yardstick_batch"])]
+    setup = (
+        f"one `timer-service` process on SQLite (WAL, `synchronous=NORMAL`), "
+        f"`TIMER_BATCH_SIZE={service['batch_size']}`, "
+        f"`TIMER_COMMAND_BATCH_SIZE={service['command_batch_size']}`, a `nats-server` with "
+        f"file storage on the same machine, {service['rounds']} alternated rounds"
+    )
+    return {
+        **_sources(d, "e2e", setup, "one service on SQLite"),
+        "schedule": per_s(r["schedule"]["per_s"]),
+        "schedule_vs_raw": times(r["schedule"]["vs_raw"]),
+        "raw_schedule": per_s(r["yardsticks"]["raw_schedule"]["per_s"]),
+        "fire": per_s(fire["per_s"]),
+        "fire_vs_raw": times(fire["vs_raw"]),
+        "raw_fire": per_s(raw_fire["per_s"]),
+        "fire_cpu": f"{fire['cpu_us_per_timer']:.0f} us",
+        "steady_rate": per_s(steady["rate_per_s"]),
+        "steady_p50": f"{render.late(steady['reached_lateness']['p50_ms'])} ms",
+        "steady_p99": f"{render.late(steady['reached_lateness']['p99_ms'])} ms",
+        "readable_p50": f"{ms(steady['readable_lateness']['p50_ms'])} ms",
+        "readable_p99": f"{ms(steady['readable_lateness']['p99_ms'])} ms",
+        "storm_timers": count(storm["timers"]),
+        "storm_s": f"{storm['fire_all_s']:.1f} s",
+        "catchup_overdue": count(catchup["overdue"]),
+        "catchup_stored": count(catchup["stored"]),
+        "catchup_s": f"{catchup['drain_s']:.1f} s",
+        "catchup_rate": per_s(catchup["per_s"]),
+        "catchup_rss": f"{catchup['peak_rss_mb']:.0f} MiB",
+        "poll_small": f"{scale['small']['empty_poll_us'] / 1000:.2f} ms",
+        "poll_big": f"{scale['big']['empty_poll_us'] / 1000:.2f} ms",
+        "small_stored": count(scale["small"]["stored"]),
+        "big_stored": count(scale["big"]["stored"]),
+        "big_schedule": per_s(scale["big"]["per_s"]),
+    }
+
+
+def scale_out(d: dict[str, Any]) -> Figures:
+    s, settings = d["summary"], d["settings"]
+    setup = (
+        f"1, 2 and 4 `timer-service` processes sharing one PostgreSQL database (`fsync` and "
+        f"`synchronous_commit` on) and one `nats-server`, all on one machine, "
+        f"`TIMER_BATCH_SIZE={settings['batch_size']}`, {settings['timers']:,} timers a path, "
+        f"{settings['rounds']} rounds"
+    )
+    out = {**_sources(d, "scale-out", setup, "PostgreSQL, services and NATS on one machine")}
+    for n, paths in s["rates"].items():
+        for path, figure in paths.items():
+            out[f"{path}_{n}"] = per_s(
+                figure["median"] if isinstance(figure, dict) else kit.median(figure)
+            )
+    for path, figure in s["vs_raw"].items():
+        out[f"{path}_vs_raw"] = times(figure["median"])
+    for n, paths in s["cpu_vs_one"].items():
+        for path, figure in paths.items():
+            out[f"{path}_cpu_{n}_vs_1"] = times(figure["median"])
+    rows = [
+        (n if n != "raw" else "raw pipelines (yardstick)", out[f"schedule_{n}"], out[f"fire_{n}"])
+        for n in s["rates"]
+    ]
+    out["table"] = kit.markdown_table(
+        ["instances", "schedule path, commands/s", "fire path, timers/s"], rows, "lrr"
+    )
+    return out
+
+
+def scale_out_steady(d: dict[str, Any]) -> Figures:
+    settings = d["settings"]
+    setup = (
+        f"{settings['rate_per_s']:,} timers/s for {settings['seconds']:.0f} s through "
+        "`TIMER_COMMANDS`, each due 1-2 s ahead, by 1, 2 and 4 `timer-service` processes on "
+        "one PostgreSQL database, all on one machine"
+    )
+    out = {
+        **_sources(d, "scale-out-steady", setup, "PostgreSQL, services and NATS on one machine"),
+        "rate": per_s(settings["rate_per_s"]),
+    }
+    rows = []
+    for n, one in d["instances"].items():
+        reached, readable = one["reached_lateness"], one["readable_lateness"]
+        out[f"p99_{n}"] = f"{ms(reached['p99_ms'])} ms"
+        rows.append(
+            (
+                n,
+                f"{ms(reached['p50_ms'])} / {ms(reached['p99_ms'])} ms",
+                f"{ms(readable['p50_ms'])} / {ms(readable['p99_ms'])} ms",
+            )
+        )
+    out["table"] = kit.markdown_table(
+        ["instances", "fired after `dueAt`, p50 / p99", "read by a consumer, p50 / p99"],
+        rows,
+        "lrr",
+    )
+    return out
+
+
+def backlog(d: dict[str, Any]) -> Figures:
+    where = (
+        "one `timer-service` on SQLite"
+        if d["store"] == "sqlite"
+        else f"{d['instances']} `timer-service` processes on one PostgreSQL database"
+    )
+    setup = f"{d['timers']:,} timers all overdue when {where} started, at the defaults"
+    return {
+        **_sources(d, f"backlog-{d['store']}", setup, where),
+        "timers": count(d["timers"]),
+        "instances": str(d["instances"]),
+        "drain_s": f"{d['drain_s']:.0f} s",
+        "rate": per_s(d["per_s"]),
+        "rss": f"{max(d['peak_rss_mib']):.0f} MiB",
+    }
+
+
+def compare(d: dict[str, Any]) -> Figures:
+    setup = (
+        "Timer on SQLite in-process, pgqueuer on PostgreSQL, APScheduler 4 on SQLite, in turn "
+        f"in each of {d['settings']['rounds']} rounds"
+    )
+    out = {
+        **_sources(d, "compare", setup, "Timer and APScheduler on SQLite, pgqueuer on PostgreSQL"),
+        "table": render.compare_tables(d),
+        "settings": render.compare_settings(d),
+    }
+    for key, name, _ in render.compare_systems(d):
+        s = d["systems"][key]
+        out[f"{key}_name"] = name
+        out[f"{key}_schedule"] = per_s(s["schedule_per_s"]["median"])
+        out[f"{key}_fire"] = per_s(s["fire_per_s"]["median"])
+        out[f"{key}_p99"] = f"{render.late(s['lateness.p99_ms']['median'])} ms"
+    return out
+
+
+def otel(d: dict[str, Any]) -> Figures:
+    v, hooks = d["variants"], d["hooks_us"]
+    setup = (
+        f"{d['settings']['timers']:,} overdue timers fired by a `TimerWorker` from "
+        f"{d['settings']['store']} through a local `nats-server`, OpenTelemetry's SDK exporting "
+        f"to a sink, {d['settings']['rounds']} alternated rounds"
+    )
+    base = hooks["no instrumentation"]
+    return {
+        **_sources(d, "otel", setup, "one worker on SQLite"),
+        "sdk_rate": times(v["sdk"]["rate_vs_off"]),
+        "sdk_cpu": times(v["sdk"]["cpu_vs_off"]),
+        "traced_cpu": times(v["sdk-traced"]["cpu_vs_off"]),
+        "spans_cpu": times(v["sdk-timer-spans"]["cpu_vs_off"]),
+        "off_cpu_us": f"{v['off']['cpu_us']:.0f} us",
+        "sdk_hooks_us": f"{hooks['`sdk`, untraced timers'] - base:.1f} us",
+        "off_hooks_us": f"{hooks['`off` (Prometheus)'] - base:.1f} us",
+    }
+
+
+def fairness(d: dict[str, Any]) -> Figures:
+    s, settings = d["storm"], d["settings"]
+    setup = (
+        f"a `TimerWorker` on {settings['store']}, a storm of {settings['storm']:,} timers of one "
+        f"tenant and {settings['quiet']} of another due at the same time"
+    )
+    return {
+        **_sources(d, "fairness", setup, "one worker on SQLite"),
+        "storm": count(settings["storm"]),
+        "quiet_max": f"{s['quiet_max_s']:.2f} s",
+        "storm_drained": f"{s['storm_drained_s']:.1f} s",
+    }
+
+
+PAGES: dict[str, Callable[[dict[str, Any]], Figures]] = {
+    "e2e": e2e,
+    "scale-out": scale_out,
+    "scale-out-steady": scale_out_steady,
+    "backlog-sqlite": backlog,
+    "backlog-postgres": backlog,
+    "compare": compare,
+    "otel": otel,
+    "fairness": fairness,
+}
+
+
+def figures(results: Path = kit.RESULTS) -> Figures:
+    """Every figure of every results file the docs use, as ``file.figure`` -> text."""
+    out: Figures = {}
+    for name, make in PAGES.items():
+        prefix = name.replace("-", "_")
+        for key, text in make(kit.read_result(name, results)).items():
+            out[f"{prefix}.{key}"] = text
+    return out

@@ -1,0 +1,610 @@
+"""bench/README.md's figures, rendered from bench/results: each results file has a block
+between ``<!-- results:NAME -->`` and ``<!-- /results:NAME -->`` that ``python -m
+timer_bench render`` rewrites (``--check``: exit 1 if any is stale), and the docs' tables
+come from the same functions (:mod:`timer_bench.figures`)."""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from timer_bench import kit
+from timer_bench.kit import count, markdown_table, median, ms, per_s, spread, times
+
+README = kit.RESULTS.parent / "README.md"
+_BLOCK = re.compile(r"(<!-- results:([\w-]+) -->\n)(.*?)(<!-- /results:\2 -->)", re.S)
+
+
+def machine_line(document: dict[str, Any], *versions: str) -> str:
+    return f"Machine: {kit.describe_machine(document['machine'], versions=versions)}."
+
+
+def checks_line(checks: list[dict[str, Any]] | dict[str, bool]) -> str:
+    if isinstance(checks, dict):
+        checks = [{"check": name, "ok": ok} for name, ok in checks.items()]
+    failed = [c["check"] for c in checks if not c["ok"]]
+    line = f"{len(checks) - len(failed)} of {len(checks)} correctness checks passed"
+    return line + (f"; failed: {', '.join(failed)}." if failed else ".")
+
+
+# -- end to end ------------------------------------------------------------------------------
+
+
+def _taken(result: dict[str, Any]) -> str:
+    """The rate of the round shown, with every round's rate."""
+    rounds = result.get("rounds_per_s")
+    shown = per_s(result["per_s"])
+    return f"{shown} ({' / '.join(count(x) for x in rounds)})" if rounds else shown
+
+
+def e2e_block(document: dict[str, Any]) -> str:
+    r, service = document["results"], document["service"]
+    rows: list[tuple[str, str]] = []
+    for batch, fire in r.get("fire", {}).items():
+        rounds = " / ".join(str(x) for x in fire.get("rounds_vs_raw", [fire["vs_raw"]]))
+        rows.append(
+            (f"**fire path (batch {batch}) / raw pipeline**", f"**{fire['vs_raw']}** ({rounds})")
+        )
+    if "vs_raw" in r.get("schedule", {}):
+        s = r["schedule"]
+        rounds = " / ".join(str(x) for x in s.get("rounds_vs_raw", [s["vs_raw"]]))
+        rows.append(("**schedule path / raw pipeline**", f"**{s['vs_raw']}** ({rounds})"))
+    yardsticks = r.get("yardsticks", {})
+    for batch, value in yardsticks.get("raw_upserts_per_s", {}).items():
+        rows.append((f"yardstick: raw sqlite3 upserts, {batch} a transaction", per_s(value)))
+    if "raw_schedule" in yardsticks:
+        raw = yardsticks["raw_schedule"]
+        value = _taken(raw)
+        rows.append(
+            (
+                f"yardstick: raw fetch -> upsert -> ack, batch {raw['batch']}",
+                f"{value}, {raw['cpu_us_per_command']} us CPU a command",
+            )
+        )
+    for batch, raw in yardsticks.get("raw_pipeline", {}).items():
+        value = _taken(raw)
+        rows.append(
+            (
+                f"yardstick: raw select -> publish -> mark, batch {batch}",
+                f"{value}, {raw['cpu_us_per_timer']} us CPU a timer",
+            )
+        )
+    if "schedule" in r:
+        s = r["schedule"]
+        value = _taken(s)
+        rows.append(
+            (
+                f"schedule path: {s['commands']:,} ScheduleTimer stored and acked",
+                f"{value}, {s['cpu_us_per_command']} us CPU a command",
+            )
+        )
+    for batch, f in r.get("fire", {}).items():
+        value = _taken(f)
+        rows.append(
+            (
+                f"fire path: {f['timers']:,} due, published and marked, batch {batch}",
+                f"{value}, {f['cpu_us_per_timer']} us CPU a timer",
+            )
+        )
+    if "steady" in r:
+        s = r["steady"]
+        for key, what in (
+            ("reached_lateness", "reachedAt"),
+            ("readable_lateness", "read by a consumer"),
+        ):
+            late = s[key]
+            rows.append(
+                (
+                    f"steady {s['rate_per_s']:,}/s for {s['seconds']:.0f} s: lateness ({what}) "
+                    "p50 / p99 / max",
+                    f"{late['p50_ms']} / {late['p99_ms']} / {late['max_ms']} ms",
+                )
+            )
+    if "storm" in r:
+        s = r["storm"]
+        rows.append(
+            (
+                f"storm: {s['timers']:,} due at one instant, all fired / all readable",
+                f"{s['fire_all_s']} / {s['all_readable_s']} s",
+            )
+        )
+    if "catchup" in r:
+        c = r["catchup"]
+        rows.append(
+            (
+                f"catch-up: {c['overdue']:,} overdue of {c['stored']:,} stored, drained",
+                f"{c['drain_s']} s ({per_s(c['per_s'])}), peak RSS {c['peak_rss_mb']} MiB",
+            )
+        )
+    for s in r.get("scale", {}).values():
+        rows.append(
+            (
+                f"{s['stored']:,} stored: idle poll / find_due of a batch",
+                f"{s['empty_poll_us']} / {s['find_due_us']} us",
+            )
+        )
+        rows.append(
+            (
+                f"{s['stored']:,} stored: {s['commands']:,} commands",
+                _taken(s),
+            )
+        )
+    head = (
+        f"Run: `python -m timer_bench e2e` ({document['mode']}) on {document['date']}, "
+        f"{document['seconds']} s; `TIMER_BATCH_SIZE={service['batch_size']}`, "
+        f"`TIMER_COMMAND_BATCH_SIZE={service['command_batch_size']}`, polling "
+        f"{service['polling_interval_ms']} ms; {service['rounds']} alternated rounds (yardstick "
+        "then service), the round with the median ratio shown, each round's ratio in brackets."
+    )
+    goals = markdown_table(
+        ["goal", "value", "target", "met"],
+        [
+            (g["goal"], g["value"], g["target"], "yes" if g["met"] else "NO")
+            for g in document["goals"]
+        ],
+        "lrrl",
+    )
+    return "\n\n".join(
+        [
+            head,
+            markdown_table(["measure", "value"], rows, "lr"),
+            goals,
+            checks_line(document["checks"]) + " " + machine_line(document, "sqlite", "nats_server"),
+        ]
+    )
+
+
+# -- PostgreSQL ------------------------------------------------------------------------------
+
+
+def _range(figure: dict[str, float] | list[float]) -> str:
+    if isinstance(figure, list):
+        return spread(figure)
+    return f"{count(figure['median'])} ({count(figure['min'])}-{count(figure['max'])})"
+
+
+def _rounds(figure: dict[str, Any]) -> str:
+    return f"**{figure['median']:.2f}** (rounds {' / '.join(f'{x:.2f}' for x in figure['rounds'])})"
+
+
+def scale_out_block(document: dict[str, Any]) -> str:
+    settings, summary = document["settings"], document["summary"]
+    rates = summary["rates"]
+    rows = [
+        (n, _range(rates[n]["schedule"]), _range(rates[n]["fire"])) for n in rates if n != "raw"
+    ]
+    rows.append(
+        (
+            f"raw pipelines, batches of {settings['raw_batch']:,}",
+            _range(rates["raw"]["schedule"]),
+            _range(rates["raw"]["fire"]),
+        )
+    )
+    ratios = [
+        (f"{path} path, 1 instance / raw pipeline", _rounds(summary["vs_raw"][path]), ">= 0.8")
+        for path in ("schedule", "fire")
+    ]
+    for n, paths in summary["cpu_vs_one"].items():
+        ratios += [
+            (f"{path} path, CPU per timer, {n} instances / 1", _rounds(paths[path]), "<= 1.15")
+            for path in ("schedule", "fire")
+        ]
+    cpu_rows = []
+    cores = document["machine"]["nproc"]
+    for n, paths in summary["cpu_ms"].items():
+        for path, part in paths.items():
+            own = sum(part[g] for g in ("services", "postgres", "nats-server"))
+            cpu_rows.append(
+                (
+                    n,
+                    path,
+                    part["services"],
+                    part["postgres"],
+                    part["nats-server"],
+                    part["other_cores"],
+                    part["commits_per_timer"],
+                    per_s(cores * 1000 / own),
+                )
+            )
+    return "\n\n".join(
+        [
+            f"Run: `python -m timer_bench scale-out` on {document['date']}; "
+            f"{settings['timers']:,} timers a path, `TIMER_BATCH_SIZE={settings['batch_size']}`, "
+            f"`TIMER_COMMAND_BATCH_SIZE={settings['command_batch_size']}`, polling "
+            f"{settings['polling_interval_ms']} ms, PostgreSQL "
+            + ", ".join(f"`{k}={v}`" for k, v in settings["postgres"].items())
+            + f"; {settings['rounds']} rounds (raw pipelines, then each instance count), "
+            "medians with the rounds' range.",
+            markdown_table(
+                ["instances", "schedule path, commands/s", "fire path, timers/s"], rows, "rrr"
+            ),
+            markdown_table(["ratio (median of the rounds' own)", "value", "target"], ratios, "lrr"),
+            f"CPU milliseconds per timer of each part (medians), the cores other work kept busy "
+            f"meanwhile, PostgreSQL commits per timer, and the rate {cores} otherwise idle cores "
+            "would allow at that cost:",
+            markdown_table(
+                [
+                    "instances",
+                    "path",
+                    "services",
+                    "postgres",
+                    "nats-server",
+                    "other work, cores",
+                    "commits/timer",
+                    "CPU-bound rate",
+                ],
+                cpu_rows,
+                "rlrrrrrr",
+            ),
+            machine_line(document, "postgres", "nats_server", "packages"),
+        ]
+    )
+
+
+def scale_out_steady_block(document: dict[str, Any]) -> str:
+    settings = document["settings"]
+    rows = []
+    for n, one in document["instances"].items():
+        reached, readable = one["reached_lateness"], one["readable_lateness"]
+        cores = ", ".join(f"{g} {c:.2f}" for g, c in one["cores"].items())
+        rows.append(
+            (
+                n,
+                f"{reached['p50_ms']} / {reached['p99_ms']} / {reached['max_ms']}",
+                f"{readable['p50_ms']} / {readable['p99_ms']} / {readable['max_ms']}",
+                cores,
+            )
+        )
+    return "\n\n".join(
+        [
+            f"Run: `python -m timer_bench scale-out-steady` on {document['date']}: "
+            f"{settings['rate_per_s']:,} timers/s for {settings['seconds']:.0f} s, each due 1-2 s "
+            f"ahead, `TIMER_BATCH_SIZE={settings['batch_size']}`, polling "
+            f"{settings['polling_interval_ms']} ms.",
+            markdown_table(
+                [
+                    "instances",
+                    "reachedAt - dueAt, p50 / p99 / max ms",
+                    "read by a consumer - dueAt, ms",
+                    "cores",
+                ],
+                rows,
+                "rrrl",
+            ),
+            machine_line(document, "postgres", "nats_server", "packages"),
+        ]
+    )
+
+
+def backlog_line(document: dict[str, Any]) -> str:
+    peaks = " / ".join(f"{peak} MiB" for peak in document["peak_rss_mib"])
+    return (
+        f"{document['store']}, {document['instances']} service(s): {document['timers']:,} "
+        f"overdue drained in {document['drain_s']} s ({per_s(document['per_s'])}); peak RSS "
+        f"{peaks}; {document['events']:,} events, {document['early']} early, "
+        f"{document['out_of_due_order_within_tenant_and_instance']} out of due order within a "
+        "tenant and instance"
+    )
+
+
+def backlog_block(document: dict[str, Any]) -> str:
+    return (
+        f"Run: `python -m timer_bench backlog-{document['store']}` on {document['date']}: "
+        f"{backlog_line(document)}. {checks_line(document['checks'])} {machine_line(document)}"
+    )
+
+
+# -- the peers -------------------------------------------------------------------------------
+
+YARDSTICKS = {
+    "timer": "raw `sqlite3` upserts, 100 a commit; select 100 due, acked nats-py publishes, "
+    "mark, one commit",
+    "pgqueuer": "raw asyncpg: `INSERT ... unnest(...)` of 100 rows; `UPDATE ... FOR UPDATE "
+    "SKIP LOCKED LIMIT 100 RETURNING` then `DELETE`",
+    "apscheduler": "raw `sqlite3`: one insert a commit (as `add_schedule`); select 100 due and "
+    "delete them, one commit",
+}
+
+
+def compare_systems(document: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """(key, name and version, what it runs on) of each system, Timer first."""
+    peers = document["peers"]
+    postgres = document["machine"]["postgres"].split(" (")[0]
+    return [
+        (
+            "timer",
+            f"Timer {document['timer_version']}",
+            "SQLite, in-process (`TimerStore.apply`, `TimerWorker`); each firing an acked "
+            "JetStream publish",
+        ),
+        ("pgqueuer", f"pgqueuer {peers['pgqueuer']}", f"{postgres}, asyncpg {peers['asyncpg']}"),
+        (
+            "apscheduler",
+            f"APScheduler {peers['apscheduler[sqlalchemy]']}",
+            f"SQLite via SQLAlchemy {peers['sqlalchemy[asyncio]']} + aiosqlite "
+            f"{peers['aiosqlite']}",
+        ),
+    ]
+
+
+def late(value: float) -> str:
+    """Timer's timestamps are whole milliseconds: 0 reads "< 1"."""
+    return "< 1" if value < 1 else ms(value)
+
+
+def compare_tables(document: dict[str, Any]) -> str:
+    systems = compare_systems(document)
+    results = [
+        (
+            f"**{name}**",
+            f"{per_s(s['schedule_per_s']['median'])} ({times(s['schedule_vs_raw']['median'])})",
+            f"{per_s(s['fire_per_s']['median'])} ({times(s['fire_vs_raw']['median'])})",
+            f"{late(s['lateness.p50_ms']['median'])} / {late(s['lateness.p99_ms']['median'])} ms",
+            runs_on,
+        )
+        for key, name, runs_on in systems
+        for s in [document["systems"][key]]
+    ]
+    raw = [
+        (
+            f"{name}: {YARDSTICKS[key]}",
+            per_s(s["yardstick.insert_per_s"]["median"]),
+            per_s(s["yardstick.claim_delete_per_s"]["median"]),
+        )
+        for key, name, _ in systems
+        for s in [document["systems"][key]]
+    ]
+    return "\n\n".join(
+        [
+            markdown_table(
+                ["system", "schedule", "fire", "lateness p50 / p99", "runs on"], results, "lrrrl"
+            ),
+            "In brackets: the rate as a fraction of the system's own raw yardstick, the same "
+            "database work written by hand and measured in the same round:",
+            markdown_table(["yardstick", "insert", "claim and complete"], raw, "lrr"),
+        ]
+    )
+
+
+def compare_settings(document: dict[str, Any]) -> str:
+    settings, jobs = document["settings"], document["settings"]["jobs"]
+    return (
+        f"Schedule and fire: {jobs['timer']:,} jobs for Timer and pgqueuer, "
+        f"{jobs['apscheduler']:,} for APScheduler (its rates do not depend on the count), "
+        f"batches of {settings['batch']}; lateness: {settings['steady_rate_per_s']} new jobs/s "
+        f"for {settings['steady_seconds']:.0f} s, each due 1-2 s ahead; medians of "
+        f"{settings['rounds']} rounds, the systems in turn in every round. SQLite: "
+        f"{settings['sqlite']}. PostgreSQL: "
+        + ", ".join(f"`{k}={v}`" for k, v in settings["postgres"].items())
+        + "."
+    )
+
+
+def compare_block(document: dict[str, Any]) -> str:
+    return "\n\n".join(
+        [
+            f"Run: `python -m timer_bench compare` on {document['date']}. "
+            + compare_settings(document),
+            compare_tables(document),
+            machine_line(document, "sqlite", "postgres"),
+        ]
+    )
+
+
+# -- the parts -------------------------------------------------------------------------------
+
+
+def otel_block(document: dict[str, Any]) -> str:
+    settings = document["settings"]
+    rows = [
+        (
+            f"`{name}`",
+            count(v["rate"]),
+            f"{v['rate_vs_off']:.3f}x",
+            ", ".join(f"{x:.2f}" for x in v["rounds_rate_vs_off"]),
+            f"{v['cpu_us']:.0f} us",
+            f"{v['cpu_vs_off']:.3f}x",
+        )
+        for name, v in document["variants"].items()
+    ]
+    base = document["hooks_us"]["no instrumentation"]
+    hooks = [(name, f"{us:.1f}", f"{us - base:.1f}") for name, us in document["hooks_us"].items()]
+    return "\n\n".join(
+        [
+            f"Run: `python -m timer_bench otel` on {document['date']}: {settings['timers']:,} "
+            f"overdue timers fired by a `TimerWorker` (batches of {settings['batch']}) from "
+            f"{settings['store']} through a local `nats-server`, a fresh process each; "
+            f"{settings['rounds']} rounds, the variants in rotated order.",
+            markdown_table(
+                [
+                    "variant",
+                    "timers/s (median)",
+                    "rate vs `off` (median of rounds)",
+                    "each round",
+                    "CPU per timer",
+                    "CPU vs `off`",
+                ],
+                rows,
+                "lrrlrr",
+            ),
+            "The hooks of one firing alone (least of 5 repetitions):",
+            markdown_table(
+                [
+                    "hooks (build the events, then the instrumentation)",
+                    "us per timer",
+                    "instrumentation's own",
+                ],
+                hooks,
+                "lrr",
+            ),
+            machine_line(document, "packages"),
+        ]
+    )
+
+
+def fairness_block(document: dict[str, Any]) -> str:
+    settings, storm = document["settings"], document["storm"]
+    rows = [
+        (
+            f"{storm['quiet_p50_s']} s",
+            f"{storm['quiet_max_s']} s",
+            f"{storm['storm_p50_s']} s",
+            f"{storm['storm_drained_s']} s",
+        )
+    ]
+    parts = [
+        f"Run: `python -m timer_bench fairness` on {document['date']}: a storm of "
+        f"{settings['storm']:,} timers of one tenant due at one instant, {settings['quiet']} of a "
+        f"quiet tenant due then and over the 2 s after; {settings['store']}, "
+        f"`batch_size={settings['batch_size']}`.",
+        markdown_table(
+            ["quiet tenant p50", "quiet tenant max", "storm p50", "storm drained after"],
+            rows,
+            "rrrr",
+        ),
+    ]
+    if "fire_per_s" in document:
+        fire = document["fire_per_s"]
+        parts.append(
+            f"Fire rate of {settings['fire']:,} overdue timers (median of {settings['rounds']} "
+            f"alternated rounds): {per_s(fire['1'])} over 1 tenant, {per_s(fire['50'])} over 50."
+        )
+    return "\n\n".join([*parts, machine_line(document)])
+
+
+def store_block(document: dict[str, Any]) -> str:
+    rows = []
+    for row in document["rows"]:
+        if "store_us" in row:
+            rows.append(
+                (
+                    row["measurement"],
+                    f"{row['store_us']:.0f} us (p99 {row['store_p99_us']:.0f})",
+                    f"{row['raw_us']:.0f} us (p99 {row['raw_p99_us']:.0f})",
+                    f"+{row['store_us'] - row['raw_us']:.0f} us",
+                    "",
+                )
+            )
+        else:
+            rows.append(
+                (
+                    row["measurement"],
+                    f"{spread(row['store_per_s'])}/s",
+                    f"{spread(row['raw_per_s'])}/s ({row['raw']})"
+                    if row["raw"]
+                    else f"{spread(row['raw_per_s'])}/s",
+                    times(row["store_vs_raw"]),
+                    f"{row['store_cpu_us']:.0f} / {row['raw_cpu_us']:.0f} us",
+                )
+            )
+    return "\n\n".join(
+        [
+            f"Run: `python -m timer_bench store` on {document['date']}; WAL, "
+            f"`synchronous=NORMAL` unless stated; {document['settings']['repeat']} interleaved "
+            "repetitions, medians with their range; store / raw is the median of the "
+            "repetitions' own ratios.",
+            markdown_table(
+                [
+                    "measurement",
+                    "SqliteTimerStore",
+                    "raw sqlite3",
+                    "store / raw",
+                    "CPU per item, store / raw",
+                ],
+                rows,
+                "lrrrr",
+            ),
+            machine_line(document),
+        ]
+    )
+
+
+def publish_block(document: dict[str, Any]) -> str:
+    rows = [
+        (
+            row["path"],
+            count(row["messages"]),
+            count(median(row["rounds_per_s"])),
+            f"{row['vs_baseline']:.1f}x",
+        )
+        for row in document["rows"]
+    ]
+    return "\n\n".join(
+        [
+            f"Run: `python -m timer_bench publish` on {document['date']}; publish window "
+            f"{document['settings']['publish_window']}, {document['settings']['rounds']} rounds "
+            "of every path in turn.",
+            markdown_table(
+                ["path", "messages", "msg/s (median)", "vs baseline (median of rounds)"],
+                rows,
+                "lrrr",
+            ),
+            machine_line(document, "nats_server", "packages"),
+        ]
+    )
+
+
+def command_order_block(document: dict[str, Any]) -> str:
+    r = document["results"]
+    steps = ("insert", "reschedule", "cancel")
+    rows = [(mode, *(per_s(r[mode][s]) for s in steps)) for mode in ("plain", "positioned")]
+    rows.append(
+        (
+            "positioned / plain (median of rounds)",
+            *(times(r["positioned_vs_plain"][s]) for s in steps),
+        )
+    )
+    settings = document["settings"]
+    return "\n\n".join(
+        [
+            f"Run: `python -m timer_bench command-order` on {document['date']}: "
+            f"{settings['operations']:,} of each, batches of {settings['batch']}, "
+            f"{settings['rounds']} alternated rounds.",
+            markdown_table(["operations", *steps], rows, "lrrr"),
+            machine_line(document),
+        ]
+    )
+
+
+BLOCKS: dict[str, Callable[[dict[str, Any]], str]] = {
+    "e2e": e2e_block,
+    "scale-out": scale_out_block,
+    "scale-out-steady": scale_out_steady_block,
+    "backlog-sqlite": backlog_block,
+    "backlog-postgres": backlog_block,
+    "compare": compare_block,
+    "otel": otel_block,
+    "fairness": fairness_block,
+    "store": store_block,
+    "publish": publish_block,
+    "command-order": command_order_block,
+}
+
+
+def block(name: str, results: Path = kit.RESULTS) -> str:
+    if not (results / f"{name}.json").exists():
+        return (
+            f"Not measured yet: `python -m timer_bench {name}` writes `bench/results/{name}.json`."
+        )
+    return BLOCKS[name](kit.read_result(name, results))
+
+
+def readme(text: str, results: Path = kit.RESULTS) -> str:
+    """``text`` with every results block rewritten from its results file."""
+    return _BLOCK.sub(lambda m: f"{m[1]}{block(m[2], results)}\n{m[4]}", text)
+
+
+def main(*, check: bool) -> int:
+    text = README.read_text()
+    fresh = readme(text)
+    if check:
+        if fresh != text:
+            print("bench/README.md is stale: run `python -m timer_bench render`", file=sys.stderr)
+            return 1
+        return 0
+    README.write_text(fresh)
+    print(f"rewrote {len(_BLOCK.findall(fresh))} results blocks of {README}")
+    return 0

@@ -1,0 +1,74 @@
+"""bench/README.md's tables and the docs' figures come from bench/results, and the kit reads
+every results file there; these tests fail when the two part ways."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from mkdocs.exceptions import PluginError
+
+from timer_bench import compare, docs_hook, figures, kit, render
+from timer_bench.__main__ import SCENARIOS
+
+
+class TestReadme:
+    def test_tables_are_rendered_from_the_results(self) -> None:
+        """The README is what `python -m timer_bench render` makes of bench/results."""
+        text = render.README.read_text()
+        assert render.readme(text) == text, "run `uv run python -m timer_bench render`"
+
+    def test_every_scenario_has_its_table(self) -> None:
+        """Each scenario's results have a block in the README, and each block a scenario."""
+        blocks = set(render._BLOCK.findall(render.README.read_text()))
+        assert {name for _, name, _, _ in blocks} == set(SCENARIOS) == set(render.BLOCKS)
+
+    def test_every_results_file_is_read_by_the_kit(self) -> None:
+        """No results file lies in bench/results that no scenario writes (``--quick`` runs'
+        files are not kept)."""
+        files = {p.stem for p in kit.RESULTS.glob("*.json") if not p.stem.startswith("quick-")}
+        assert files <= set(SCENARIOS)
+
+    def test_a_stale_table_is_rewritten(self, tmp_path: Path) -> None:
+        """A block whose text is not its file's rendering gets the rendering."""
+        stale = "<!-- results:fairness -->\nhand-typed 1,234/s\n<!-- /results:fairness -->"
+        fresh = render.readme(stale)
+        assert "1,234/s" not in fresh and "python -m timer_bench fairness" in fresh
+
+
+class TestDocsFigures:
+    def test_every_docs_figure_is_rendered(self) -> None:
+        """Each results file the docs use gives its figures and the sentence that cites them."""
+        named = figures.figures()
+        for name in figures.PAGES:
+            prefix = name.replace("-", "_")
+            assert named[f"{prefix}.source"].startswith("Measured on ")
+            assert "cores" in named[f"{prefix}.label"]
+
+    def test_the_hook_puts_figures_in_and_refuses_unknown_ones(self) -> None:
+        """`{{ e2e.fire }}` becomes the figure; a name no results file gives fails the build."""
+        page = SimpleNamespace(file=SimpleNamespace(src_path="page.md"))
+        rendered = docs_hook.on_page_markdown("fires {{ e2e.fire }}", page=page)
+        assert rendered == f"fires {figures.figures()['e2e.fire']}"
+        with pytest.raises(PluginError, match=r"e2e\.nothing"):
+            docs_hook.on_page_markdown("{{ e2e.nothing }}", page=page)
+
+
+class TestComparison:
+    def test_results_are_for_the_pinned_peers(self) -> None:
+        """The comparison was made with the versions the kit pins, and the peers'
+        environment it recorded holds each of them at that version."""
+        document = kit.read_result("compare")
+        assert document["peers"] == compare.PEERS
+        frozen = dict(line.lower().split("==") for line in document["peer_environment"])
+        for requirement, version in compare.PEERS.items():
+            assert frozen[requirement.split("[")[0]] == version, requirement
+
+    def test_every_system_ran_every_round(self) -> None:
+        """Timer, pgqueuer and APScheduler each have one result per round."""
+        document = kit.read_result("compare")
+        assert set(document["systems"]) == {"timer", "pgqueuer", "apscheduler"}
+        for name, results in document["rounds"].items():
+            assert len(results) == document["settings"]["rounds"], name
+            assert all(r["lateness"]["count"] > 0 for r in results), name

@@ -1,0 +1,124 @@
+"""The kit's scenarios run small in the normal suite (``--quick``), so they never rot: they
+check what they measure (nothing lost, nothing early, drained in due order), never the
+figures, which mean something only at full size on a quiet machine."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from timer_bench.backlog import order_checks
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run(scenario: str, output: Path, *options: str) -> tuple[int, str, dict[str, Any]]:
+    """``python -m timer_bench <scenario> --quick`` from the repository's root."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TIMER_")}
+    done = subprocess.run(
+        [sys.executable, "-m", "timer_bench", scenario, "--quick", "--output", str(output)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=env,
+        cwd=ROOT,
+        check=False,
+    )
+    result = json.loads(output.read_text()) if output.exists() else {}
+    return done.returncode, done.stdout + done.stderr, result
+
+
+@pytest.fixture(scope="module")
+def e2e(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, str, dict[str, Any]]:
+    return run("e2e", tmp_path_factory.mktemp("bench") / "e2e.json")
+
+
+class TestEndToEnd:
+    def test_exits_zero_with_every_check_passing(
+        self, e2e: tuple[int, str, dict[str, Any]]
+    ) -> None:
+        """The run exits 0 and no check failed (lost, early or out-of-order timers)."""
+        code, log, result = e2e
+        assert code == 0, log[-3000:]
+        assert [c for c in result["checks"] if not c["ok"]] == []
+
+    def test_every_scenario_ran_and_was_checked(self, e2e: tuple[int, str, dict[str, Any]]) -> None:
+        """Each scenario left its results, and the loss, earliness and order checks passed."""
+        _, log, result = e2e
+        assert set(result["results"]) == {
+            "yardsticks",
+            "schedule",
+            "fire",
+            "storm",
+            "steady",
+            "catchup",
+            "scale",
+        }
+        passed = {c["check"] for c in result["checks"] if c["ok"]}
+        assert {"storm: nothing lost, nothing early", "catch-up: drained in due order"} <= passed
+        assert "steady: every timer fired, none early" in passed
+        assert "| measure | value |" in log
+
+    def test_result_names_the_machine_and_the_settings(
+        self, e2e: tuple[int, str, dict[str, Any]]
+    ) -> None:
+        """The results file says where it ran and how the service was configured."""
+        _, _, result = e2e
+        assert result["mode"] == "quick"
+        assert result["machine"]["nproc"] >= 1 and result["machine"]["load_average_end"]
+        assert result["service"]["batch_size"] == result["service"]["default_batch_size"] == 100
+
+
+class TestBacklog:
+    @pytest.mark.parametrize("store", ["sqlite", "postgres"])
+    def test_drains_with_every_check_passing(self, store: str, tmp_path: Path) -> None:
+        """3,000 overdue timers (SQLite one service, PostgreSQL two): exit 0, every check
+        passed, a peak RSS reported per service."""
+        code, log, result = run(f"backlog-{store}", tmp_path / "backlog.json")
+        assert code == 0, log[-3000:]
+        assert result["checks"] and all(result["checks"].values()), result["checks"]
+        assert len(result["peak_rss_mib"]) == (1 if store == "sqlite" else 2)
+        assert result["events"] == result["distinct_timers"] == 3000
+
+    def test_counts_early_and_out_of_order_events(self) -> None:
+        """An event fired before its due time, and one earlier-due than its tenant's event
+        before it, are both counted; another tenant's events do not count against it."""
+        events = [
+            ("a", "1", "2030-01-01T00:00:01.000Z", "2030-01-01T00:00:05.000Z"),
+            ("b", "2", "2030-01-01T00:00:00.000Z", "2030-01-01T00:00:05.000Z"),
+            ("a", "3", "2030-01-01T00:00:00.500Z", "2030-01-01T00:00:05.000Z"),
+            ("a", "4", "2030-01-01T00:00:09.000Z", "2030-01-01T00:00:05.000Z"),
+        ]
+        checked = order_checks(events, None)
+        assert checked["early"] == 1
+        assert checked["out_of_due_order_within_tenant"] == 1
+        assert checked["out_of_due_order_within_tenant_and_instance"] == 1
+        assert checked["worst_inversion_ms"] == 500
+
+    def test_two_firers_are_checked_each_on_its_own(self) -> None:
+        """With the firer of each timer known, interleaved instances are not out of order,
+        and one instance out of its own order is."""
+        events = [
+            ("a", "1", "2030-01-01T00:00:02.000Z", "2030-01-01T00:00:05.000Z"),
+            ("a", "2", "2030-01-01T00:00:01.000Z", "2030-01-01T00:00:05.000Z"),
+            ("a", "3", "2030-01-01T00:00:03.000Z", "2030-01-01T00:00:05.000Z"),
+        ]
+        interleaved = order_checks(events, {"1": "x", "2": "y", "3": "x"})
+        assert interleaved["out_of_due_order_within_tenant"] == 1
+        assert interleaved["out_of_due_order_within_tenant_and_instance"] == 0
+        own = order_checks(events, {"1": "x", "2": "x", "3": "y"})
+        assert own["out_of_due_order_within_tenant_and_instance"] == 1
+
+
+class TestCommandOrder:
+    def test_writes_both_modes(self, tmp_path: Path) -> None:
+        """Plain and positioned operations are both measured, with their ratio per step."""
+        code, log, result = run("command-order", tmp_path / "order.json")
+        assert code == 0, log[-3000:]
+        assert set(result["results"]["positioned_vs_plain"]) == {"insert", "reschedule", "cancel"}

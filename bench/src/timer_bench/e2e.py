@@ -37,7 +37,7 @@ from timer_bench.kit import TENANTS, now_ms, percentiles, progress, rate
 from timer_bench.procs import Broker, CheckFailed, Service, nats_server_version
 from timer_core import TimerEntry, from_epoch_ms
 
-SCENARIOS = ("yardsticks", "schedule", "fire", "storm", "steady", "catchup", "scale")
+SCENARIOS = ("schedule", "fire", "storm", "steady", "catchup", "scale")
 DEFAULT_BATCH = 100
 DEFAULT_COMMAND_BATCH = 1000
 #: The yardsticks fetch, select and mark 1,000 at a time.
@@ -290,24 +290,6 @@ async def scenario_fire(run: Run) -> None:
     chosen = with_rounds(taken, "raw", "service")
     run.results["fire"] = {str(batch): chosen["measured"]}
     run.results.setdefault("yardsticks", {})["raw_pipeline"] = {str(RAW_BATCH): chosen["yardstick"]}
-
-
-async def scenario_yardsticks(run: Run) -> None:
-    count = run.sizes.schedule
-    progress(f"yardstick: raw sqlite3 batched upserts ({count:,})")
-    registered = now_ms()
-    rows = list(
-        sqlite.timer_rows(
-            count,
-            prefix="raw",
-            due_ms=lambda i: registered + 86_400_000 + random.randrange(86_400_000),
-        )
-    )
-    random.shuffle(rows)
-    run.results.setdefault("yardsticks", {})["raw_upserts_per_s"] = {
-        str(batch): yardsticks.upserts(run.db(f"raw-upserts-{batch}"), rows, batch)
-        for batch in sorted({DEFAULT_BATCH, run.batch_size})
-    }
 
 
 # -- a storm, steady lateness ----------------------------------------------------------------
@@ -606,37 +588,7 @@ async def run_scenarios(run: Run, only: set[str]) -> None:
             await globals()[f"scenario_{name}"](run)
 
 
-# -- goals and the command line --------------------------------------------------------------
-
-
-def goals(r: dict[str, Any]) -> list[dict[str, Any]]:
-    """What each figure is held to: ratios to the yardsticks first."""
-    rows: list[dict[str, Any]] = []
-
-    def goal(name: str, value: float, target: str, ok: bool) -> None:
-        rows.append({"goal": name, "value": value, "target": target, "met": ok})
-
-    for size, fire in sorted(r.get("fire", {}).items(), key=lambda kv: int(kv[0])):
-        name = f"fire path (batch {size}) / raw pipeline (batch {RAW_BATCH})"
-        goal(name, fire["vs_raw"], ">= 0.9", fire["vs_raw"] >= 0.9)
-    if "vs_raw" in r.get("schedule", {}):
-        ratio = r["schedule"]["vs_raw"]
-        goal(f"schedule path / raw pipeline (fetch {RAW_BATCH})", ratio, ">= 0.9", ratio >= 0.9)
-    if "steady" in r:
-        for key, limit in (("reached_lateness", 20), ("readable_lateness", 50)):
-            p99 = r["steady"][key]["p99_ms"]
-            goal(f"steady lateness p99 ({key.split('_')[0]}), ms", p99, f"<= {limit}", p99 <= limit)
-    if "catchup" in r:
-        rss = r["catchup"]["peak_rss_mb"]
-        goal("catch-up: peak RSS of the service, MiB", rss, "<= 200", rss <= 200)
-    if "scale" in r:
-        small, big = r["scale"]["small"], r["scale"]["big"]
-        for key, what in (("empty_poll_us", "empty poll"), ("find_due_us", "find_due batch")):
-            ratio = round(big[key] / small[key], 2)
-            goal(f"{what} cost, big / small store", ratio, "<= 1.5 (flat)", ratio <= 1.5)
-        ratio = round(big["per_s"] / small["per_s"], 2)
-        goal("schedule rate, big / small store", ratio, ">= 0.67 (flat)", ratio >= 0.67)
-    return rows
+# -- the command line ------------------------------------------------------------------------
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -693,7 +645,6 @@ def main(args: argparse.Namespace) -> int:
         "service_startups_s": run.startups,
         "seconds": round(time.monotonic() - started, 1),
         "results": run.results,
-        "goals": goals(run.results),
         "checks": run.checks,
     }
     kit.write_result(document, args.output)

@@ -107,7 +107,7 @@ def scale_out(d: dict[str, Any]) -> Figures:
         for n in s["rates"]
     ]
     out["table"] = kit.markdown_table(
-        ["instances", "schedule path, commands/s", "fire path, timers/s"], rows, "lrr"
+        "instances | schedule path, commands/s | fire path, timers/s", rows, "lrr"
     )
     return out
 
@@ -135,7 +135,7 @@ def scale_out_steady(d: dict[str, Any]) -> Figures:
             )
         )
     out["table"] = kit.markdown_table(
-        ["instances", "fired after `dueAt`, p50 / p99", "read by a consumer, p50 / p99"],
+        "instances | fired after `dueAt`, p50 / p99 | read by a consumer, p50 / p99",
         rows,
         "lrr",
     )

@@ -194,10 +194,11 @@ def describe_machine(machine: dict[str, Any], *, versions: Sequence[str] = ()) -
 # -- tables and numbers ----------------------------------------------------------------------
 
 
-def markdown_table(header: Sequence[str], rows: Iterable[Sequence[object]], align: str) -> str:
-    """A Markdown table; ``align`` has one letter a column: ``l`` left, ``r`` right."""
+def markdown_table(header: str, rows: Iterable[Sequence[object]], align: str) -> str:
+    """A Markdown table under ``header`` (``"a | b"``); ``align`` has one letter a column:
+    ``l`` left, ``r`` right."""
     rule = ["---:" if a == "r" else "---" for a in align]
-    lines = ["| " + " | ".join(header) + " |", "| " + " | ".join(rule) + " |"]
+    lines = [f"| {header} |", "| " + " | ".join(rule) + " |"]
     lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
     return "\n".join(lines)
 

@@ -33,103 +33,59 @@ def checks_line(checks: list[dict[str, Any]] | dict[str, bool]) -> str:
 # -- end to end ------------------------------------------------------------------------------
 
 
-def _taken(result: dict[str, Any]) -> str:
-    """The rate of the round shown, with every round's rate."""
+def _taken(result: dict[str, Any], cpu: str = "") -> str:
+    """The rate of the round shown, with every round's rate, and its CPU per item."""
     rounds = result.get("rounds_per_s")
     shown = per_s(result["per_s"])
-    return f"{shown} ({' / '.join(count(x) for x in rounds)})" if rounds else shown
+    shown += f" ({' / '.join(count(x) for x in rounds)})" if rounds else ""
+    return shown + (f", {result[f'cpu_us_per_{cpu}']} us CPU a {cpu}" if cpu else "")
+
+
+def _ratio(result: dict[str, Any]) -> str:
+    return f"**{result['vs_raw']}** ({' / '.join(map(str, result.get('rounds_vs_raw', [])))})"
 
 
 def e2e_block(document: dict[str, Any]) -> str:
     r, service = document["results"], document["service"]
-    rows: list[tuple[str, str]] = []
-    for batch, fire in r.get("fire", {}).items():
-        rounds = " / ".join(str(x) for x in fire.get("rounds_vs_raw", [fire["vs_raw"]]))
-        rows.append(
-            (f"**fire path (batch {batch}) / raw pipeline**", f"**{fire['vs_raw']}** ({rounds})")
-        )
-    if "vs_raw" in r.get("schedule", {}):
-        s = r["schedule"]
-        rounds = " / ".join(str(x) for x in s.get("rounds_vs_raw", [s["vs_raw"]]))
-        rows.append(("**schedule path / raw pipeline**", f"**{s['vs_raw']}** ({rounds})"))
-    yardsticks = r.get("yardsticks", {})
-    for batch, value in yardsticks.get("raw_upserts_per_s", {}).items():
-        rows.append((f"yardstick: raw sqlite3 upserts, {batch} a transaction", per_s(value)))
-    if "raw_schedule" in yardsticks:
-        raw = yardsticks["raw_schedule"]
-        value = _taken(raw)
-        rows.append(
-            (
-                f"yardstick: raw fetch -> upsert -> ack, batch {raw['batch']}",
-                f"{value}, {raw['cpu_us_per_command']} us CPU a command",
-            )
-        )
-    for batch, raw in yardsticks.get("raw_pipeline", {}).items():
-        value = _taken(raw)
+    (batch, fire), schedule = next(iter(r["fire"].items())), r["schedule"]
+    raw_schedule, raw_fire = r["yardsticks"]["raw_schedule"], r["yardsticks"]["raw_pipeline"]
+    steady, storm, catchup = r["steady"], r["storm"], r["catchup"]
+    rows = [
+        (f"**fire path (batch {batch}) / raw pipeline**", _ratio(fire)),
+        ("**schedule path / raw pipeline**", _ratio(schedule)),
+        ("yardstick: raw fetch -> upsert -> ack", _taken(raw_schedule, "command")),
+        (
+            "yardstick: raw select -> publish -> mark",
+            _taken(raw_fire[str(service["yardstick_batch"])], "timer"),
+        ),
+        (f"schedule path: {schedule['commands']:,} commands", _taken(schedule, "command")),
+        (f"fire path: {fire['timers']:,} timers", _taken(fire, "timer")),
+    ]
+    for key, what in (("reached_lateness", "fired"), ("readable_lateness", "read")):
+        late = steady[key]
         rows.append(
             (
-                f"yardstick: raw select -> publish -> mark, batch {batch}",
-                f"{value}, {raw['cpu_us_per_timer']} us CPU a timer",
+                f"steady {steady['rate_per_s']:,}/s, {what} after `dueAt`, p50 / p99 / max",
+                f"{late['p50_ms']} / {late['p99_ms']} / {late['max_ms']} ms",
             )
         )
-    if "schedule" in r:
-        s = r["schedule"]
-        value = _taken(s)
-        rows.append(
-            (
-                f"schedule path: {s['commands']:,} ScheduleTimer stored and acked",
-                f"{value}, {s['cpu_us_per_command']} us CPU a command",
-            )
-        )
-    for batch, f in r.get("fire", {}).items():
-        value = _taken(f)
-        rows.append(
-            (
-                f"fire path: {f['timers']:,} due, published and marked, batch {batch}",
-                f"{value}, {f['cpu_us_per_timer']} us CPU a timer",
-            )
-        )
-    if "steady" in r:
-        s = r["steady"]
-        for key, what in (
-            ("reached_lateness", "reachedAt"),
-            ("readable_lateness", "read by a consumer"),
-        ):
-            late = s[key]
-            rows.append(
-                (
-                    f"steady {s['rate_per_s']:,}/s for {s['seconds']:.0f} s: lateness ({what}) "
-                    "p50 / p99 / max",
-                    f"{late['p50_ms']} / {late['p99_ms']} / {late['max_ms']} ms",
-                )
-            )
-    if "storm" in r:
-        s = r["storm"]
-        rows.append(
-            (
-                f"storm: {s['timers']:,} due at one instant, all fired / all readable",
-                f"{s['fire_all_s']} / {s['all_readable_s']} s",
-            )
-        )
-    if "catchup" in r:
-        c = r["catchup"]
-        rows.append(
-            (
-                f"catch-up: {c['overdue']:,} overdue of {c['stored']:,} stored, drained",
-                f"{c['drain_s']} s ({per_s(c['per_s'])}), peak RSS {c['peak_rss_mb']} MiB",
-            )
-        )
-    for s in r.get("scale", {}).values():
+    rows += [
+        (
+            f"storm of {storm['timers']:,}: all fired / all readable",
+            f"{storm['fire_all_s']} / {storm['all_readable_s']} s",
+        ),
+        (
+            f"catch-up: {catchup['overdue']:,} overdue of {catchup['stored']:,}",
+            f"{catchup['drain_s']} s ({per_s(catchup['per_s'])}), "
+            f"peak RSS {catchup['peak_rss_mb']} MiB",
+        ),
+    ]
+    for s in r["scale"].values():
+        rows.append((f"{s['stored']:,} stored: {s['commands']:,} commands", _taken(s)))
         rows.append(
             (
                 f"{s['stored']:,} stored: idle poll / find_due of a batch",
                 f"{s['empty_poll_us']} / {s['find_due_us']} us",
-            )
-        )
-        rows.append(
-            (
-                f"{s['stored']:,} stored: {s['commands']:,} commands",
-                _taken(s),
             )
         )
     head = (
@@ -139,19 +95,10 @@ def e2e_block(document: dict[str, Any]) -> str:
         f"{service['polling_interval_ms']} ms; {service['rounds']} alternated rounds (yardstick "
         "then service), the round with the median ratio shown, each round's ratio in brackets."
     )
-    goals = markdown_table(
-        ["goal", "value", "target", "met"],
-        [
-            (g["goal"], g["value"], g["target"], "yes" if g["met"] else "NO")
-            for g in document["goals"]
-        ],
-        "lrrl",
-    )
     return "\n\n".join(
         [
             head,
-            markdown_table(["measure", "value"], rows, "lr"),
-            goals,
+            markdown_table("measure | value", rows, "lr"),
             checks_line(document["checks"]) + " " + machine_line(document, "sqlite", "nats_server"),
         ]
     )
@@ -219,23 +166,15 @@ def scale_out_block(document: dict[str, Any]) -> str:
             + f"; {settings['rounds']} rounds (raw pipelines, then each instance count), "
             "medians with the rounds' range.",
             markdown_table(
-                ["instances", "schedule path, commands/s", "fire path, timers/s"], rows, "rrr"
+                "instances | schedule path, commands/s | fire path, timers/s", rows, "rrr"
             ),
-            markdown_table(["ratio (median of the rounds' own)", "value", "target"], ratios, "lrr"),
+            markdown_table("ratio (median of the rounds' own) | value | target", ratios, "lrr"),
             f"CPU milliseconds per timer of each part (medians), the cores other work kept busy "
             f"meanwhile, PostgreSQL commits per timer, and the rate {cores} otherwise idle cores "
             "would allow at that cost:",
             markdown_table(
-                [
-                    "instances",
-                    "path",
-                    "services",
-                    "postgres",
-                    "nats-server",
-                    "other work, cores",
-                    "commits/timer",
-                    "CPU-bound rate",
-                ],
+                "instances | path | services | postgres | nats-server | other work, cores "
+                "| commits/timer | CPU-bound rate",
                 cpu_rows,
                 "rlrrrrrr",
             ),
@@ -265,12 +204,8 @@ def scale_out_steady_block(document: dict[str, Any]) -> str:
             f"ahead, `TIMER_BATCH_SIZE={settings['batch_size']}`, polling "
             f"{settings['polling_interval_ms']} ms.",
             markdown_table(
-                [
-                    "instances",
-                    "reachedAt - dueAt, p50 / p99 / max ms",
-                    "read by a consumer - dueAt, ms",
-                    "cores",
-                ],
+                "instances | reachedAt - dueAt, p50 / p99 / max ms "
+                "| read by a consumer - dueAt, ms | cores",
                 rows,
                 "rrrl",
             ),
@@ -360,11 +295,11 @@ def compare_tables(document: dict[str, Any]) -> str:
     return "\n\n".join(
         [
             markdown_table(
-                ["system", "schedule", "fire", "lateness p50 / p99", "runs on"], results, "lrrrl"
+                "system | schedule | fire | lateness p50 / p99 | runs on", results, "lrrrl"
             ),
             "In brackets: the rate as a fraction of the system's own raw yardstick, the same "
             "database work written by hand and measured in the same round:",
-            markdown_table(["yardstick", "insert", "claim and complete"], raw, "lrr"),
+            markdown_table("yardstick | insert | claim and complete", raw, "lrr"),
         ]
     )
 
@@ -419,24 +354,15 @@ def otel_block(document: dict[str, Any]) -> str:
             f"{settings['store']} through a local `nats-server`, a fresh process each; "
             f"{settings['rounds']} rounds, the variants in rotated order.",
             markdown_table(
-                [
-                    "variant",
-                    "timers/s (median)",
-                    "rate vs `off` (median of rounds)",
-                    "each round",
-                    "CPU per timer",
-                    "CPU vs `off`",
-                ],
+                "variant | timers/s (median) | rate vs `off` (median of rounds) | each round "
+                "| CPU per timer | CPU vs `off`",
                 rows,
                 "lrrlrr",
             ),
             "The hooks of one firing alone (least of 5 repetitions):",
             markdown_table(
-                [
-                    "hooks (build the events, then the instrumentation)",
-                    "us per timer",
-                    "instrumentation's own",
-                ],
+                "hooks (build the events, then the instrumentation) | us per timer "
+                "| instrumentation's own",
                 hooks,
                 "lrr",
             ),
@@ -461,7 +387,7 @@ def fairness_block(document: dict[str, Any]) -> str:
         f"quiet tenant due then and over the 2 s after; {settings['store']}, "
         f"`batch_size={settings['batch_size']}`.",
         markdown_table(
-            ["quiet tenant p50", "quiet tenant max", "storm p50", "storm drained after"],
+            "quiet tenant p50 | quiet tenant max | storm p50 | storm drained after",
             rows,
             "rrrr",
         ),
@@ -507,13 +433,8 @@ def store_block(document: dict[str, Any]) -> str:
             "repetitions, medians with their range; store / raw is the median of the "
             "repetitions' own ratios.",
             markdown_table(
-                [
-                    "measurement",
-                    "SqliteTimerStore",
-                    "raw sqlite3",
-                    "store / raw",
-                    "CPU per item, store / raw",
-                ],
+                "measurement | SqliteTimerStore | raw sqlite3 | store / raw "
+                "| CPU per item, store / raw",
                 rows,
                 "lrrrr",
             ),
@@ -538,7 +459,7 @@ def publish_block(document: dict[str, Any]) -> str:
             f"{document['settings']['publish_window']}, {document['settings']['rounds']} rounds "
             "of every path in turn.",
             markdown_table(
-                ["path", "messages", "msg/s (median)", "vs baseline (median of rounds)"],
+                "path | messages | msg/s (median) | vs baseline (median of rounds)",
                 rows,
                 "lrrr",
             ),
@@ -563,7 +484,7 @@ def command_order_block(document: dict[str, Any]) -> str:
             f"Run: `python -m timer_bench command-order` on {document['date']}: "
             f"{settings['operations']:,} of each, batches of {settings['batch']}, "
             f"{settings['rounds']} alternated rounds.",
-            markdown_table(["operations", *steps], rows, "lrrr"),
+            markdown_table(" | ".join(["operations", *steps]), rows, "lrrr"),
             machine_line(document),
         ]
     )

@@ -62,7 +62,7 @@ class TestFormats:
 
     def test_markdown_table_aligns_each_column(self) -> None:
         """One header, one rule with the columns' alignment, one line a row."""
-        table = kit.markdown_table(["a", "b"], [("x", 1)], "lr")
+        table = kit.markdown_table("a | b", [("x", 1)], "lr")
         assert table == "| a | b |\n| --- | ---: |\n| x | 1 |"
 
     def test_the_machine_names_its_load(self) -> None:

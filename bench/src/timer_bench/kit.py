@@ -194,12 +194,14 @@ def describe_machine(machine: dict[str, Any], *, versions: Sequence[str] = ()) -
 # -- tables and numbers ----------------------------------------------------------------------
 
 
-def markdown_table(header: str, rows: Iterable[Sequence[object]], align: str) -> str:
-    """A Markdown table under ``header`` (``"a | b"``); ``align`` has one letter a column:
-    ``l`` left, ``r`` right."""
+def markdown_table(header: str, rows: Iterable[str | Sequence[object]], align: str) -> str:
+    """A Markdown table under ``header`` (``"a | b"``), a row a line (``"x | 1"`` or a
+    sequence of cells); ``align`` has one letter a column: ``l`` left, ``r`` right."""
     rule = ["---:" if a == "r" else "---" for a in align]
     lines = [f"| {header} |", "| " + " | ".join(rule) + " |"]
-    lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
+    lines += [
+        f"| {row} |" if isinstance(row, str) else f"| {' | '.join(map(str, row))} |" for row in rows
+    ]
     return "\n".join(lines)
 
 

@@ -120,15 +120,15 @@ def _rounds(figure: dict[str, Any]) -> str:
 def scale_out_block(document: dict[str, Any]) -> str:
     settings, summary = document["settings"], document["summary"]
     rates = summary["rates"]
+    raw = rates["raw"]
     rows = [
-        (n, _range(rates[n]["schedule"]), _range(rates[n]["fire"])) for n in rates if n != "raw"
+        f"{n} | {_range(p['schedule'])} | {_range(p['fire'])}"
+        for n, p in rates.items()
+        if n != "raw"
     ]
     rows.append(
-        (
-            f"raw pipelines, batches of {settings['raw_batch']:,}",
-            _range(rates["raw"]["schedule"]),
-            _range(rates["raw"]["fire"]),
-        )
+        f"raw pipelines, batches of {settings['raw_batch']:,} | {_range(raw['schedule'])} | "
+        + _range(raw["fire"])
     )
     ratios = [
         (f"{path} path, 1 instance / raw pipeline", _rounds(summary["vs_raw"][path]), ">= 0.8")
@@ -144,18 +144,8 @@ def scale_out_block(document: dict[str, Any]) -> str:
     for n, paths in summary["cpu_ms"].items():
         for path, part in paths.items():
             own = sum(part[g] for g in ("services", "postgres", "nats-server"))
-            cpu_rows.append(
-                (
-                    n,
-                    path,
-                    part["services"],
-                    part["postgres"],
-                    part["nats-server"],
-                    part["other_cores"],
-                    part["commits_per_timer"],
-                    per_s(cores * 1000 / own),
-                )
-            )
+            cells = [part[k] for k in ("services", "postgres", "nats-server", "other_cores")]
+            cpu_rows.append((n, path, *cells, part["commits_per_timer"], per_s(cores * 1000 / own)))
     return "\n\n".join(
         [
             f"Run: `python -m timer_bench scale-out` on {document['date']}; "
@@ -189,14 +179,7 @@ def scale_out_steady_block(document: dict[str, Any]) -> str:
     for n, one in document["instances"].items():
         reached, readable = one["reached_lateness"], one["readable_lateness"]
         cores = ", ".join(f"{g} {c:.2f}" for g, c in one["cores"].items())
-        rows.append(
-            (
-                n,
-                f"{reached['p50_ms']} / {reached['p99_ms']} / {reached['max_ms']}",
-                f"{readable['p50_ms']} / {readable['p99_ms']} / {readable['max_ms']}",
-                cores,
-            )
-        )
+        rows.append(f"{n} | {_late3(reached)} | {_late3(readable)} | {cores}")
     return "\n\n".join(
         [
             f"Run: `python -m timer_bench scale-out-steady` on {document['date']}: "
@@ -212,6 +195,10 @@ def scale_out_steady_block(document: dict[str, Any]) -> str:
             machine_line(document, "postgres", "nats_server", "packages"),
         ]
     )
+
+
+def _late3(late: dict[str, float]) -> str:
+    return f"{late['p50_ms']} / {late['p99_ms']} / {late['max_ms']}"
 
 
 def backlog_line(document: dict[str, Any]) -> str:
@@ -284,11 +271,8 @@ def compare_tables(document: dict[str, Any]) -> str:
         for s in [document["systems"][key]]
     ]
     raw = [
-        (
-            f"{name}: {YARDSTICKS[key]}",
-            per_s(s["yardstick.insert_per_s"]["median"]),
-            per_s(s["yardstick.claim_delete_per_s"]["median"]),
-        )
+        f"{name}: {YARDSTICKS[key]} | {per_s(s['yardstick.insert_per_s']['median'])} | "
+        + per_s(s["yardstick.claim_delete_per_s"]["median"])
         for key, name, _ in systems
         for s in [document["systems"][key]]
     ]
@@ -335,14 +319,9 @@ def compare_block(document: dict[str, Any]) -> str:
 def otel_block(document: dict[str, Any]) -> str:
     settings = document["settings"]
     rows = [
-        (
-            f"`{name}`",
-            count(v["rate"]),
-            f"{v['rate_vs_off']:.3f}x",
-            ", ".join(f"{x:.2f}" for x in v["rounds_rate_vs_off"]),
-            f"{v['cpu_us']:.0f} us",
-            f"{v['cpu_vs_off']:.3f}x",
-        )
+        f"`{name}` | {count(v['rate'])} | {v['rate_vs_off']:.3f}x | "
+        + ", ".join(f"{x:.2f}" for x in v["rounds_rate_vs_off"])
+        + f" | {v['cpu_us']:.0f} us | {v['cpu_vs_off']:.3f}x"
         for name, v in document["variants"].items()
     ]
     base = document["hooks_us"]["no instrumentation"]
@@ -373,14 +352,8 @@ def otel_block(document: dict[str, Any]) -> str:
 
 def fairness_block(document: dict[str, Any]) -> str:
     settings, storm = document["settings"], document["storm"]
-    rows = [
-        (
-            f"{storm['quiet_p50_s']} s",
-            f"{storm['quiet_max_s']} s",
-            f"{storm['storm_p50_s']} s",
-            f"{storm['storm_drained_s']} s",
-        )
-    ]
+    keys = ("quiet_p50_s", "quiet_max_s", "storm_p50_s", "storm_drained_s")
+    rows = [" | ".join(f"{storm[key]} s" for key in keys)]
     parts = [
         f"Run: `python -m timer_bench fairness` on {document['date']}: a storm of "
         f"{settings['storm']:,} timers of one tenant due at one instant, {settings['quiet']} of a "
@@ -405,27 +378,15 @@ def store_block(document: dict[str, Any]) -> str:
     rows = []
     for row in document["rows"]:
         if "store_us" in row:
-            rows.append(
-                (
-                    row["measurement"],
-                    f"{row['store_us']:.0f} us (p99 {row['store_p99_us']:.0f})",
-                    f"{row['raw_us']:.0f} us (p99 {row['raw_p99_us']:.0f})",
-                    f"+{row['store_us'] - row['raw_us']:.0f} us",
-                    "",
-                )
-            )
+            store = f"{row['store_us']:.0f} us (p99 {row['store_p99_us']:.0f})"
+            raw = f"{row['raw_us']:.0f} us (p99 {row['raw_p99_us']:.0f})"
+            gap, cpu = f"+{row['store_us'] - row['raw_us']:.0f} us", ""
         else:
-            rows.append(
-                (
-                    row["measurement"],
-                    f"{spread(row['store_per_s'])}/s",
-                    f"{spread(row['raw_per_s'])}/s ({row['raw']})"
-                    if row["raw"]
-                    else f"{spread(row['raw_per_s'])}/s",
-                    times(row["store_vs_raw"]),
-                    f"{row['store_cpu_us']:.0f} / {row['raw_cpu_us']:.0f} us",
-                )
-            )
+            store = f"{spread(row['store_per_s'])}/s"
+            raw = f"{spread(row['raw_per_s'])}/s" + (f" ({row['raw']})" if row["raw"] else "")
+            gap = times(row["store_vs_raw"])
+            cpu = f"{row['store_cpu_us']:.0f} / {row['raw_cpu_us']:.0f} us"
+        rows.append(f"{row['measurement']} | {store} | {raw} | {gap} | {cpu}")
     return "\n\n".join(
         [
             f"Run: `python -m timer_bench store` on {document['date']}; WAL, "
@@ -445,12 +406,8 @@ def store_block(document: dict[str, Any]) -> str:
 
 def publish_block(document: dict[str, Any]) -> str:
     rows = [
-        (
-            row["path"],
-            count(row["messages"]),
-            count(median(row["rounds_per_s"])),
-            f"{row['vs_baseline']:.1f}x",
-        )
+        f"{row['path']} | {count(row['messages'])} | {count(median(row['rounds_per_s']))} | "
+        f"{row['vs_baseline']:.1f}x"
         for row in document["rows"]
     ]
     return "\n\n".join(
@@ -472,12 +429,8 @@ def command_order_block(document: dict[str, Any]) -> str:
     r = document["results"]
     steps = ("insert", "reschedule", "cancel")
     rows = [(mode, *(per_s(r[mode][s]) for s in steps)) for mode in ("plain", "positioned")]
-    rows.append(
-        (
-            "positioned / plain (median of rounds)",
-            *(times(r["positioned_vs_plain"][s]) for s in steps),
-        )
-    )
+    ratios = [times(r["positioned_vs_plain"][s]) for s in steps]
+    rows.append(("positioned / plain (median of rounds)", *ratios))
     settings = document["settings"]
     return "\n\n".join(
         [

@@ -104,7 +104,7 @@ class Broker:
         try:
             self.nc = await nats.connect(self.url, max_reconnect_attempts=0)
             # The streams and the consumer exactly as the service provisions them.
-            async with NatsBroker(NatsSettings(url=self.url)):
+            async with NatsBroker(NatsSettings(url=self.url, consumer_name=CONSUMER)):
                 pass
         except BaseException:
             await asyncio.to_thread(self.server.stop)

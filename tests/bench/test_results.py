@@ -21,7 +21,7 @@ class TestReadme:
 
     def test_every_scenario_has_its_table(self) -> None:
         """Each scenario's results have a block in the README, and each block a scenario."""
-        blocks = set(render._BLOCK.findall(render.README.read_text()))
+        blocks = set(render.MARKERS.findall(render.README.read_text()))
         assert {name for _, name, _, _ in blocks} == set(SCENARIOS) == set(render.BLOCKS)
 
     def test_every_results_file_is_read_by_the_kit(self) -> None:

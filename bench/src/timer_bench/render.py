@@ -15,7 +15,8 @@ from timer_bench import kit
 from timer_bench.kit import count, markdown_table, median, ms, per_s, spread, times
 
 README = kit.RESULTS.parent / "README.md"
-_BLOCK = re.compile(r"(<!-- results:([\w-]+) -->\n)(.*?)(<!-- /results:\2 -->)", re.S)
+#: A results block of the README: its opening marker, its name, its text, its closing marker.
+MARKERS = re.compile(r"(<!-- results:([\w-]+) -->\n)(.*?)(<!-- /results:\2 -->)", re.S)
 
 
 def machine_line(document: dict[str, Any], *versions: str) -> str:
@@ -468,7 +469,7 @@ def block(name: str, results: Path = kit.RESULTS) -> str:
 
 def readme(text: str, results: Path = kit.RESULTS) -> str:
     """``text`` with every results block rewritten from its results file."""
-    return _BLOCK.sub(lambda m: f"{m[1]}{block(m[2], results)}\n{m[4]}", text)
+    return MARKERS.sub(lambda m: f"{m[1]}{block(m[2], results)}\n{m[4]}", text)
 
 
 def main(*, check: bool) -> int:
@@ -480,5 +481,5 @@ def main(*, check: bool) -> int:
             return 1
         return 0
     README.write_text(fresh)
-    print(f"rewrote {len(_BLOCK.findall(fresh))} results blocks of {README}")
+    print(f"rewrote {len(MARKERS.findall(fresh))} results blocks of {README}")
     return 0

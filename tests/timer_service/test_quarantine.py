@@ -11,21 +11,32 @@ from collections.abc import AsyncIterator
 import pytest
 
 from tests.timer_core.test_poison import POISON, Rig
+from timer_service.access import HttpAccess
 from timer_service.cli import EXIT_CONFIG, main
 from timer_service.http import HealthEndpoint
 from timer_service.metrics import PrometheusInstrumentation
 
+#: The endpoint's TIMER_HTTP_TOKEN; the CLI reads the same variable.
+TOKEN = "quarantine-token-0123456789"
+
 
 @pytest.fixture
-async def quarantined() -> AsyncIterator[tuple[Rig, int]]:
-    """A worker that quarantined the poison timer, and the port of its HTTP endpoint."""
+async def quarantined(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[tuple[Rig, int]]:
+    """A worker that quarantined the poison timer, and the port of its HTTP endpoint (its
+    token in the environment the CLI reads)."""
+    monkeypatch.setenv("TIMER_HTTP_TOKEN", TOKEN)
     metrics = PrometheusInstrumentation()
     rig = Rig(instrumentation=metrics)
     await rig.store.start()
     rig.bus.fail_when(lambda event: event.payload.service_call_id == POISON)
     rig.task = asyncio.ensure_future(rig.worker.run())
     endpoint = HealthEndpoint(
-        "127.0.0.1", 0, metrics.registry, lambda: (True, {}), quarantine=rig.worker
+        "127.0.0.1",
+        0,
+        metrics.registry,
+        lambda: (True, {}),
+        quarantine=rig.worker,
+        access=HttpAccess(TOKEN),
     )
     await endpoint.start()
     try:
@@ -93,3 +104,20 @@ class TestQuarantineCommand:
         assert "name the SERVICE_CALL" in capsys.readouterr().err
         assert await cli("list", "--http-port", "1") == EXIT_CONFIG
         assert "no Timer service answered" in capsys.readouterr().err
+
+    async def test_without_the_token_the_command_is_refused(
+        self,
+        quarantined: tuple[Rig, int],
+        capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch,
+    ) -> None:
+        """Without TIMER_HTTP_TOKEN (or with another one) `quarantine` is refused with 401 and
+        retries nothing."""
+        rig, port = quarantined
+        monkeypatch.delenv("TIMER_HTTP_TOKEN")
+        assert await cli("retry", "--all", "--http-port", str(port)) == EXIT_CONFIG
+        assert "HTTP 401" in capsys.readouterr().err
+        monkeypatch.setenv("TIMER_HTTP_TOKEN", "another-token-0123456789")
+        assert await cli("list", "--http-port", str(port)) == EXIT_CONFIG
+        assert "HTTP 401" in capsys.readouterr().err
+        assert len(rig.worker.quarantined) == 1

@@ -1,5 +1,6 @@
 """The health and metrics endpoint: ``GET /healthz`` and ``GET /metrics`` on one small server,
-and the worker's quarantine (``GET /quarantine``, ``POST /quarantine/retry``) for operators."""
+and the worker's quarantine (``GET /quarantine``, ``POST /quarantine/retry``) for operators,
+behind :class:`~timer_service.access.HttpAccess` (token, ``Host``, cross-site checks)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from timer_core import (
     ValidationError,
     format_timestamp,
 )
+from timer_service.access import HttpAccess, HttpRequest
 
 __all__ = ["HealthEndpoint", "Quarantine"]
 
@@ -28,8 +30,11 @@ log = logging.getLogger(__name__)
 _REASONS = {
     200: "OK",
     400: "Bad Request",
+    401: "Unauthorized",
+    403: "Forbidden",
     404: "Not Found",
     405: "Method Not Allowed",
+    415: "Unsupported Media Type",
     503: "Service Unavailable",
 }
 _TEXT = "text/plain; charset=utf-8"
@@ -51,7 +56,8 @@ class HealthEndpoint:
     details as JSON. ``/metrics`` is ``prometheus_client``'s exposition of ``registry``.
     With a ``quarantine``: ``GET /quarantine`` lists its quarantined timers as JSON, and
     ``POST /quarantine/retry`` (``?tenant=T&call=C`` for one, nothing for all) retries them,
-    answering ``{"retried": n}``.
+    answering ``{"retried": n}``; both only for requests ``access`` lets through (none
+    without a token).
     """
 
     def __init__(
@@ -61,12 +67,14 @@ class HealthEndpoint:
         registry: CollectorRegistry,
         health: Callable[[], tuple[bool, dict[str, object]]],
         quarantine: Quarantine | None = None,
+        access: HttpAccess | None = None,
     ) -> None:
         self._host = host
         self._port = port
         self._registry = registry
         self._health = health
         self._quarantine_of = quarantine
+        self._access = access if access is not None else HttpAccess(None, host)
         self._server: asyncio.Server | None = None
 
     @property
@@ -87,15 +95,16 @@ class HealthEndpoint:
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            request = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=5.0)
-            method, _, rest = request.decode("latin-1").partition(" ")
-            path, _, query = rest.partition(" ")[0].partition("?")
-            status, content_type, body = self._route(method, path, query)
-            head = (
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=5.0)
+            peer = writer.get_extra_info("peername")
+            request = HttpRequest.parse(head, f"{peer[0]}:{peer[1]}" if peer else "")
+            status, content_type, body = self._route(request)
+            extra = 'WWW-Authenticate: Bearer realm="timer"\r\n' if status == 401 else ""
+            response = (
                 f"HTTP/1.1 {status} {_REASONS[status]}\r\nContent-Type: {content_type}\r\n"
-                f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+                f"Content-Length: {len(body)}\r\n{extra}Connection: close\r\n\r\n"
             )
-            writer.write(head.encode("latin-1") + (b"" if method == "HEAD" else body))
+            writer.write(response.encode("latin-1") + (b"" if request.method == "HEAD" else body))
             await writer.drain()
         except (
             TimeoutError,
@@ -109,9 +118,10 @@ class HealthEndpoint:
         finally:
             writer.close()
 
-    def _route(self, method: str, path: str, query: str = "") -> tuple[int, str, bytes]:
+    def _route(self, request: HttpRequest) -> tuple[int, str, bytes]:
+        method, path = request.method, request.path
         if path.startswith("/quarantine") and self._quarantine_of is not None:
-            return self._quarantine(method, path, query)
+            return self._quarantine(request)
         if path not in ("/healthz", "/metrics"):
             return 404, _TEXT, b"not found\n"
         if method not in ("GET", "HEAD"):
@@ -122,12 +132,22 @@ class HealthEndpoint:
         body = json.dumps({"status": "ok" if healthy else "unhealthy", **details}).encode()
         return (200 if healthy else 503), "application/json", body + b"\n"
 
-    def _quarantine(self, method: str, path: str, query: str) -> tuple[int, str, bytes]:
+    def _guard(self, request: HttpRequest, what: str) -> tuple[int, str, bytes] | None:
+        refusal = self._access.check(request, self.port, what=what)
+        if refusal is None:
+            return None
+        return refusal.status, _TEXT, f"{refusal.reason}\n".encode()
+
+    def _quarantine(self, request: HttpRequest) -> tuple[int, str, bytes]:
         worker = self._quarantine_of
         assert worker is not None
+        method, path, query = request.method, request.path, request.query
         if path == "/quarantine":
             if method not in ("GET", "HEAD"):
                 return 405, _TEXT, b"method not allowed\n"
+            refused = self._guard(request, "list quarantined timers")
+            if refused is not None:
+                return refused
             rows = [
                 {
                     "tenantId": q.entry.tenant_id,
@@ -144,6 +164,9 @@ class HealthEndpoint:
             return 404, _TEXT, b"not found\n"
         if method != "POST":
             return 405, _TEXT, b"method not allowed\n"
+        refused = self._guard(request, "retry quarantined timers")
+        if refused is not None:
+            return refused
         params = parse_qs(query)
         tenant, call = params.get("tenant", [None])[0], params.get("call", [None])[0]
         if (tenant is None) != (call is None):

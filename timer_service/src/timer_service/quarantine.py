@@ -3,7 +3,8 @@
 A timer whose ``DueTimeReached`` keeps failing to publish while other timers go out is
 quarantined by the worker (see :class:`timer_core.TimerWorker`): it stays ``Scheduled`` and
 is left out until retried. The record lives in the running service, so these subcommands
-ask it over its HTTP endpoint (``TIMER_HTTP_HOST``/``TIMER_HTTP_PORT``).
+ask it over its HTTP endpoint (``TIMER_HTTP_HOST``/``TIMER_HTTP_PORT``), with the service's
+``TIMER_HTTP_TOKEN``.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import urllib.request
 from collections.abc import Callable
 from typing import Any
 
+from timer_service.access import bearer
 from timer_service.settings import Settings
 
 __all__ = ["QuarantineError", "add_quarantine_parser", "run_quarantine"]
@@ -63,7 +65,8 @@ def _ask(settings: Settings, method: str, path: str) -> Any:
     if not settings.http_port:
         raise QuarantineError("TIMER_HTTP_PORT is 0: the service has no HTTP endpoint to ask")
     url = _base_url(settings) + path
-    request = urllib.request.Request(url, method=method)
+    # The service refuses these endpoints without its token (timer_service.access).
+    request = urllib.request.Request(url, method=method, headers=bearer(settings.http_token))
     try:
         with urllib.request.urlopen(request, timeout=_TIMEOUT_S) as response:
             return json.loads(response.read())

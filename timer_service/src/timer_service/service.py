@@ -11,6 +11,7 @@ from typing import Protocol, Self, runtime_checkable
 
 from timer_adapters_nats import NatsBroker
 from timer_core import Instrumentation, StoreError, Timer, redact_url
+from timer_service.access import HttpAccess
 from timer_service.http import HealthEndpoint
 from timer_service.metrics import PrometheusInstrumentation
 from timer_service.settings import Settings
@@ -80,6 +81,7 @@ class TimerService:
             instrumentation.registry,
             self.health,
             quarantine=timer,
+            access=HttpAccess.from_settings(settings),
         )
         self._running = contextlib.AsyncExitStack()
 

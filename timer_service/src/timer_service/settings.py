@@ -55,6 +55,11 @@ class Settings:
     subject_prefix: str = "timer"
     http_host: str = "127.0.0.1"
     http_port: int = 8080
+    http_token: str | None = attrs.field(default=None, repr=_shown_secret)
+    """``TIMER_HTTP_TOKEN``: the bearer token the HTTP endpoint's actions and tenant data
+    need (:mod:`timer_service.access`); None turns those endpoints off."""
+    http_allowed_hosts: tuple[str, ...] | None = None
+    """``TIMER_HTTP_ALLOWED_HOSTS``: ``Host`` names accepted besides the listen address."""
     retention_s: float = 7 * 86_400.0
     provision: bool = True
     consumer_name: str = "timer-service"
@@ -208,6 +213,26 @@ def _file(variable: str, raw: str) -> Path:
     return path
 
 
+_MIN_HTTP_TOKEN = 16
+
+
+def _http_token(variable: str, raw: str) -> str:
+    value = _secret(variable, raw)
+    if len(value) < _MIN_HTTP_TOKEN:
+        raise SettingsError(variable, f"a token of at least {_MIN_HTTP_TOKEN} characters", REDACTED)
+    return value
+
+
+_HOST_NAME = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+)(:\d{1,5})?")
+
+
+def _host_names(variable: str, raw: str) -> tuple[str, ...]:
+    names = tuple(part.strip().lower() for part in raw.split(",") if part.strip())
+    if not names or not all(_HOST_NAME.fullmatch(name) for name in names):
+        raise SettingsError(variable, "host names (host or host:port), comma-separated", raw)
+    return names
+
+
 def _secret(variable: str, raw: str) -> str:
     value = raw.strip()
     if not value or any(char.isspace() for char in value):
@@ -302,6 +327,8 @@ ENVIRONMENT: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "TIMER_SUBJECT_PREFIX": ("subject_prefix", _token),
     "TIMER_HTTP_HOST": ("http_host", _str_parse),
     "TIMER_HTTP_PORT": ("http_port", _int(0, 65535, "a port between 0 and 65535 (0 = off)")),
+    "TIMER_HTTP_TOKEN": ("http_token", _http_token),
+    "TIMER_HTTP_ALLOWED_HOSTS": ("http_allowed_hosts", _host_names),
     "TIMER_RETENTION": ("retention_s", _positive_duration),
     "TIMER_PROVISION": ("provision", _bool),
     "TIMER_CONSUMER_NAME": ("consumer_name", _token),

@@ -1,8 +1,10 @@
 """A Timer service's NATS connection: it provisions the streams and the command consumer, and
-hands out the event publisher, the command source, due-event consumers and the dead letters."""
+hands out the event publisher, the command source, due-event consumers and the dead letters.
+While the service runs it tells what of that state has gone missing and recreates it."""
 
 from __future__ import annotations
 
+import json
 import logging
 
 import nats.js.errors
@@ -34,6 +36,8 @@ log = logging.getLogger(__name__)
 
 _STREAM_NAME_IN_USE = 10058
 _CONTRACT_DUPLICATE_WINDOW_S = 120.0
+# Consumer names per page of $JS.API.CONSUMER.NAMES.
+_NAMES_PAGE = 1024
 
 
 class NatsBroker(NatsConnection):
@@ -51,6 +55,7 @@ class NatsBroker(NatsConnection):
         super().__init__(settings)
         self.instrumentation = instrumentation
         self._publisher: NatsEventPublisher | None = None
+        self._sources: list[NatsCommandSource] = []
 
     @property
     def publisher(self) -> NatsEventPublisher:
@@ -61,7 +66,9 @@ class NatsBroker(NatsConnection):
 
     def command_source(self) -> NatsCommandSource:
         """A new command source reading the durable consumer on this connection."""
-        return NatsCommandSource(self, instrumentation=self.instrumentation)
+        source = NatsCommandSource(self, instrumentation=self.instrumentation)
+        self._sources.append(source)
+        return source
 
     def due_events(
         self,
@@ -96,10 +103,13 @@ class NatsBroker(NatsConnection):
             raise
 
     async def provision(self) -> None:
-        """Create the three streams if absent and create or update the consumer (idempotent).
+        """Create the three streams if absent, create or update the consumer, and create the
+        consumers of :attr:`~NatsSettings.tenant_consumers` that are absent (idempotent).
 
         An existing stream is left as its operator configured it; a warning says when it does
-        not cover the contract's subjects or its duplicate window is under two minutes.
+        not cover the contract's subjects or its duplicate window is under two minutes. An
+        existing command consumer keeps where it starts (a recreated one starts where the
+        service left off, see :meth:`restore`).
         """
         settings = self.settings
         subjects = settings.subjects
@@ -107,9 +117,135 @@ class NatsBroker(NatsConnection):
             await self._ensure_stream(settings.commands_stream, subjects.commands_filter)
             await self._ensure_stream(settings.events_stream, subjects.events_filter)
             await self._ensure_stream(settings.dlq_stream, subjects.dlq_filter)
-            await self.jetstream.add_consumer(settings.commands_stream, self.consumer_config())
+            await self._ensure_command_consumer(resume_from=None)
+            await self._ensure_tenant_consumers(settings.tenant_consumers)
         except JETSTREAM_MISSING as exc:
             raise jetstream_unavailable(exc, settings.url) from exc
+
+    async def missing(self) -> list[str]:
+        """What of the service's broker state is not there right now: each missing stream,
+        the command consumer and the :attr:`~NatsSettings.tenant_consumers`' consumers, one
+        line each (``consumer timer-service on TIMER_COMMANDS``); empty when all is there.
+
+        Raises what the JetStream API raises when it cannot answer (a disconnect, a
+        timeout): then nothing is known to be missing.
+        """
+        settings = self.settings
+        js = self.jetstream
+        gone: list[str] = []
+        for stream in (settings.commands_stream, settings.events_stream, settings.dlq_stream):
+            try:
+                await js.stream_info(stream)
+            except nats.js.errors.NotFoundError:
+                gone.append(f"stream {stream}")
+        if f"stream {settings.commands_stream}" not in gone:
+            try:
+                await js.consumer_info(settings.commands_stream, settings.consumer_name)
+            except nats.js.errors.NotFoundError:
+                gone.append(f"consumer {settings.consumer_name} on {settings.commands_stream}")
+        if settings.tenant_consumers and f"stream {settings.events_stream}" not in gone:
+            present = await self._consumer_names(settings.events_stream)
+            gone += [
+                f"consumer {tenant} on {settings.events_stream}"
+                for tenant in settings.tenant_consumers
+                if tenant not in present
+            ]
+        return gone
+
+    async def restore(self) -> list[str]:
+        """Recreate what :meth:`missing` finds missing, each logged at ``WARNING``; returns
+        what was recreated (empty when nothing was missing).
+
+        A recreated command consumer starts at the first command this broker's command
+        sources have not acknowledged (those in hand, those handed back, or the one after
+        the last acknowledged), so the commands sent while it was gone are delivered and
+        none stored before is applied again; the sources then fetch at once instead of
+        waiting out their backoff. With no source having read anything yet it starts at the
+        stream's beginning. Tenant consumers are recreated reading their events from the
+        start of the stream (the hosts may see events again: at least once).
+        """
+        gone = await self.missing()
+        if not gone:
+            return []
+        settings = self.settings
+        subjects = settings.subjects
+        for stream, subject in (
+            (settings.commands_stream, subjects.commands_filter),
+            (settings.events_stream, subjects.events_filter),
+            (settings.dlq_stream, subjects.dlq_filter),
+        ):
+            if f"stream {stream}" in gone:
+                await self._ensure_stream(stream, subject)
+        command_consumer = f"consumer {settings.consumer_name} on {settings.commands_stream}"
+        if command_consumer in gone or f"stream {settings.commands_stream}" in gone:
+            # A new stream starts again at sequence 1: the old positions mean nothing there.
+            fresh = f"stream {settings.commands_stream}" in gone
+            resume = None if fresh else self._resume_from()
+            await self._ensure_command_consumer(resume_from=resume)
+            if command_consumer not in gone:
+                gone.append(command_consumer)
+        await self._ensure_tenant_consumers(settings.tenant_consumers)
+        if f"stream {settings.events_stream}" in gone:
+            gone += [
+                f"consumer {tenant} on {settings.events_stream}"
+                for tenant in settings.tenant_consumers
+            ]
+        for what in gone:
+            log.warning("%s was missing; recreated it", what)
+        for source in self._sources:
+            source.retry_now()
+        return gone
+
+    def _resume_from(self) -> int | None:
+        points = [p for p in (source.resume_from for source in self._sources) if p is not None]
+        return min(points) if points else None
+
+    async def _ensure_command_consumer(self, *, resume_from: int | None) -> None:
+        """Create the command consumer (starting at ``resume_from``, else at the stream's
+        start), or update an existing one, keeping where it starts."""
+        settings = self.settings
+        config = self.consumer_config()
+        try:
+            existing = await self.jetstream.consumer_info(
+                settings.commands_stream, settings.consumer_name
+            )
+        except nats.js.errors.NotFoundError:
+            if resume_from is not None:
+                config.deliver_policy = DeliverPolicy.BY_START_SEQUENCE
+                config.opt_start_seq = resume_from
+        else:
+            config.deliver_policy = existing.config.deliver_policy
+            config.opt_start_seq = existing.config.opt_start_seq
+            config.opt_start_time = existing.config.opt_start_time
+        await self.jetstream.add_consumer(settings.commands_stream, config)
+
+    async def _ensure_tenant_consumers(self, tenants: tuple[str, ...]) -> None:
+        if not tenants:
+            return
+        stream = self.settings.events_stream
+        present = await self._consumer_names(stream)
+        for tenant in tenants:
+            if tenant not in present:
+                consumer = DueEventConsumer(self, tenant, tenant_id=tenant)
+                await self.jetstream.add_consumer(stream, consumer.consumer_config())
+                log.info("created consumer %s on %s for tenant %s", tenant, stream, tenant)
+
+    async def _consumer_names(self, stream: str) -> set[str]:
+        """The names of every consumer on ``stream`` (one request per 1024)."""
+        names: set[str] = set()
+        while True:
+            request = json.dumps({"offset": len(names)}).encode()
+            answer = await self.client.request(
+                f"$JS.API.CONSUMER.NAMES.{stream}", request, timeout=self.settings.ack_timeout_s
+            )
+            body = json.loads(answer.data)
+            error = body.get("error")
+            if error is not None:
+                nats.js.errors.APIError.from_error(error)  # raises NotFoundError and the like
+            page = body.get("consumers") or []
+            names.update(page)
+            if not page or len(names) >= body.get("total", 0) or len(page) < _NAMES_PAGE:
+                return names
 
     def stream_config(self, name: str, subject: str) -> StreamConfig:
         """The configuration provisioning gives a stream: file storage, limits retention."""

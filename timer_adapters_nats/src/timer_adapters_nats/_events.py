@@ -19,14 +19,14 @@ import attrs
 import nats.errors
 import nats.js.errors
 from nats.aio.msg import Msg
-from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from nats.js.api import AckPolicy, ConsumerConfig, ConsumerInfo, DeliverPolicy
 
 from timer_adapters_nats._connection import (
     JETSTREAM_MISSING,
     NatsConnection,
     jetstream_unavailable,
 )
-from timer_adapters_nats._pull import PullBatches, Settlement, settle
+from timer_adapters_nats._pull import PullBatches, PullError, Settlement, settle
 from timer_adapters_nats._settings import at_least_one, check_name, doubling_delay, positive
 from timer_core import (
     AsyncResource,
@@ -292,6 +292,7 @@ class DueEventConsumer(AsyncResource):
         if self._puller is not None:
             return
         js = self._connection.jetstream
+        info: ConsumerInfo | None = None
         try:
             if self.settings.provision:
                 await js.add_consumer(self._stream, self.consumer_config())
@@ -302,7 +303,11 @@ class DueEventConsumer(AsyncResource):
                 f"does not exist ({exc.description or exc})"
             ) from exc
         except JETSTREAM_MISSING as exc:
-            raise jetstream_unavailable(exc, self._connection.settings.url) from exc
+            if self.settings.provision:
+                raise jetstream_unavailable(exc, self._connection.settings.url) from exc
+            # No JetStream API here: the consumer is another account's, which lets this one
+            # pull from it and ack (the per-tenant account recipe). The first pull tells.
+            log.debug("consumer info of %s/%s unavailable (%s)", self._stream, self.name, exc)
         except nats.js.errors.APIError as exc:
             # e.g. a deliver policy an existing durable consumer cannot change to
             raise TimerError(
@@ -310,10 +315,25 @@ class DueEventConsumer(AsyncResource):
                 f"{exc.description or exc} (delete the consumer to change that setting, "
                 "or use another name)"
             ) from exc
-        self.ack_wait_s = info.config.ack_wait or self.settings.ack_wait_s
+        self.ack_wait_s = (
+            info.config.ack_wait if info is not None and info.config.ack_wait else None
+        ) or self.settings.ack_wait_s
         self._stop.clear()
         puller = PullBatches(self._connection.client, stream=self._stream, consumer=self.name)
         await puller.start()
+        if info is None:
+            try:
+                first = await puller.fetch_now(
+                    self.settings.fetch_batch, self._connection.settings.ack_timeout_s
+                )
+            except PullError as exc:
+                await puller.aclose()
+                raise TimerError(
+                    f"cannot read DueTimeReached: consumer {self.name} on {self._stream} "
+                    f"does not answer ({exc}): it does not exist, or this user may not "
+                    "read it"
+                ) from exc
+            self._ready.extend(first)
         self._puller = puller
         self._keep_alive = asyncio.create_task(self._keep_held_alive())
 

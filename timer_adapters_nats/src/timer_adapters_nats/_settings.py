@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +53,15 @@ def _prefix(instance: Any, attribute: attrs.Attribute[Any], value: str) -> None:
 
 def _name(instance: Any, attribute: attrs.Attribute[Any], value: str) -> None:
     check_name(attribute.name, value)
+
+
+def _names_tuple(value: Iterable[str]) -> tuple[str, ...]:
+    return tuple(value)
+
+
+def _tenant_names(instance: Any, attribute: attrs.Attribute[Any], value: tuple[str, ...]) -> None:
+    for tenant in value:
+        check_name(f"{attribute.name} entry", str(TenantId(tenant)))
 
 
 def _max_deliver(instance: Any, attribute: attrs.Attribute[Any], value: int) -> None:
@@ -117,6 +127,13 @@ class NatsSettings:
     commands_stream: str = attrs.field(default="TIMER_COMMANDS", validator=_name)
     events_stream: str = attrs.field(default="TIMER_EVENTS", validator=_name)
     dlq_stream: str = attrs.field(default="TIMER_DLQ", validator=_name)
+    tenant_consumers: tuple[str, ...] = attrs.field(
+        default=(), converter=_names_tuple, validator=_tenant_names
+    )
+    """Tenants whose ``DueTimeReached`` consumer provisioning creates when absent: a durable
+    pull consumer on the events stream named after the tenant and filtered to its events, as
+    :meth:`NatsBroker.due_events` reads it with ``tenant_id``. For tenants that may not
+    create consumers themselves (the per-tenant account recipe, docs/operations.md)."""
 
     publish_window: int = attrs.field(default=256, validator=at_least_one)
     """Most acked publishes in flight at once in a batch."""

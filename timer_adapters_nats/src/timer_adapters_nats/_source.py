@@ -104,11 +104,38 @@ class NatsCommandSource(CommandSource):
         self._puller: PullBatches | None = None
         # The consumer's ack wait as the server has it (provisioning may be off).
         self._ack_wait = connection.settings.ack_wait_s
+        # Where a recreated consumer must start (resume_from): the highest stream sequence
+        # acked or terminated (or the ack floor found at start), and the sequences handed
+        # back with a nak and not settled since.
+        self._settled_through: int | None = None
+        self._handed_back: set[int] = set()
+        # Set by retry_now(): a fetch backoff in progress ends at once.
+        self._retry = asyncio.Event()
 
     @property
     def running(self) -> bool:
         """Whether :meth:`run` is in progress."""
         return self._run_task is not None
+
+    @property
+    def resume_from(self) -> int | None:
+        """The first stream sequence this source has not settled for good: the lowest of
+        the commands in hand or handed back with a nak, else the one after the last acked
+        or terminated. None before it has read the consumer at all. Where a consumer
+        recreated after it was deleted starts, so nothing sent meanwhile is skipped.
+        """
+        open_ = set(self._handed_back)
+        waiting = [] if self._puller is None else self._puller.held_messages()
+        for message in [*self._in_hand.values(), *self._held_back, *waiting]:
+            open_.add(message.metadata.sequence.stream)
+        if open_:
+            return min(open_)
+        return None if self._settled_through is None else self._settled_through + 1
+
+    def retry_now(self) -> None:
+        """End a fetch backoff in progress: what failed (a consumer that was missing) is
+        fixed. Fetching resumes at once."""
+        self._retry.set()
 
     async def run(self, handler: CommandBatchHandler) -> None:
         if self._run_task is not None:
@@ -165,7 +192,7 @@ class NatsCommandSource(CommandSource):
                         exc or type(exc).__name__,
                         delay,
                     )
-                    await self._pause(delay)
+                    await self._backoff(delay)
                     continue
                 failures = 0
                 if not messages and not self._held_back:
@@ -198,6 +225,9 @@ class NatsCommandSource(CommandSource):
                         "unexpected error on %d commands; they will be redelivered", len(messages)
                     )
                     # No longer kept alive: they come back after the ack wait.
+                    self._handed_back.update(
+                        m.metadata.sequence.stream for m in self._in_hand.values()
+                    )
                     self._in_hand.clear()
                     self._held_back.clear()
                     await self._pause(1.0)
@@ -216,6 +246,8 @@ class NatsCommandSource(CommandSource):
             settings.commands_stream, settings.consumer_name
         )
         ack_wait = self._ack_wait = info.config.ack_wait or settings.ack_wait_s
+        if info.ack_floor is not None and self._settled_through is None:
+            self._settled_through = info.ack_floor.stream_seq
         if not info.num_ack_pending or info.delivered is None:
             return None
         give_up = max(3 * ack_wait, _BARRIER_GIVE_UP_S)
@@ -548,9 +580,26 @@ class NatsCommandSource(CommandSource):
     async def _settle(self, message: Msg, how: Settlement, *, delay: float | None = None) -> None:
         """Ack, nak or term; a failure only means the server redelivers it later."""
         self._in_hand.pop(id(message), None)
+        seq = message.metadata.sequence.stream
+        if how == "nak":
+            self._handed_back.add(seq)
+        else:
+            self._handed_back.discard(seq)
+            self._settled_through = max(self._settled_through or 0, seq)
         await settle(message, how, delay=delay, what="command")
 
     async def _pause(self, seconds: float) -> None:
         if seconds > 0:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), seconds)
+
+    async def _backoff(self, seconds: float) -> None:
+        """:meth:`_pause`, ended early by :meth:`retry_now`."""
+        self._retry.clear()
+        stop = asyncio.ensure_future(self._stop.wait())
+        retry = asyncio.ensure_future(self._retry.wait())
+        try:
+            await asyncio.wait({stop, retry}, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop.cancel()
+            retry.cancel()

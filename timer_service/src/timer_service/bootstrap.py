@@ -59,6 +59,7 @@ def nats_settings(settings: Settings, broker_url: str) -> NatsSettings:
         # path's throughput at the defaults does not hang on TIMER_BATCH_SIZE (the fire
         # path's per-pass bound; bench/README.md measures both).
         fetch_batch=settings.command_batch_size,
+        tenant_consumers=settings.tenants or (),
         **settings.broker_security,
     )
 

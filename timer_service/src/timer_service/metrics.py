@@ -164,6 +164,13 @@ class PrometheusInstrumentation(Instrumentation):
             "LISTEN; refreshed every few seconds).",
             registry=self.registry,
         )
+        self.broker_state_recreated = Counter(
+            "timer_broker_state_recreated",
+            "Streams and consumers found missing while running and recreated, by kind "
+            "(stream, consumer).",
+            ["what"],
+            registry=self.registry,
+        )
         self.last_poll = Gauge(
             "timer_last_poll_timestamp_seconds",
             "Unix time of the last completed worker pass.",

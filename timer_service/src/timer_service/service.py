@@ -10,19 +10,21 @@ from types import TracebackType
 from typing import Protocol, Self, runtime_checkable
 
 from timer_adapters_nats import NatsBroker
-from timer_core import Instrumentation, StoreError, Timer, redact_url
+from timer_core import ComponentFailed, Instrumentation, StoreError, Timer, redact_url
 from timer_service.access import HttpAccess
 from timer_service.http import HealthEndpoint
 from timer_service.metrics import PrometheusInstrumentation
 from timer_service.settings import Settings
 
-__all__ = ["HEALTHY_POLL_AGE_S", "StartupError", "TimerService"]
+__all__ = ["BROKER_CHECK_S", "HEALTHY_POLL_AGE_S", "StartupError", "TimerService"]
 
 log = logging.getLogger("timer_service")
 
 #: ``/healthz`` answers 200 while a worker pass completed at most this long ago.
 HEALTHY_POLL_AGE_S = 30.0
 _PENDING_REFRESH_S = 5.0
+#: How often a running service looks for its streams and consumers on the broker.
+BROKER_CHECK_S = 1.0
 
 
 @runtime_checkable
@@ -84,6 +86,10 @@ class TimerService:
             access=HttpAccess.from_settings(settings),
         )
         self._running = contextlib.AsyncExitStack()
+        # What of the broker state is missing and not recreated (None: all there), and since
+        # when (loop time).
+        self._broker_fault: str | None = None
+        self._broker_fault_since = 0.0
 
     @property
     def broker_url(self) -> str:
@@ -132,15 +138,25 @@ class TimerService:
         await self._running.__aexit__(exc_type, exc, tb)
 
     def health(self) -> tuple[bool, dict[str, object]]:
-        """Healthy while a worker pass completed in the last 30 s and the broker is connected."""
+        """Healthy while a worker pass completed in the last 30 s, the broker is connected and
+        none of the service's streams and consumers is missing."""
         timer = self.timer.health()
         age = timer.last_pass_age_s
         connected = self.broker.is_connected
-        healthy = timer.running and age is not None and age <= HEALTHY_POLL_AGE_S and connected
+        fault = self._broker_fault
+        healthy = (
+            timer.running
+            and age is not None
+            and age <= HEALTHY_POLL_AGE_S
+            and connected
+            and fault is None
+        )
         details: dict[str, object] = {
             "last_poll_age_s": None if age is None else round(age, 3),
             "broker_connected": connected,
         }
+        if fault is not None:
+            details["broker_state"] = fault
         return healthy, details
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -152,15 +168,62 @@ class TimerService:
         maintenance = asyncio.create_task(self._maintenance(), name="maintenance")
         stopping = asyncio.create_task(stop.wait(), name="stop")
         failing = asyncio.create_task(self.timer.wait(), name="timer")
+        watching = asyncio.create_task(self._watch_broker(), name="broker state")
+        tasks = (maintenance, stopping, failing, watching)
         try:
-            await asyncio.wait({stopping, failing}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({stopping, failing, watching}, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            for task in (maintenance, stopping, failing):
+            for task in tasks:
                 task.cancel()
-            await asyncio.gather(maintenance, stopping, failing, return_exceptions=True)
-        if failing.done() and not failing.cancelled():
-            failing.result()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        for task in (failing, watching):
+            if task.done() and not task.cancelled():
+                task.result()
         log.info("shutting down: finishing the batch in flight")
+
+    async def _watch_broker(self) -> None:
+        """Every second, look for the streams and consumers the service needs; recreate a
+        missing one (provisioning on), else report it on ``/healthz``; raise
+        :class:`ComponentFailed` once something stayed missing for the grace period."""
+        loop = asyncio.get_running_loop()
+        grace = self.settings.broker_state_grace_s
+        while True:
+            await asyncio.sleep(BROKER_CHECK_S)
+            if not self.broker.is_connected:
+                continue  # /healthz says so already; nothing can be known now
+            try:
+                fault = await self._broker_state()
+            except Exception as exc:  # no answer (a timeout, a disconnect): unknown, not missing
+                log.debug("could not check the broker state: %s", exc)
+                continue
+            if fault is None:
+                if self._broker_fault is not None:
+                    log.warning("broker state is complete again")
+                self._broker_fault = None
+                continue
+            if self._broker_fault is None:
+                self._broker_fault_since = loop.time()
+                log.error("%s; the service exits in %gs unless it comes back", fault, grace)
+            self._broker_fault = fault
+            if loop.time() - self._broker_fault_since >= grace:
+                raise ComponentFailed(f"broker state: {fault}, for {grace:g}s")
+
+    async def _broker_state(self) -> str | None:
+        """None when every stream and consumer is there (after recreating what was missing,
+        with provisioning on); else one line saying what is missing and why it stays so."""
+        gone = await self.broker.missing()
+        if not gone:
+            return None
+        what = ", ".join(gone)
+        if not self.settings.provision:
+            return f"missing: {what} (TIMER_PROVISION=false: recreate it on the broker)"
+        try:
+            recreated = await self.broker.restore()
+        except Exception as exc:
+            return f"missing: {what}; recreating it failed: {exc}"
+        for item in recreated:
+            self.instrumentation.broker_state_recreated.labels(item.split()[0]).inc()
+        return None
 
     async def _maintenance(self) -> None:
         """Refresh the pending-timers and instances gauges every few seconds."""

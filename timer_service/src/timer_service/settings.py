@@ -62,6 +62,12 @@ class Settings:
     """``TIMER_HTTP_ALLOWED_HOSTS``: ``Host`` names accepted besides the listen address."""
     retention_s: float = 7 * 86_400.0
     provision: bool = True
+    broker_state_grace_s: float = 30.0
+    """``TIMER_BROKER_STATE_GRACE``: how long a stream or consumer may stay missing (not
+    recreated) before the service exits 1."""
+    tenants: tuple[str, ...] | None = None
+    """``TIMER_TENANTS``: the tenants of the per-tenant account recipe (their event consumers
+    are provisioned and watched; ``timer-service nats-config`` writes their accounts)."""
     consumer_name: str = "timer-service"
     stream_replicas: int = 1
     lease_s: float = 30.0
@@ -233,6 +239,21 @@ def _host_names(variable: str, raw: str) -> tuple[str, ...]:
     return names
 
 
+def _tenants(variable: str, raw: str) -> tuple[str, ...]:
+    tenants: list[str] = []
+    for part in raw.split(","):
+        if not part.strip():
+            continue
+        tenant = _token(variable, part)
+        if len(tenant) > 64:
+            raise SettingsError(variable, "tenant ids of at most 64 characters", part)
+        if tenant not in tenants:
+            tenants.append(tenant)
+    if not tenants:
+        raise SettingsError(variable, "tenant ids separated by commas", raw)
+    return tuple(tenants)
+
+
 def _secret(variable: str, raw: str) -> str:
     value = raw.strip()
     if not value or any(char.isspace() for char in value):
@@ -331,6 +352,8 @@ ENVIRONMENT: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "TIMER_HTTP_ALLOWED_HOSTS": ("http_allowed_hosts", _host_names),
     "TIMER_RETENTION": ("retention_s", _positive_duration),
     "TIMER_PROVISION": ("provision", _bool),
+    "TIMER_BROKER_STATE_GRACE": ("broker_state_grace_s", _positive_duration),
+    "TIMER_TENANTS": ("tenants", _tenants),
     "TIMER_CONSUMER_NAME": ("consumer_name", _token),
     "TIMER_STREAM_REPLICAS": ("stream_replicas", _int(1, 5, "an integer between 1 and 5")),
     "TIMER_LEASE": ("lease_s", _positive_duration),

@@ -116,6 +116,22 @@ def _parser() -> argparse.ArgumentParser:
             if argument.dest.startswith("TIMER_"):
                 argument.default = argparse.SUPPRESS
     add_quarantine_parser(sub, _add_common)
+
+    nats_config = sub.add_parser(
+        "nats-config",
+        help="write the nats-server configuration isolating each tenant in its own account",
+    )
+    nats_config.add_argument(
+        "tenants", nargs="*", metavar="TENANT", help="the tenants (default: TIMER_TENANTS)"
+    )
+    nats_config.add_argument(
+        "--auth",
+        choices=("password", "nkey"),
+        default="password",
+        help="users log in with a password or an NKey, read from the environment",
+    )
+    nats_config.add_argument("--output", metavar="FILE", help="write it there, not to stdout")
+    _add_common(nats_config)
     return parser
 
 
@@ -145,6 +161,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return asyncio.run(_inspect(settings, args))
         if args.command == "quarantine":
             return run_quarantine(settings, args)
+        if args.command == "nats-config":
+            return _nats_config(settings, args)
         if args.command == "dlq":
             from timer_service.deadletters import run_dlq
 
@@ -167,6 +185,28 @@ async def _run(settings: Settings) -> int:
     except ComponentFailed as exc:  # logged with its traceback; the rest shut down cleanly
         print(f"timer-service: {exc}", file=sys.stderr)
         return 1
+    return 0
+
+
+def _nats_config(settings: Settings, args: argparse.Namespace) -> int:
+    from timer_service.tenancy import nats_config
+
+    tenants = args.tenants or list(settings.tenants or ())
+    if not tenants:
+        raise UsageError("nats-config: name the tenants, or set TIMER_TENANTS")
+    try:
+        text = nats_config(tenants, subject_prefix=settings.subject_prefix, auth=args.auth)
+    except ValueError as exc:
+        raise UsageError(f"nats-config: {exc}") from None
+    if args.output is None:
+        sys.stdout.write(text)
+        return 0
+    try:
+        with open(args.output, "w") as out:
+            out.write(text)
+    except OSError as exc:
+        raise UsageError(f"--output {args.output}: {exc.strerror or exc}") from None
+    print(f"wrote {args.output} for {len(tenants)} tenant(s)", file=sys.stderr)
     return 0
 
 

@@ -45,8 +45,10 @@ class NatsBroker(NatsConnection):
 
     :meth:`start` connects (failing within ``connect_timeout_s`` with
     :class:`BrokerUnavailable` naming the URL) and, unless ``provision=False``, creates the
-    streams ``TIMER_COMMANDS``, ``TIMER_EVENTS`` and ``TIMER_DLQ`` when absent and creates or
-    updates the durable pull consumer. Once connected the client reconnects forever.
+    streams ``TIMER_COMMANDS``, ``TIMER_EVENTS`` and ``TIMER_DLQ`` when absent, creates or
+    updates the durable pull consumer, and creates the tenants' event consumers of
+    ``tenant_consumers``. Once connected the client reconnects forever. While it runs,
+    :meth:`missing` tells what of that has gone and :meth:`restore` recreates it.
     """
 
     def __init__(

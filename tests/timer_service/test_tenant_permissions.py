@@ -111,6 +111,16 @@ async def next_event_ids(broker: NatsBroker, user: str, count: int) -> list[str]
     return seen
 
 
+async def each_tenant_round_trips(deployment: Deployment, name: str) -> None:
+    """Each tenant schedules ``<name>-<tenant>`` due now and reads its DueTimeReached."""
+    due = datetime.now(UTC) + timedelta(milliseconds=200)
+    for user in TENANTS:
+        async with connected(deployment, user) as broker:
+            await TimerClient(broker).schedule(user, f"{name}-{user}", due)
+            ids = await asyncio.wait_for(next_event_ids(broker, user, 1), 30)
+            assert ids == [f"{name}-{user}"]
+
+
 def violations(caplog: pytest.LogCaptureFixture, subject: str) -> list[str]:
     """The client's log lines reporting the server's refusal of ``subject`` (quoted).
 
@@ -154,13 +164,7 @@ class TestTheRecipe:
 
     async def test_service_serves_both_tenants(self, deployment: Deployment) -> None:
         """Each tenant schedules its own timer and reads its own DueTimeReached."""
-        due = datetime.now(UTC) + timedelta(milliseconds=300)
-        for user in TENANTS:
-            async with connected(deployment, user) as broker:
-                await TimerClient(broker).schedule(user, f"own-{user}", due)
-                assert await asyncio.wait_for(next_event_ids(broker, user, 1), 30) == [
-                    f"own-{user}"
-                ]
+        await each_tenant_round_trips(deployment, "own")
 
 
 class TestDirectAttacks:
@@ -364,13 +368,7 @@ class TestHttpAttacks:
 class TestAfterTheAttacks:
     async def test_both_tenants_still_schedule_and_receive(self, deployment: Deployment) -> None:
         """After every attack, each tenant still schedules its timer and reads its event."""
-        due = datetime.now(UTC) + timedelta(milliseconds=200)
-        for user in TENANTS:
-            async with connected(deployment, user) as broker:
-                await TimerClient(broker).schedule(user, f"still-{user}", due)
-                assert await asyncio.wait_for(next_event_ids(broker, user, 1), 30) == [
-                    f"still-{user}"
-                ]
+        await each_tenant_round_trips(deployment, "still")
         status, _ = http_get(deployment.service.http_port, "/healthz")
         assert status == 200
 

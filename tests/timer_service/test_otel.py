@@ -275,6 +275,7 @@ class TestMetrics:
         otel.quarantine_size(1)
         otel.set_pending(4)
         otel.set_instances(2)
+        otel.broker_state_recreated("consumer")
         otel.poll_completed(0.01, 1)
         otel.worker_error(RuntimeError("store down"))
         data = telemetry.metrics.get_metrics_data()

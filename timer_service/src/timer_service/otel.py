@@ -236,6 +236,11 @@ class OtelInstrumentation(Instrumentation):
             unit="{pass}",
             description="Worker passes that failed as a whole; retried with backoff.",
         )
+        self._broker_state_recreated = meter.create_counter(
+            "timer.broker_state.recreated",
+            unit="{object}",
+            description="Streams and consumers found missing while running and recreated.",
+        )
         self._polling = meter.create_histogram(
             "timer.polling.duration",
             unit="s",
@@ -293,6 +298,10 @@ class OtelInstrumentation(Instrumentation):
     def _observe_pending(self, options: CallbackOptions) -> Iterable[Observation]:
         pending = self._gauges.pending
         return () if pending is None else (Observation(pending),)
+
+    def broker_state_recreated(self, what: str) -> None:
+        """Count a stream or consumer (``what``) found missing and recreated."""
+        self._broker_state_recreated.add(1, {"what": what})
 
     def set_instances(self, count: int) -> None:
         """Report how many instances share the tenants, this one included."""

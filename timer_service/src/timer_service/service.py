@@ -42,6 +42,13 @@ class InstancesGauge(Protocol):
 
 
 @runtime_checkable
+class BrokerStateCounter(Protocol):
+    """Telemetry with a counter of recreated streams and consumers (OpenTelemetry's)."""
+
+    def broker_state_recreated(self, what: str) -> None: ...
+
+
+@runtime_checkable
 class SharesTenants(Protocol):
     """A store that shares the tenants with other instances (PostgreSQL's)."""
 
@@ -222,7 +229,10 @@ class TimerService:
         except Exception as exc:
             return f"missing: {what}; recreating it failed: {exc}"
         for item in recreated:
-            self.instrumentation.broker_state_recreated.labels(item.split()[0]).inc()
+            kind = item.split()[0]  # "stream" or "consumer"
+            self.instrumentation.broker_state_recreated.labels(kind).inc()
+            if isinstance(self.telemetry, BrokerStateCounter):
+                self.telemetry.broker_state_recreated(kind)
         return None
 
     async def _maintenance(self) -> None:

@@ -27,6 +27,7 @@ WRONG_PASSWORD = "SECRETwrongPW3"
 WRONG_TOKEN = "SECRETwrongTOKEN4"
 DB_PASSWORD = "SECRETdbPW5"
 DB_QUERY_PASSWORD = "SECRETdbQUERY6"
+HTTP_TOKEN = "SECREThttpTOKEN7"
 SECRETS = (
     NATS_PASSWORD,
     NATS_TOKEN,
@@ -34,6 +35,7 @@ SECRETS = (
     WRONG_TOKEN,
     DB_PASSWORD,
     DB_QUERY_PASSWORD,
+    HTTP_TOKEN,
 )
 CONNECT_TIMEOUT_S = 5.0  # the service's default
 
@@ -230,6 +232,7 @@ class TestHealthyRun:
             "TIMER_HTTP_PORT": str(free_port()),
             "TIMER_LOG_LEVEL": "DEBUG",
             "TIMER_POLLING_INTERVAL": "200",
+            "TIMER_HTTP_TOKEN": HTTP_TOKEN,
         }
         service = ServiceProcess(env, tmp_path, tmp_path / "service.log")
         try:
@@ -238,6 +241,16 @@ class TestHealthyRun:
             sent = run_cli(["schedule", "tenant-a", "call-1", "--in", "1s"], env, tmp_path)
             assert sent.returncode == 0, sent.stderr
             assert_no_secret(sent.stdout + sent.stderr, brokers.secrets, "schedule")
+            # The HTTP actions, with the token and without: logged, the token never.
+            listed = run_cli(["quarantine", "list"], env, tmp_path)
+            assert listed.returncode == 0, listed.stderr
+            refused = run_cli(
+                ["quarantine", "retry", "--all"], {**env, "TIMER_HTTP_TOKEN": ""}, tmp_path
+            )
+            assert "HTTP 401" in refused.stderr
+            assert_no_secret(
+                listed.stdout + listed.stderr + refused.stderr, brokers.secrets, "quarantine"
+            )
             # A broker restart makes the client log its disconnect, errors and reconnect.
             brokers.tls.stop()
             brokers.tls.start()
@@ -304,6 +317,7 @@ class TestSettingsRepr:
                 "TIMER_BROKER_URL": f"nats://alice:{NATS_PASSWORD}@h:4222",
                 "TIMER_DATABASE_URL": f"postgresql://timer:{DB_PASSWORD}@db/timer",
                 "TIMER_BROKER_TOKEN": NATS_TOKEN,
+                "TIMER_HTTP_TOKEN": HTTP_TOKEN,
             }
         )
         text = repr(settings)

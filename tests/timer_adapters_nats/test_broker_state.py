@@ -10,6 +10,7 @@ import attrs
 from nats.js.api import DeliverPolicy
 
 from timer_adapters_nats import NatsBroker, NatsSettings, TimerClient
+from timer_adapters_nats._pull import PullBatches
 from timer_core import Command, CommandOutcome, MessageEnvelope
 
 FAR = datetime.now(UTC) + timedelta(days=30)
@@ -109,3 +110,27 @@ class TestRestore:
             info = await again.jetstream.consumer_info("TIMER_COMMANDS", "timer-service")
         assert info.config.opt_start_seq == 4
         assert info.config.ack_wait == 7.0
+
+    async def test_resumes_after_the_ack_floor_last_seen(self, settings: NatsSettings) -> None:
+        """Commands another instance held unacknowledged when the consumer was deleted are
+        delivered again: the recreated consumer starts after the ack floor last seen."""
+        async with NatsBroker(settings) as broker, NatsBroker(settings) as other:
+            client = TimerClient(broker)
+            for i in range(3):
+                await client.schedule("t", f"call-{i}", FAR)
+            puller = PullBatches(other.client, stream="TIMER_COMMANDS", consumer="timer-service")
+            await puller.start()
+            try:
+                held = await puller.fetch(3, 2.0)
+                assert len(held) == 3
+                await held[0].ack()  # the other instance settled one, holds two
+                await acked_through(broker, 1)
+                assert await broker.missing() == []  # sees the ack floor: 1
+                await broker.jetstream.delete_consumer("TIMER_COMMANDS", "timer-service")
+                await broker.restore()
+                info = await broker.jetstream.consumer_info("TIMER_COMMANDS", "timer-service")
+            finally:
+                await puller.aclose()
+        assert info.config.deliver_policy == DeliverPolicy.BY_START_SEQUENCE
+        assert info.config.opt_start_seq == 2
+        assert info.num_pending == 2

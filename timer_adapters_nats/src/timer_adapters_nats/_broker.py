@@ -58,6 +58,9 @@ class NatsBroker(NatsConnection):
         self.instrumentation = instrumentation
         self._publisher: NatsEventPublisher | None = None
         self._sources: list[NatsCommandSource] = []
+        # The command consumer's ack floor as missing() last saw it: every command up to it
+        # is settled, whichever instance held it.
+        self._ack_floor: int | None = None
 
     @property
     def publisher(self) -> NatsEventPublisher:
@@ -142,9 +145,12 @@ class NatsBroker(NatsConnection):
                 gone.append(f"stream {stream}")
         if f"stream {settings.commands_stream}" not in gone:
             try:
-                await js.consumer_info(settings.commands_stream, settings.consumer_name)
+                info = await js.consumer_info(settings.commands_stream, settings.consumer_name)
             except nats.js.errors.NotFoundError:
                 gone.append(f"consumer {settings.consumer_name} on {settings.commands_stream}")
+            else:
+                if info.ack_floor is not None:
+                    self._ack_floor = info.ack_floor.stream_seq
         if settings.tenant_consumers and f"stream {settings.events_stream}" not in gone:
             present = await self._consumer_names(settings.events_stream)
             gone += [
@@ -158,12 +164,15 @@ class NatsBroker(NatsConnection):
         """Recreate what :meth:`missing` finds missing, each logged at ``WARNING``; returns
         what was recreated (empty when nothing was missing).
 
-        A recreated command consumer starts at the first command this broker's command
-        sources have not acknowledged (those in hand, those handed back, or the one after
-        the last acknowledged), so the commands sent while it was gone are delivered and
-        none stored before is applied again; the sources then fetch at once instead of
-        waiting out their backoff. With no source having read anything yet it starts at the
-        stream's beginning. Tenant consumers are recreated reading their events from the
+        A recreated command consumer starts at the first command not known to be settled:
+        the lowest of those this broker's command sources hold or handed back, the one after
+        the last they acknowledged, and the one after the consumer's ack floor as
+        :meth:`missing` last saw it (which covers what other instances held). So every
+        command sent while it was gone is delivered, and of those stored before only the few
+        acknowledged since that last look come again (applied as stale: no change). The
+        sources then fetch at once instead of waiting out their backoff. With nothing known
+        (and after the commands stream itself was recreated) it starts at the stream's
+        beginning. Tenant consumers are recreated reading their events from the
         start of the stream (the hosts may see events again: at least once).
         """
         gone = await self.missing()
@@ -182,6 +191,8 @@ class NatsBroker(NatsConnection):
         if command_consumer in gone or f"stream {settings.commands_stream}" in gone:
             # A new stream starts again at sequence 1: the old positions mean nothing there.
             fresh = f"stream {settings.commands_stream}" in gone
+            if fresh:
+                self._ack_floor = None
             resume = None if fresh else self._resume_from()
             await self._ensure_command_consumer(resume_from=resume)
             if command_consumer not in gone:
@@ -200,6 +211,8 @@ class NatsBroker(NatsConnection):
 
     def _resume_from(self) -> int | None:
         points = [p for p in (source.resume_from for source in self._sources) if p is not None]
+        if self._ack_floor is not None:
+            points.append(self._ack_floor + 1)
         return min(points) if points else None
 
     async def _ensure_command_consumer(self, *, resume_from: int | None) -> None:

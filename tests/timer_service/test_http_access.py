@@ -189,6 +189,16 @@ class TestHostRules:
         assert self.check(access, "rebound.example:8080") == 403
         assert self.check(access, "10.1.2.3:9999") == 403
 
+    def test_allowed_name_without_a_port_takes_any(self) -> None:
+        """A name allowed without a port (a proxy's) passes with any port or none; one
+        allowed with a port only with that port."""
+        access = HttpAccess(TOKEN, "127.0.0.1", {"timer.example", "other.example:9000"})
+        assert self.check(access, "timer.example") is None
+        assert self.check(access, "timer.example:443") is None
+        assert self.check(access, "other.example:9000") is None
+        assert self.check(access, "other.example:8080") == 403
+        assert self.check(access, "other.example") == 403
+
     def test_named_listen_address(self) -> None:
         """Listening on one address, only that address (with the port) passes."""
         access = HttpAccess(TOKEN, "192.0.2.7")

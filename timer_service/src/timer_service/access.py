@@ -107,9 +107,11 @@ class HttpAccess:
 
     def hosts(self, port: int) -> frozenset[str]:
         """The ``Host`` values accepted for an endpoint on ``port`` (besides IP literals,
-        which a wildcard listen address accepts too: a rebound name is never one)."""
+        which a wildcard listen address accepts too: a rebound name is never one, and an
+        allowed name given without a port, which is accepted with any port or none, as a
+        proxy in front may listen on another)."""
         listen = self.listen_host.lower()
-        names: set[str] = set(self.allowed_hosts)
+        names: set[str] = {name for name in self.allowed_hosts if _has_port(name)}
         if listen in _WILDCARDS:
             names.update(_LOOPBACK_NAMES)
             names.add(socket.gethostname().lower())
@@ -143,7 +145,7 @@ class HttpAccess:
         if not self._host_allowed(host, port):
             return Refusal(403, f"Host {host!r} is not this endpoint's address")
         origin = request.header("origin")
-        if origin is not None and origin.lower() != f"http://{host}":
+        if origin is not None and origin.lower() not in (f"http://{host}", f"https://{host}"):
             return Refusal(403, f"cross-site request from Origin {origin!r}")
         if (request.header("sec-fetch-site") or "").lower() == "cross-site":
             return Refusal(403, "cross-site request (Sec-Fetch-Site)")
@@ -161,6 +163,9 @@ class HttpAccess:
 
     def _host_allowed(self, host: str, port: int) -> bool:
         if host in self.hosts(port):
+            return True
+        name = host if not _has_port(host) else host.rpartition(":")[0]
+        if name in self.allowed_hosts:
             return True
         if self.listen_host.lower() not in _WILDCARDS:
             return False

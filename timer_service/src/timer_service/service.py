@@ -205,7 +205,7 @@ class TimerService:
                 continue
             if fault is None:
                 if self._broker_fault is not None:
-                    log.warning("broker state is complete again")
+                    log.info("broker state is complete again")
                 self._broker_fault = None
                 continue
             if self._broker_fault is None:

@@ -457,6 +457,34 @@ def collector() -> Iterator[Collector]:
         receiver.server.server_close()
 
 
+async def fire_one(nats_url: str, scheduling: TraceContext) -> Msg:
+    """Schedules a traced timer 200 ms ahead through the service and returns its event."""
+    nc = await nats.connect(nats_url)
+    try:
+        subscription = await nc.jetstream().subscribe(
+            "timer.events.tenant-x.>", ordered_consumer=True
+        )
+        async with TimerClient.connect(nats_url) as client:
+            await client.schedule(
+                "tenant-x",
+                "call-x",
+                datetime.now(UTC) + timedelta(milliseconds=200),
+                trace_context=scheduling,
+            )
+        return await subscription.next_msg(timeout=30)
+    finally:
+        await nc.close()
+
+
+def exporter_complaints(output: str) -> list[str]:
+    """The lines of a service's log where an OTLP exporter failed or retried."""
+    return [
+        line
+        for line in output.splitlines()
+        if "localhost:4318" in line or "Transient error" in line or "Failed to export" in line
+    ]
+
+
 class TestExport:
     async def test_an_otlp_endpoint_turns_it_on_and_gets_spans_and_metrics(
         self, service: ServiceProcess, nats_url: str, collector: Collector
@@ -472,21 +500,7 @@ class TestExport:
         service.start()
         await asyncio.to_thread(service.wait_healthy)
         scheduling = TraceContext("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")
-        nc = await nats.connect(nats_url)
-        try:
-            subscription = await nc.jetstream().subscribe(
-                "timer.events.tenant-x.>", ordered_consumer=True
-            )
-            async with TimerClient.connect(nats_url) as client:
-                await client.schedule(
-                    "tenant-x",
-                    "call-x",
-                    datetime.now(UTC) + timedelta(milliseconds=200),
-                    trace_context=scheduling,
-                )
-            event = await subscription.next_msg(timeout=30)
-        finally:
-            await nc.close()
+        event = await fire_one(nats_url, scheduling)
         assert (event.headers or {})["traceparent"] != scheduling.traceparent
 
         def exported() -> bool:
@@ -502,3 +516,53 @@ class TestExport:
         assert (event.headers or {})["traceparent"].startswith(
             f"00-{fire[0].trace_id.hex()}-{fire[0].span_id.hex()}-"
         )
+
+    async def test_a_traces_endpoint_alone_exports_spans_and_no_metrics(
+        self, service: ServiceProcess, nats_url: str, collector: Collector
+    ) -> None:
+        """With only OTEL_EXPORTER_OTLP_TRACES_ENDPOINT set, the spans go to it, the metrics
+        go nowhere (not to the SDK's default localhost:4318), and the log says so."""
+        service.env.update(
+            OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=f"{collector.url}/v1/traces",
+            OTEL_BSP_SCHEDULE_DELAY="100",
+            OTEL_METRIC_EXPORT_INTERVAL="200",
+        )
+        service.start()
+        await asyncio.to_thread(service.wait_healthy)
+        scheduling = TraceContext("00-1af7651916cd43dd8448eb211c80319c-c7ad6b7169203331-01")
+        await fire_one(nats_url, scheduling)
+        await wait_until(
+            lambda: "timer.fire" in {span.name for span in collector.spans()},
+            within=30,
+            what="the firing span at the traces endpoint",
+        )
+        assert service.terminate() == 0
+        output = service.output()
+        assert f"spans to {collector.url}/v1/traces, metrics not exported" in output
+        assert exporter_complaints(output) == []
+        assert {path for path, _ in collector.requests} == {"/v1/traces"}
+
+    async def test_a_metrics_endpoint_alone_exports_metrics_and_no_spans(
+        self, service: ServiceProcess, nats_url: str, collector: Collector
+    ) -> None:
+        """With only OTEL_EXPORTER_OTLP_METRICS_ENDPOINT set, the metrics go to it and the
+        spans go nowhere, and the log says so."""
+        service.env.update(
+            OTEL_EXPORTER_OTLP_METRICS_ENDPOINT=f"{collector.url}/v1/metrics",
+            OTEL_BSP_SCHEDULE_DELAY="100",
+            OTEL_METRIC_EXPORT_INTERVAL="200",
+        )
+        service.start()
+        await asyncio.to_thread(service.wait_healthy)
+        scheduling = TraceContext("00-2af7651916cd43dd8448eb211c80319c-d7ad6b7169203331-01")
+        await fire_one(nats_url, scheduling)
+        await wait_until(
+            lambda: "timer.schedules.processed" in collector.metric_names(),
+            within=30,
+            what="the metrics at the metrics endpoint",
+        )
+        assert service.terminate() == 0
+        output = service.output()
+        assert f"spans not exported (no traces endpoint set), metrics to {collector.url}" in output
+        assert exporter_complaints(output) == []
+        assert {path for path, _ in collector.requests} == {"/v1/metrics"}

@@ -70,7 +70,7 @@ from timer_core import (
     TraceContext,
 )
 from timer_service.metrics import COUNTED_AS, LATENESS_BUCKETS, POLL_BUCKETS, firing_lateness
-from timer_service.settings import OTEL_LATENESS_SAMPLE, OTLP_ENDPOINT_VARIABLES
+from timer_service.settings import OTEL_LATENESS_SAMPLE
 
 __all__ = ["OtelInstrumentation", "configure"]
 
@@ -466,16 +466,51 @@ def _span_then(span: BatchObserver, inner: BatchObserver) -> BatchObserver:
 # -- timer-service's setup ---------------------------------------------------------------------
 
 
+def _signal_endpoint(env: Mapping[str, str], signal: str, protocol: str) -> str | None:
+    """Where OTLP sends one signal (``traces`` or ``metrics``), as the SDK would resolve it
+    from ``env``: the per-signal variable, else the general one (with ``/v1/<signal>``
+    appended over HTTP); ``None`` when neither is set, so that signal is not exported."""
+    own = env.get(f"OTEL_EXPORTER_OTLP_{signal.upper()}_ENDPOINT")
+    if own:
+        return own
+    general = env.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+    if not general:
+        return None
+    if protocol == "grpc":
+        return general
+    return f"{general.rstrip('/')}/v1/{signal}"
+
+
+def _otlp_exporters(protocol: str) -> tuple[Any, Any]:
+    """The OTLP span and metric exporter classes of ``protocol`` (``grpc`` or HTTP)."""
+    if protocol == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+        return OTLPSpanExporter, OTLPMetricExporter
+    from opentelemetry.exporter.otlp.proto.http.metric_exporter import (
+        OTLPMetricExporter as HttpMetricExporter,
+    )
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
+        OTLPSpanExporter as HttpSpanExporter,
+    )
+
+    return HttpSpanExporter, HttpMetricExporter
+
+
 def configure(
     environ: Mapping[str, str] | None = None,
 ) -> tuple[TracerProvider, MeterProvider, Callable[[], None]]:
     """SDK providers for ``timer-service``, set as the global ones, and a shutdown function.
 
     The resource comes from ``OTEL_SERVICE_NAME`` (default ``timer-service``) and
-    ``OTEL_RESOURCE_ATTRIBUTES``. Spans and metrics are exported by OTLP when an endpoint is
-    configured (``OTEL_EXPORTER_OTLP_ENDPOINT`` or the per-signal ones; protocol from
-    ``OTEL_EXPORTER_OTLP_PROTOCOL``, ``http/protobuf`` by default, or ``grpc``); otherwise
-    they are made (events still carry the firing's trace context) but not exported.
+    ``OTEL_RESOURCE_ATTRIBUTES``. Each signal is exported by OTLP only when an endpoint is
+    configured for it: spans with ``OTEL_EXPORTER_OTLP_ENDPOINT`` or
+    ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``, metrics with ``OTEL_EXPORTER_OTLP_ENDPOINT`` or
+    ``OTEL_EXPORTER_OTLP_METRICS_ENDPOINT`` (protocol from ``OTEL_EXPORTER_OTLP_PROTOCOL``,
+    ``http/protobuf`` by default, or ``grpc``). A signal without an endpoint is made (events
+    still carry the firing's trace context) but not exported, never sent to the SDK's
+    default ``localhost:4318``.
     """
     from opentelemetry.sdk.metrics import MeterProvider as SdkMeterProvider
     from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
@@ -487,28 +522,25 @@ def configure(
     resource = Resource.create({"service.name": env.get("OTEL_SERVICE_NAME") or "timer-service"})
     tracer_provider = SdkTracerProvider(resource=resource)
     readers: list[MetricReader] = []
-    endpoint = next((env[name] for name in OTLP_ENDPOINT_VARIABLES if env.get(name)), None)
-    if endpoint is not None:
-        protocol = env.get("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf").strip().lower()
-        if protocol == "grpc":
-            from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import (
-                OTLPMetricExporter,
-            )
-            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
-        else:
-            from opentelemetry.exporter.otlp.proto.http.metric_exporter import (  # type: ignore[assignment]
-                OTLPMetricExporter,
-            )
-            from opentelemetry.exporter.otlp.proto.http.trace_exporter import (  # type: ignore[assignment]
-                OTLPSpanExporter,
-            )
-        tracer_provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
-        readers.append(PeriodicExportingMetricReader(OTLPMetricExporter()))
-        log.info(
-            "OpenTelemetry on: exporting spans and metrics by OTLP (%s) to %s", protocol, endpoint
-        )
-    else:
+    protocol = env.get("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf").strip().lower()
+    traces_to = _signal_endpoint(env, "traces", protocol)
+    metrics_to = _signal_endpoint(env, "metrics", protocol)
+    if traces_to is None and metrics_to is None:
         log.info("OpenTelemetry on, but no OTLP endpoint is configured: nothing is exported")
+    else:
+        span_exporter, metric_exporter = _otlp_exporters(protocol)
+        if traces_to is not None:
+            tracer_provider.add_span_processor(
+                BatchSpanProcessor(span_exporter(endpoint=traces_to))
+            )
+        if metrics_to is not None:
+            readers.append(PeriodicExportingMetricReader(metric_exporter(endpoint=metrics_to)))
+        log.info(
+            "OpenTelemetry on: spans %s, metrics %s (OTLP %s)",
+            f"to {traces_to}" if traces_to else "not exported (no traces endpoint set)",
+            f"to {metrics_to}" if metrics_to else "not exported (no metrics endpoint set)",
+            protocol,
+        )
     meter_provider = SdkMeterProvider(resource=resource, metric_readers=readers)
     trace.set_tracer_provider(tracer_provider)
     metrics.set_meter_provider(meter_provider)

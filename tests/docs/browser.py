@@ -194,7 +194,11 @@ class Tab:
             node = self.call("DOM.describeNode", {"nodeId": node_id, "depth": 1, "pierce": True})
             roots = node["node"].get("shadowRoots", [])
             for root in roots:
-                html.append(self.call("DOM.getOuterHTML", {"backendNodeId": root["backendNodeId"]})["outerHTML"])
+                html.append(
+                    self.call("DOM.getOuterHTML", {"backendNodeId": root["backendNodeId"]})[
+                        "outerHTML"
+                    ]
+                )
         return html
 
 

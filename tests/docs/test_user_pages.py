@@ -1,0 +1,56 @@
+"""What a reader of the site and the READMEs gets is the product's, not its making's: no
+reference to an issue, a commit or a work session."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from tests.docs.markdown import DOCS, ROOT
+
+#: Pulled into a page by pymdownx.snippets: ``--8<-- "path"``.
+_SNIPPET = re.compile(r'^--8<-- "([^"]+)"', re.MULTILINE)
+
+#: What a reference to how the work was organised looks like.
+REFERENCES = {
+    "an issue": re.compile(r"\bissues? #?\d+\b", re.IGNORECASE),
+    "a GitHub-style number": re.compile(r"(?:^|[\s(\[])#\d+\b(?![0-9a-fA-F])"),
+    "a commit": re.compile(
+        r"(?<![\w-])(?=[0-9a-f]*[a-f])(?=[0-9a-f]*\d)(?:[0-9a-f]{7,12}|[0-9a-f]{40})(?![\w-])"
+    ),
+    "a work session": re.compile(r"\bsession \d+\b", re.IGNORECASE),
+}
+#: Another project's issue may be cited, named with its project ("db-scheduler #441").
+OTHER_PROJECTS = re.compile(
+    r"(db-scheduler|pgqueuer|procrastinate|awa|apscheduler|dbos|nats-server|nats|psycopg|"
+    r"postgresql|sqlite|opentelemetry|mkdocs|python|cpython)('s)?$",
+    re.IGNORECASE,
+)
+
+
+def user_pages() -> list[Path]:
+    """The site's Markdown with every file it includes, and the READMEs users read."""
+    pages = [*sorted(DOCS.glob("**/*.md")), ROOT / "README.md", *sorted(ROOT.glob("*/README.md"))]
+    pages.remove(ROOT / "bench" / "README.md")  # the maintainers' notes, not a user page
+    seen: list[Path] = []
+    while pages:
+        page = pages.pop(0)
+        if page in seen:
+            continue
+        seen.append(page)
+        pages += [ROOT / included for included in _SNIPPET.findall(page.read_text())]
+    return seen
+
+
+def test_user_pages_name_no_issue_commit_or_session() -> None:
+    """No page of the site (nor a file it includes) and no README names an issue, a commit
+    or a work session: users get what the product does, in its own words."""
+    found = []
+    for page in user_pages():
+        for number, line in enumerate(page.read_text().splitlines(), 1):
+            for what, pattern in REFERENCES.items():
+                for match in pattern.finditer(line):
+                    if OTHER_PROJECTS.search(line[: match.start()].rstrip(" ([")):
+                        continue
+                    found.append(f"{page.relative_to(ROOT)}:{number}: {what}: {match.group()!r}")
+    assert found == []

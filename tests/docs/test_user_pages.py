@@ -54,3 +54,24 @@ def test_user_pages_name_no_issue_commit_or_session() -> None:
                         continue
                     found.append(f"{page.relative_to(ROOT)}:{number}: {what}: {match.group()!r}")
     assert found == []
+
+
+def test_no_page_points_at_a_placeholder_host() -> None:
+    """No user page sends a reader to a made-up address (``git.example.com`` and the like):
+    where Timer has no public address yet, the pages say so."""
+    placeholder = re.compile(r"[\w.-]*\bexample\.(?:com|org|net)\b|\blocalhost\.invalid\b")
+    found = [
+        f"{page.relative_to(ROOT)}:{number}: {match.group()!r}"
+        for page in user_pages()
+        for number, line in enumerate(page.read_text().splitlines(), 1)
+        for match in placeholder.finditer(line)
+    ]
+    assert found == []
+
+
+def test_the_licence_the_packages_declare_is_at_the_root() -> None:
+    """LICENSE holds the Apache License 2.0, the licence every package's metadata names."""
+    licence = (ROOT / "LICENSE").read_text()
+    assert "Apache License" in licence and "Version 2.0, January 2004" in licence
+    for pyproject in sorted(ROOT.glob("*/pyproject.toml")):
+        assert 'license = "Apache-2.0"' in pyproject.read_text(), pyproject

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import timer_core
 from tests.docs.markdown import ROOT
 
 
@@ -41,6 +42,20 @@ class TestBuild:
             page = (site / "reference" / package / "index.html").read_text()
             assert f'id="{name}"' in page, package
             assert ":class:" not in page and ":meth:" not in page, package
+
+    def test_timer_core_reference_is_split_by_topic_with_timer_first(self, site: Path) -> None:
+        """Every name timer_core exports is documented on exactly one of its reference pages,
+        and the first page opens with `Timer`, not with whatever comes first alphabetically."""
+        pages = {
+            page.parent.name: page.read_text()
+            for page in sorted((site / "reference").glob("timer_core*/index.html"))
+        }
+        assert len(pages) >= 5
+        for name in timer_core.__all__:
+            anchor = f'id="timer_core.{name}"'
+            assert sum(anchor in html for html in pages.values()) == 1, name
+        first = pages["timer_core"]
+        assert re.findall(r'id="(timer_core\.[A-Za-z_]+)"', first)[0] == "timer_core.Timer"
 
     def test_pages_load_nothing_from_another_host(self, site: Path) -> None:
         """No page loads a script, a stylesheet or a font from a CDN, and each page with a

@@ -26,6 +26,11 @@ class TestBuild:
         deployment = (site / "deployment" / "index.html").read_text()
         assert "useradd" in deployment
         assert "--8&lt;--" not in deployment
+        # The long Grafana dashboard is linked for download, not shown inline.
+        dashboard = ROOT / "deploy" / "grafana" / "timer.json"
+        assert (site / "deploy" / "grafana" / "timer.json").read_bytes() == dashboard.read_bytes()
+        assert 'href="../deploy/grafana/timer.json"' in deployment
+        assert "&quot;panels&quot;" not in deployment
         # The changelog page is CHANGELOG.md itself; diagrams are mermaid blocks for the theme.
         assert "Keep a Changelog" in (site / "changelog" / "index.html").read_text()
         assert '<pre class="mermaid">' in (site / "architecture" / "index.html").read_text()

@@ -75,3 +75,18 @@ def test_the_licence_the_packages_declare_is_at_the_root() -> None:
     assert "Apache License" in licence and "Version 2.0, January 2004" in licence
     for pyproject in sorted(ROOT.glob("*/pyproject.toml")):
         assert 'license = "Apache-2.0"' in pyproject.read_text(), pyproject
+
+
+def test_every_test_a_page_cites_exists() -> None:
+    """A page that backs an answer with a test (``tests/path.py::Class::test_name``) names
+    one that exists, in that class: a renamed or removed test does not leave a dead citation."""
+    cited = re.compile(r"`(tests/[\w/]+\.py)::(\w+)::(\w+)`")
+    missing = []
+    for page in user_pages():
+        for path, cls, name in cited.findall(page.read_text()):
+            source = ROOT / path
+            text = source.read_text() if source.is_file() else ""
+            body = re.search(rf"^class {cls}\b.*?(?=^class |\Z)", text, re.MULTILINE | re.DOTALL)
+            if body is None or f"def {name}(" not in body.group():
+                missing.append(f"{page.relative_to(ROOT)}: {path}::{cls}::{name}")
+    assert missing == []

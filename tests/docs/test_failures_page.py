@@ -1,0 +1,61 @@
+"""The figures of "Operating through failures" that come from a measurement, measured again:
+the bytes a timer's command and event take in the JetStream streams."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import uuid
+from datetime import UTC, datetime, timedelta
+
+import nats
+
+from tests.docs.markdown import DOCS
+from timer_adapters_memory import MemoryTimerStore
+from timer_adapters_nats import NatsBroker, NatsSettings, TimerClient
+from timer_core import Timer
+
+TIMERS = 300
+
+
+def page_figures() -> tuple[int, int]:
+    """The page's bytes per ``ScheduleTimer`` and per ``DueTimeReached``."""
+    text = (DOCS / "failures.md").read_text()
+    match = re.search(
+        r"a `ScheduleTimer` takes about (\d+)\s+bytes of `TIMER_COMMANDS` and its "
+        r"`DueTimeReached` about (\d+) bytes of `TIMER_EVENTS`",
+        text,
+    )
+    assert match is not None, "the page no longer states the bytes per command and event"
+    return int(match.group(1)), int(match.group(2))
+
+
+async def test_stream_bytes_per_timer_are_what_the_page_says(nats_url: str) -> None:
+    """Timers with UUID identifiers and a correlation id, scheduled through TimerClient and
+    fired by a Timer, take within 10% of the page's bytes per message in each stream."""
+    per_command, per_event = page_figures()
+    async with NatsBroker(NatsSettings(url=nats_url)) as broker:
+        async with TimerClient.connect(nats_url) as client:
+            due = datetime.now(UTC) + timedelta(milliseconds=200)
+            envelopes = [
+                client.schedule_envelope(
+                    str(uuid.uuid4()), str(uuid.uuid4()), due, correlation_id=str(uuid.uuid4())
+                )
+                for _ in range(TIMERS)
+            ]
+            assert await client.send_many(envelopes) == [None] * TIMERS
+        async with Timer(MemoryTimerStore(), broker.publisher, commands=broker.command_source()):
+            nc = await nats.connect(nats_url)
+            try:
+                js = nc.jetstream()
+                for _ in range(600):  # the firings: 200 ms ahead, then a few batches
+                    if (await js.stream_info("TIMER_EVENTS")).state.messages >= TIMERS:
+                        break
+                    await asyncio.sleep(0.05)
+                commands = (await js.stream_info("TIMER_COMMANDS")).state
+                events = (await js.stream_info("TIMER_EVENTS")).state
+            finally:
+                await nc.close()
+    assert (commands.messages, events.messages) == (TIMERS, TIMERS)
+    assert abs(commands.bytes / TIMERS - per_command) <= per_command * 0.1
+    assert abs(events.bytes / TIMERS - per_event) <= per_event * 0.1

@@ -97,12 +97,20 @@ class TestOffline:
             assert offsite(tab, base_url) == [], page
         assert drawn == diagram_count() > 0
 
-    def test_no_page_asks_another_host(self, browser: Chromium, site: Path, base_url: str) -> None:
-        """Every page loads only from the site itself: no CDN script, font or style."""
+    def test_no_page_asks_another_host_or_overflows_at_1280_px(
+        self, browser: Chromium, site: Path, base_url: str
+    ) -> None:
+        """Every page loads only from the site itself (no CDN script, font or style), and
+        none is wider than a 1280 px screen."""
         tab = browser.page(1280)
+        too_wide = []
         for page in pages(site):
             tab.open(base_url + page)
+            width = tab.evaluate("document.documentElement.scrollWidth")
+            if width > 1280:
+                too_wide.append(f"{page}: {width} px")
         assert offsite(tab, base_url) == []
+        assert too_wide == []
 
 
 class TestPhone:

@@ -4,8 +4,9 @@
 the site (``deploy/grafana/timer.json``), so a page links a long one for download instead of
 showing it inline, and a reader without the repository can fetch it.
 
-**Mermaid, so the site needs no network to show its diagrams.** The Material theme draws ```` ```mermaid ```` blocks with Mermaid, which it loads from a CDN
-unless a ``mermaid`` global already exists. This hook adds Mermaid to the built site from the
+**Mermaid, so the site needs no network to show its diagrams.** The Material theme draws
+``mermaid`` code blocks with Mermaid, which it loads from a CDN unless a ``mermaid`` global
+already exists. This hook adds Mermaid to the built site from the
 ``mermaidx`` package of the ``docs`` dependency group (which ships Mermaid's browser bundle
 as ``mermaidx/assets/mermaid.js``), and a ``<script>`` for it on the pages that have a
 diagram, so the theme uses that copy and never fetches one: no third-party file is committed

@@ -78,15 +78,25 @@ def test_the_licence_the_packages_declare_is_at_the_root() -> None:
 
 
 def test_every_test_a_page_cites_exists() -> None:
-    """A page that backs an answer with a test (``tests/path.py::Class::test_name``) names
-    one that exists, in that class: a renamed or removed test does not leave a dead citation."""
-    cited = re.compile(r"`(tests/[\w/]+\.py)::(\w+)::(\w+)`")
+    """A page that backs an answer with a test (``tests/path.py::Class::test_name``, or
+    ``tests/path.py::test_name``) names one that exists, in that class: a renamed or removed
+    test does not leave a dead citation."""
+    cited = re.compile(r"`(tests/[\w/]+\.py)::(?:(\w+)::)?(\w+)`")
     missing = []
+    cited_count = 0
     for page in user_pages():
         for path, cls, name in cited.findall(page.read_text()):
+            cited_count += 1
             source = ROOT / path
             text = source.read_text() if source.is_file() else ""
-            body = re.search(rf"^class {cls}\b.*?(?=^class |\Z)", text, re.MULTILINE | re.DOTALL)
-            if body is None or f"def {name}(" not in body.group():
-                missing.append(f"{page.relative_to(ROOT)}: {path}::{cls}::{name}")
+            if cls:
+                found = re.search(rf"^class {cls}\b.*?(?=^class |\Z)", text, re.M | re.S)
+                ok = found is not None and f"def {name}(" in found.group()
+            else:
+                ok = re.search(rf"^(async )?def {name}\(", text, re.M) is not None
+            if not ok:
+                missing.append(
+                    f"{page.relative_to(ROOT)}: {path}::{cls + '::' if cls else ''}{name}"
+                )
     assert missing == []
+    assert cited_count > 0

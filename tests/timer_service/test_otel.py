@@ -517,52 +517,43 @@ class TestExport:
             f"00-{fire[0].trace_id.hex()}-{fire[0].span_id.hex()}-"
         )
 
-    async def test_a_traces_endpoint_alone_exports_spans_and_no_metrics(
-        self, service: ServiceProcess, nats_url: str, collector: Collector
+    @pytest.mark.parametrize(
+        ("signal", "log_line"),
+        [
+            ("traces", "spans to {url}/v1/traces, metrics not exported"),
+            ("metrics", "spans not exported (no traces endpoint set), metrics to {url}/v1/metrics"),
+        ],
+    )
+    async def test_one_signals_endpoint_alone_exports_that_signal_only(
+        self,
+        service: ServiceProcess,
+        nats_url: str,
+        collector: Collector,
+        signal: str,
+        log_line: str,
     ) -> None:
-        """With only OTEL_EXPORTER_OTLP_TRACES_ENDPOINT set, the spans go to it, the metrics
-        go nowhere (not to the SDK's default localhost:4318), and the log says so."""
+        """With only OTEL_EXPORTER_OTLP_TRACES_ENDPOINT (or only ..._METRICS_ENDPOINT) set,
+        that signal goes to it, the other goes nowhere (not to the SDK's default
+        localhost:4318, no exporter warning), and the start-up log says so."""
         service.env.update(
-            OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=f"{collector.url}/v1/traces",
+            {f"OTEL_EXPORTER_OTLP_{signal.upper()}_ENDPOINT": f"{collector.url}/v1/{signal}"},
             OTEL_BSP_SCHEDULE_DELAY="100",
             OTEL_METRIC_EXPORT_INTERVAL="200",
         )
         service.start()
         await asyncio.to_thread(service.wait_healthy)
-        scheduling = TraceContext("00-1af7651916cd43dd8448eb211c80319c-c7ad6b7169203331-01")
-        await fire_one(nats_url, scheduling)
-        await wait_until(
-            lambda: "timer.fire" in {span.name for span in collector.spans()},
-            within=30,
-            what="the firing span at the traces endpoint",
+        await fire_one(
+            nats_url, TraceContext("00-1af7651916cd43dd8448eb211c80319c-c7ad6b7169203331-01")
         )
-        assert service.terminate() == 0
-        output = service.output()
-        assert f"spans to {collector.url}/v1/traces, metrics not exported" in output
-        assert exporter_complaints(output) == []
-        assert {path for path, _ in collector.requests} == {"/v1/traces"}
 
-    async def test_a_metrics_endpoint_alone_exports_metrics_and_no_spans(
-        self, service: ServiceProcess, nats_url: str, collector: Collector
-    ) -> None:
-        """With only OTEL_EXPORTER_OTLP_METRICS_ENDPOINT set, the metrics go to it and the
-        spans go nowhere, and the log says so."""
-        service.env.update(
-            OTEL_EXPORTER_OTLP_METRICS_ENDPOINT=f"{collector.url}/v1/metrics",
-            OTEL_BSP_SCHEDULE_DELAY="100",
-            OTEL_METRIC_EXPORT_INTERVAL="200",
-        )
-        service.start()
-        await asyncio.to_thread(service.wait_healthy)
-        scheduling = TraceContext("00-2af7651916cd43dd8448eb211c80319c-d7ad6b7169203331-01")
-        await fire_one(nats_url, scheduling)
-        await wait_until(
-            lambda: "timer.schedules.processed" in collector.metric_names(),
-            within=30,
-            what="the metrics at the metrics endpoint",
-        )
+        def arrived() -> bool:
+            if signal == "traces":
+                return "timer.fire" in {span.name for span in collector.spans()}
+            return "timer.schedules.processed" in collector.metric_names()
+
+        await wait_until(arrived, within=30, what=f"the {signal} at their endpoint")
         assert service.terminate() == 0
         output = service.output()
-        assert f"spans not exported (no traces endpoint set), metrics to {collector.url}" in output
+        assert log_line.format(url=collector.url) in output
         assert exporter_complaints(output) == []
-        assert {path for path, _ in collector.requests} == {"/v1/metrics"}
+        assert {path for path, _ in collector.requests} == {f"/v1/{signal}"}

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import importlib
 import re
 from pathlib import Path
 
-import timer_core
+import pytest
+
 from tests.docs.markdown import ROOT
 
 
@@ -48,19 +50,29 @@ class TestBuild:
             assert f'id="{name}"' in page, package
             assert ":class:" not in page and ":meth:" not in page, package
 
-    def test_timer_core_reference_is_split_by_topic_with_timer_first(self, site: Path) -> None:
-        """Every name timer_core exports is documented on exactly one of its reference pages,
-        and the first page opens with `Timer`, not with whatever comes first alphabetically."""
+    @pytest.mark.parametrize(
+        ("package", "first"),
+        [
+            ("timer_core", "Timer"),
+            ("timer_adapters_nats", "NatsBroker"),
+            ("timer_adapters_memory", "MemoryTimerClient"),
+        ],
+    )
+    def test_reference_shows_every_export_once_main_entry_point_first(
+        self, site: Path, package: str, first: str
+    ) -> None:
+        """Every name a package exports is documented on exactly one of its reference pages
+        (timer_core's are split by topic), and the first page opens with its main entry
+        point, not with whatever comes first alphabetically (a header constant)."""
         pages = {
             page.parent.name: page.read_text()
-            for page in sorted((site / "reference").glob("timer_core*/index.html"))
+            for page in sorted((site / "reference").glob(f"{package}*/index.html"))
         }
-        assert len(pages) >= 5
-        for name in timer_core.__all__:
-            anchor = f'id="timer_core.{name}"'
+        for name in importlib.import_module(package).__all__:
+            anchor = f'id="{package}.{name}"'
             assert sum(anchor in html for html in pages.values()) == 1, name
-        first = pages["timer_core"]
-        assert re.findall(r'id="(timer_core\.[A-Za-z_]+)"', first)[0] == "timer_core.Timer"
+        ids = re.findall(rf'id="({package}\.[A-Za-z_]+)"', pages[package])
+        assert ids[0] == f"{package}.{first}"
 
     def test_pages_load_nothing_from_another_host(self, site: Path) -> None:
         """No page loads a script, a stylesheet or a font from a CDN, and each page with a

@@ -16,7 +16,6 @@ from timer_core import (
     CommandOutcome,
     CorrelationId,
     DueCursor,
-    PositionedOperation,
     ServiceCallId,
     StoreUnavailable,
     SystemClock,
@@ -28,6 +27,8 @@ from timer_core import (
     TimerStore,
     require_utc,
 )
+from timer_core.fair_share import FairShare, longest_waiting_first
+from timer_core.replay import StoredKey, operation_keys, replay
 
 __all__ = ["MemoryTimerStore"]
 
@@ -60,7 +61,7 @@ class _Storage:
         self.leases: dict[TimerKey, _Lease] = {}
         # The highest command position applied per key (PositionedOperation), and the
         # tombstones of positioned cancels: key -> (position, when cancelled).
-        self.positions: dict[TimerKey, int] = {}
+        self.positions: dict[TimerKey, int | None] = {}
         self.tombstones: dict[TimerKey, tuple[int, datetime]] = {}
         self.unavailable = False
         self.failures_left = 0
@@ -90,13 +91,15 @@ class _Storage:
         if lease is not None:
             lease.owner = lease.until = None
 
-    def position(self, key: TimerKey) -> int | None:
-        """The highest position applied to ``key`` (its timer's or its tombstone's)."""
-        stored = self.positions.get(key)
+    def stored_key(self, key: TimerKey) -> StoredKey:
+        """What is stored for ``key``, as :func:`~timer_core.replay.replay` reads it."""
+        timer = self.timers.get(key)
         tombstone = self.tombstones.get(key)
-        if tombstone is not None and (stored is None or tombstone[0] > stored):
-            return tombstone[0]
-        return stored
+        return StoredKey(
+            None if timer is None else timer.state,
+            self.positions.get(key),
+            None if tombstone is None else tombstone[0],
+        )
 
     def _unindex(self, entry: TimerEntry) -> None:
         cursor = DueCursor.of(entry)
@@ -191,64 +194,23 @@ class MemoryTimerStore(TimerStore):
         return storage
 
     async def apply(self, operations: Sequence[TimerOperation]) -> list[CommandOutcome]:
-        for operation in operations:
-            inner = operation.operation if isinstance(operation, PositionedOperation) else operation
-            if isinstance(inner, TimerEntry) and not inner.is_scheduled:
-                raise ValueError(f"only Scheduled entries can be scheduled, got {inner}")
+        keys = operation_keys(operations)
         # Yield like a real driver would, so concurrent callers interleave between calls.
         await asyncio.sleep(0)
         with self._storage.lock:
             storage = self._check("apply")
-            outcomes: list[CommandOutcome] = []
-            # Every operation is checked above, so nothing below can fail half way: atomic.
-            for operation in operations:
-                if isinstance(operation, PositionedOperation):
-                    outcomes.append(self._positioned(storage, operation))
-                elif isinstance(operation, TimerEntry):
-                    outcomes.append(self._schedule(storage, operation))
-                else:
-                    outcomes.append(self._cancel(storage, TimerKey(*operation)))
-            return outcomes
-
-    @classmethod
-    def _positioned(cls, storage: _Storage, operation: PositionedOperation) -> CommandOutcome:
-        key, position = operation.key, operation.position
-        seen = storage.position(key)
-        if seen is not None and position < seen:
-            return CommandOutcome.STALE
-        inner = operation.operation
-        if isinstance(inner, TimerEntry):
-            outcome = cls._schedule(storage, inner)
-            if outcome is CommandOutcome.SCHEDULED:
-                storage.positions[key] = position
-            return outcome
-        outcome = cls._cancel(storage, key)
-        storage.tombstones[key] = (position, operation.at)
-        return outcome
-
-    @staticmethod
-    def _schedule(storage: _Storage, entry: TimerEntry) -> CommandOutcome:
-        current = storage.timers.get(entry.key)
-        if current is None:
-            storage.put(entry)
-            return CommandOutcome.SCHEDULED
-        if not current.is_scheduled:
-            return CommandOutcome.IGNORED_REACHED
-        storage.put(
-            current.reschedule(
-                entry.due_at, entry.registered_at, entry.correlation_id, entry.trace_context
-            )
-        )
-        storage.drop_lease(entry.key)  # the old claim was for the old due time
-        return CommandOutcome.SCHEDULED
-
-    @staticmethod
-    def _cancel(storage: _Storage, key: TimerKey) -> CommandOutcome:
-        current = storage.timers.get(key)
-        if current is None or not current.is_scheduled:
-            return CommandOutcome.CANCEL_NOOP
-        storage.delete(key)
-        return CommandOutcome.CANCELLED
+            # Decided in full before anything is written: atomic.
+            replayed = replay(operations, {key: storage.stored_key(key) for key in keys})
+            for timer in replayed.inserts + replayed.updates:
+                storage.put(timer.entry)
+                storage.positions[timer.entry.key] = timer.position
+            for timer in replayed.updates:
+                storage.drop_lease(timer.entry.key)  # the old claim was for the old due time
+            for key in replayed.deletes:
+                storage.delete(key)
+            for tombstone in replayed.tombstones:
+                storage.tombstones[tombstone.key] = (tombstone.position, tombstone.at)
+            return replayed.outcomes
 
     async def get(self, tenant_id: TenantId, service_call_id: ServiceCallId) -> TimerEntry | None:
         key = TimerKey(TenantId(tenant_id), ServiceCallId(service_call_id))
@@ -302,25 +264,26 @@ class MemoryTimerStore(TimerStore):
                 )
                 if start < len(index) and index[start][0] <= now:
                     starts[tenant] = start
-            active = sorted(starts, key=lambda t: (storage.tenant_index[t][starts[t]][0], t))
+            plan = FairShare(
+                limit,
+                longest_waiting_first(
+                    {tenant: storage.tenant_index[tenant][at][0] for tenant, at in starts.items()}
+                ),
+            )
             found: list[TimerEntry] = []
-            while len(found) < limit and active:
-                share = max(1, (limit - len(found)) // len(active))
-                more: list[TenantId] = []
-                for tenant in active:
-                    index, at, taken = storage.tenant_index[tenant], starts[tenant], 0
-                    wanted = min(share, limit - len(found))
-                    while taken < wanted and at < len(index) and index[at][0] <= now:
+            while shares := plan.next_round():
+                taken: dict[TenantId, int] = {}
+                for tenant, share in shares:
+                    index, at, took = storage.tenant_index[tenant], starts[tenant], 0
+                    while took < share and at < len(index) and index[at][0] <= now:
                         key = TimerKey(tenant, index[at][1])
                         at += 1
                         if leasing and not self._claim(storage, key, instant):
                             continue
                         found.append(storage.timers[key])
-                        taken += 1
-                    starts[tenant] = at
-                    if taken == share and at < len(index) and index[at][0] <= now:
-                        more.append(tenant)  # it may use what others leave of their share
-                active = more
+                        took += 1
+                    starts[tenant], taken[tenant] = at, took
+                plan.took(taken)
             found.sort(key=DueCursor.of)
             return found
 

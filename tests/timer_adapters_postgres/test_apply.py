@@ -12,7 +12,14 @@ import psycopg
 import pytest
 import sqlalchemy as sa
 
-from timer_core import CommandOutcome, PositionedOperation, TimerEntry, TimerState
+from tests.pg import wait_until_blocked
+from timer_core import (
+    CommandOutcome,
+    PositionedOperation,
+    StoreUnavailable,
+    TimerEntry,
+    TimerState,
+)
 
 NOW = datetime(2030, 1, 1, tzinfo=UTC)
 
@@ -106,3 +113,38 @@ async def test_an_insert_racing_the_batch_makes_it_a_reschedule(
     for call in ("w", "x", "y"):
         assert await store.get("tenant-a", call) == entry(call)
     assert await store.count_scheduled() == 3
+
+
+async def test_an_apply_that_fails_after_a_racing_insert_applied_none_of_the_batch(
+    make_started_store: Callable[..., Any],
+    postgres_sql: psycopg.Connection[tuple[Any, ...]],
+    postgres_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The one-statement insert of new timers inserts all or none: when another writer
+    commits one of the keys while it waits, and the general way then fails, none of the
+    batch is stored ("when apply raises, none of the batch is applied")."""
+    store = await make_started_store(listen=False)
+
+    def general_way_fails(*args: Any) -> Any:
+        raise StoreUnavailable("the general way failed on purpose")
+
+    monkeypatch.setattr(store, "_apply", general_way_fails)
+    conninfo = sa.make_url(postgres_url).set(drivername="postgresql")
+    other = psycopg.connect(conninfo.render_as_string(hide_password=False))
+    try:
+        other.execute(
+            "INSERT INTO timer_schedules (tenant_id, service_call_id, due_at, registered_at) "
+            "VALUES ('tenant-a', 'x', %s, %s)",
+            (NOW + timedelta(seconds=5), NOW),
+        )  # uncommitted: the batch's insert of 'x' waits for it
+        applying = asyncio.ensure_future(store.apply([entry("w"), entry("x"), entry("y")]))
+        await wait_until_blocked(postgres_sql)
+        other.commit()
+        with pytest.raises(StoreUnavailable):
+            await applying
+    finally:
+        other.close()
+    assert await store.get("tenant-a", "w") is None
+    assert await store.get("tenant-a", "y") is None
+    assert await store.count_scheduled() == 1  # the other writer's 'x' only

@@ -108,8 +108,9 @@ class TestOtherPlans:
     @pytest.mark.parametrize(
         ("sql", "params"),
         [
-            (queries.UPSERT, ("t", "c", None, _NOW, _NOW, None, None, None)),
-            (queries.UPSERT, ("t", "c", None, _NOW, _NOW, 7, "00-x-y-01", None)),
+            (queries.INSERT_NEW, ("t", "c", None, _NOW, _NOW, None, None, None)),
+            (queries.INSERT_NEW, ("t", "c", None, _NOW, _NOW, 7, "00-x-y-01", None)),
+            (queries.RESCHEDULE, ("t", "c", None, _NOW, _NOW, 7, "00-x-y-01", None)),
             (queries.CANCEL, ("t", "c")),
             (queries.MARK_REACHED, (_NOW, "t", "c", _NOW)),
             (queries.POSITIONS, ("t", "c")),
@@ -131,7 +132,7 @@ class TestOtherPlans:
             or "sqlite_autoindex_timer_tombstones_1 (tenant_id=?" in d
             for d in searches
         ), details
-        if sql not in (queries.UPSERT, queries.CANCEL):
+        if sql not in (queries.INSERT_NEW, queries.CANCEL, queries.RESCHEDULE):
             assert any("sqlite_autoindex_timer_schedules_1 (tenant_id=?" in d for d in details)
 
     def test_correlation_lookup_seeks_the_correlation_index(
@@ -149,11 +150,11 @@ class TestOtherPlans:
         assert_index_search(details, "idx_timer_schedules_reached_at (reached_at<?)")
         assert_index_search(details, "sqlite_autoindex_timer_schedules_1")
 
-    @pytest.mark.parametrize("name", ["POSITIONS_JSON", "CANCEL_JSON", "TOMBSTONE_JSON"])
-    def test_positioned_cancel_runs_seek_by_key(
-        self, planner: sqlite3.Connection, name: str
-    ) -> None:
-        """A run of positioned cancels reads, deletes and writes tombstones key by key."""
+    @pytest.mark.parametrize(
+        "name", ["POSITIONS_JSON", "CANCEL_JSON", "TOMBSTONE_JSON", "RESCHEDULE_JSON"]
+    )
+    def test_batch_writes_seek_by_key(self, planner: sqlite3.Connection, name: str) -> None:
+        """A batch's keys are read, rescheduled, deleted and tombstoned key by key."""
         keys = json.dumps([["tenant-1", "call-1", 7, _NOW], ["tenant-2", "call-2", 8, _NOW]])
         details = plan(planner, getattr(queries, name), (keys,))
         assert not any(

@@ -12,8 +12,7 @@ from tests.timer_adapters_sqlite.conftest import entry
 from tests.transactional import CALL, T0, A, TransactionalSchedulingTests
 from timer_adapters_sqlite import SqliteTimerStore, schedule_in_transaction
 from timer_adapters_sqlite._in_transaction import _HostCursor
-from timer_adapters_sqlite._rows import as_ops
-from timer_adapters_sqlite._writes import write_ops
+from timer_adapters_sqlite._writes import batch_of, write_batches
 from timer_core import (
     CommandOutcome,
     PositionedOperation,
@@ -65,8 +64,8 @@ class TestHostCursor:
     async def test_a_run_of_positioned_cancels_goes_through_a_host_connection(
         self, db_path: Path
     ) -> None:
-        """write_ops takes every kind of run through a host's connection, a run of positioned
-        cancels too (its positions are read with fetchall): both cancelled, tombstones kept."""
+        """write_batches takes every kind of batch through a host's connection, positioned
+        cancels too (their keys are read with fetchall): both cancelled, tombstones kept."""
         key_1, key_2 = TimerKey(A, CALL), TimerKey(A, "call-2")
         async with SqliteTimerStore(db_path) as store:
             await store.apply([entry(A, CALL, due_in=60), entry(A, "call-2", due_in=60)])
@@ -74,7 +73,7 @@ class TestHostCursor:
             try:
                 with engine.begin() as connection:
                     cancels = [PositionedOperation(key_1, 7, T0), PositionedOperation(key_2, 8, T0)]
-                    outcomes = write_ops(_HostCursor(connection), as_ops(cancels))
+                    outcomes = write_batches(_HostCursor(connection), [batch_of(cancels)])
                 with engine.connect() as connection:
                     tombstones = connection.exec_driver_sql(
                         "SELECT service_call_id, command_position FROM timer_tombstones"

@@ -279,7 +279,7 @@ class TestHotPathConstruction:
     def test_entries_read_back_equal_the_constructors(self, entry: TimerEntry) -> None:
         """An entry a store builds from its row's plain values is the validated one, by value
         and type."""
-        fast = TimerEntry._from_store(
+        fast = TimerEntry.from_storage(
             str(entry.tenant_id),
             str(entry.service_call_id),
             entry.due_at,
@@ -319,13 +319,13 @@ class TestHotPathConstruction:
             "trace_context": None,
         }
         with pytest.raises(error):
-            TimerEntry._from_store(**{**values, **change})  # type: ignore[arg-type]
+            TimerEntry.from_storage(**{**values, **change})  # type: ignore[arg-type]
 
     def test_entries_read_back_round_sub_millisecond_instants(self) -> None:
         """An instant with microseconds (a row no valid entry wrote) is rounded as the
         constructor rounds it, due time up."""
         due = datetime(2026, 1, 1, 0, 0, 0, 1, tzinfo=UTC)
-        fast = TimerEntry._from_store(
+        fast = TimerEntry.from_storage(
             "tenant-1", "call-1", due, due, None, TimerState.SCHEDULED, None, None
         )
         assert fast.due_at == datetime(2026, 1, 1, 0, 0, 0, 1000, tzinfo=UTC)

@@ -14,7 +14,7 @@ import os
 import secrets
 import socket
 import zlib
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from time import monotonic
@@ -53,6 +53,15 @@ from timer_core import (
     redact_url,
     require_utc,
     scheduled_entry,
+)
+from timer_core.fair_share import FairShare
+from timer_core.replay import (
+    StoredKey,
+    StoredTimer,
+    new_timers,
+    new_timers_scheduled,
+    operation_keys,
+    replay,
 )
 
 __all__ = ["PostgresTimerStore", "cancel_in_transaction", "schedule_in_transaction"]
@@ -262,13 +271,13 @@ ON CONFLICT (tenant_id, service_call_id) DO NOTHING
 RETURNING tenant_id
 """
 )
-# Rescheduling drops any lease: the old claim was for the old due time. An unpositioned
-# reschedule keeps the stored position.
+# Rescheduling drops any lease: the old claim was for the old due time. The position is the
+# one timer_core.replay decided (an unpositioned reschedule's is the stored one).
 _RESCHEDULE = sa.text(
     f"""
 UPDATE timer_schedules AS s
 SET due_at = v.due_at, registered_at = v.registered_at, correlation_id = v.correlation_id,
-    command_position = coalesce(v.position, s.command_position),
+    command_position = v.position,
     traceparent = v.traceparent, tracestate = v.tracestate,
     lease_owner = NULL, lease_until = NULL
 FROM unnest({_TIMER_ARRAYS})
@@ -297,11 +306,15 @@ WHERE s.tenant_id = v.tenant_id AND s.service_call_id = v.service_call_id
 """
 )
 _NOTIFY = sa.text("SELECT pg_notify(:channel, :payload)")
-# The common batch, only new timers (no row, no tombstone for any key): inserted, and the
-# earliest announced, in one statement, so one round trip (and in autocommit one commit)
-# instead of locking the keys, their tombstones, inserting and notifying in four. Any key
-# already there (or inserted meanwhile by another transaction) and the batch goes the
-# general way, which sees what this statement may have inserted as its own reschedules.
+# The common batch, only new timers (no row, no tombstone for any key: timer_core.replay's
+# new_timers): inserted, and the earliest announced, in one statement, so one round trip (and
+# in autocommit one commit) instead of locking the keys, their tombstones, inserting and
+# notifying in four. Any key already there and the statement inserts nothing; one inserted
+# meanwhile by another transaction and, in autocommit, the statement fails on the primary key
+# and inserts nothing either (so an apply that then fails the general way has applied none of
+# the batch, as the port promises); in a host's transaction it skips that key (ON CONFLICT DO
+# NOTHING, not to abort the host's transaction) and the general way, in the same transaction,
+# sees what it inserted as its own reschedules.
 _INSERT_NEW = f"""
 WITH v AS (
     SELECT * FROM unnest({_TIMER_ARRAYS})
@@ -317,19 +330,25 @@ WITH v AS (
       AND NOT EXISTS (
             SELECT FROM timer_tombstones AS c JOIN v AS k
               ON c.tenant_id = k.tenant_id AND c.service_call_id = k.service_call_id)
-    ON CONFLICT (tenant_id, service_call_id) DO NOTHING
+    {{conflict}}
     RETURNING 1
 ), counted AS (
     SELECT count(*) AS inserted FROM inserted
 )
 SELECT inserted{{notify}} FROM counted
 """
-_INSERT_NEW_QUIETLY = sa.text(_INSERT_NEW.format(notify=""))
-_INSERT_NEW_AND_NOTIFY = sa.text(
-    _INSERT_NEW.format(
-        notify=", CASE WHEN inserted > 0 THEN pg_notify(:channel, :payload) IS NULL END"
-    )
+_NOTIFY_INSERTED = ", CASE WHEN inserted > 0 THEN pg_notify(:channel, :payload) IS NULL END"
+_SKIP_CONFLICTS = "ON CONFLICT (tenant_id, service_call_id) DO NOTHING"
+# (quietly, notifying) in autocommit, and in a host's transaction.
+_INSERT_NEW_AUTOCOMMIT = (
+    sa.text(_INSERT_NEW.format(notify="", conflict="")),
+    sa.text(_INSERT_NEW.format(notify=_NOTIFY_INSERTED, conflict="")),
 )
+_INSERT_NEW_IN_TRANSACTION = (
+    sa.text(_INSERT_NEW.format(notify="", conflict=_SKIP_CONFLICTS)),
+    sa.text(_INSERT_NEW.format(notify=_NOTIFY_INSERTED, conflict=_SKIP_CONFLICTS)),
+)
+_UNIQUE_VIOLATION = "23505"
 # Marking and releasing find each timer by its key, one primary-key lookup per timer (the
 # locking LATERAL subquery is planned per row, never flattened into a join), and update the
 # rows they locked by TID, like a claim. Joined to the keys as "FROM unnest(...) WHERE s.key =
@@ -419,24 +438,16 @@ class _Claim:
     due_at: datetime
 
 
-def _key_of(op: TimerOperation) -> TimerKey:
-    if isinstance(op, PositionedOperation):
-        return op.key
-    return op.key if isinstance(op, TimerEntry) else TimerKey(*op)
-
-
 class _RacingInsert(Exception):
     """Another transaction inserted a key this apply saw absent; run the apply again."""
 
 
-# The store's own row reader: the checks its rows need, not the constructor's converters.
-_from_store = TimerEntry._from_store
 _STATES = {state.value: state for state in TimerState}
 
 
 def _entry(row: Any) -> TimerEntry:
     traceparent = row.traceparent
-    return _from_store(
+    return TimerEntry.from_storage(
         row.tenant_id,
         row.service_call_id,
         row.due_at,
@@ -483,10 +494,8 @@ def _int_array(values: Sequence[int | None]) -> str:
     return "{" + ",".join(["NULL" if value is None else str(value) for value in values]) + "}"
 
 
-def _columns(
-    entries: Iterable[TimerEntry], positions: dict[TimerKey, int | None]
-) -> dict[str, str]:
-    rows = list(entries)
+def _columns(timers: Sequence[StoredTimer]) -> dict[str, str]:
+    rows = [timer.entry for timer in timers]
     contexts: list[TraceContext | None] = [e.trace_context for e in rows]
     return {
         "tenant_ids": _text_array([e.tenant_id for e in rows]),
@@ -494,7 +503,7 @@ def _columns(
         "correlation_ids": _text_array([e.correlation_id for e in rows]),
         "due_ats": _timestamp_array([e.due_at for e in rows]),
         "registered_ats": _timestamp_array([e.registered_at for e in rows]),
-        "positions": _int_array([positions.get(e.key) for e in rows]),
+        "positions": _int_array([timer.position for timer in timers]),
         "traceparents": _text_array([None if c is None else c.traceparent for c in contexts]),
         "tracestates": _text_array([None if c is None else c.tracestate for c in contexts]),
     }
@@ -507,22 +516,6 @@ def _key_columns(keys: Sequence[TimerKey]) -> dict[str, str]:
     }
 
 
-def _new_timers(ops: list[TimerOperation]) -> tuple[list[TimerEntry], dict[TimerKey, int | None]]:
-    """The timers ``ops`` schedule, with their positions, if the batch only schedules and
-    names each timer once (else none: such a batch goes the general way)."""
-    entries: list[TimerEntry] = []
-    positions: dict[TimerKey, int | None] = {}
-    for op in ops:
-        position = None
-        if isinstance(op, PositionedOperation):
-            position, op = op.position, op.operation
-        if not isinstance(op, TimerEntry) or op.key in positions:
-            return [], {}
-        entries.append(op)
-        positions[op.key] = position
-    return entries, positions
-
-
 def _insert_new(
     conn: sa.Connection,
     ops: list[TimerOperation],
@@ -531,19 +524,29 @@ def _insert_new(
     wake_at_of: Callable[[list[TimerEntry]], datetime | None],
 ) -> tuple[list[CommandOutcome], datetime | None] | None:
     """Apply ``ops`` in one statement if they only schedule new timers: their outcomes and
-    the wake-up sent; None (and maybe some inserted) when the general way must run."""
-    entries, positions = _new_timers(ops)
-    if not entries:
+    the wake-up sent; None when the general way must run (in autocommit, nothing of the batch
+    was inserted then; in a transaction, maybe some)."""
+    timers = new_timers(ops)
+    if not timers:
         return None
+    entries = [timer.entry for timer in timers]
     wake_at = wake_at_of(entries)
-    params: dict[str, Any] = {**_columns(entries, positions)}
-    statement = _INSERT_NEW_QUIETLY
+    params: dict[str, Any] = _columns(timers)
+    autocommit = conn.get_execution_options().get("isolation_level") == "AUTOCOMMIT"
+    quietly, notifying = _INSERT_NEW_AUTOCOMMIT if autocommit else _INSERT_NEW_IN_TRANSACTION
+    statement = quietly
     if wake_at is not None:
-        statement = _INSERT_NEW_AND_NOTIFY
+        statement = notifying
         params.update(channel=channel, payload=notify_payload(wake_at, owner_id))
-    if conn.execute(statement, params).scalar_one() != len(entries):
+    try:
+        inserted = conn.execute(statement, params).scalar_one()
+    except sqlalchemy.exc.IntegrityError as exc:
+        if not autocommit or getattr(exc.orig, "sqlstate", None) != _UNIQUE_VIOLATION:
+            raise
+        return None  # another writer inserted one of the keys: nothing was inserted
+    if inserted != len(entries):
         return None
-    return [CommandOutcome.SCHEDULED] * len(entries), wake_at
+    return new_timers_scheduled(timers), wake_at
 
 
 def _apply_operations(
@@ -555,84 +558,45 @@ def _apply_operations(
 ) -> tuple[list[CommandOutcome], datetime | None]:
     """Apply ``ops`` in order in the transaction open on ``conn`` and ``NOTIFY`` the earliest
     new due time (``wake_at_of``) on ``channel``: the store's transactions and a host's own
-    (:func:`schedule_in_transaction`) write timers through this one function. Raises
-    :class:`_RacingInsert` when another transaction inserted one of the keys meanwhile."""
-    keys = list(dict.fromkeys(_key_of(op) for op in ops))
-    found = conn.execute(_LOCK_KEYS, _key_columns(keys)).all()
-    initial = {TimerKey(row.tenant_id, row.service_call_id): row.state for row in found}
-    # Replay the operations over the locked rows: later ones see earlier ones' effects.
-    current: dict[TimerKey, str | None] = {key: initial.get(key) for key in keys}
-    # The highest command position applied per key, where there is one.
-    seen: dict[TimerKey, int] = {}
+    (:func:`schedule_in_transaction`) write timers through this one function. What to write
+    is :func:`timer_core.replay.replay`'s to decide, over the keys' rows locked first.
+    Raises :class:`_RacingInsert` when another transaction inserted one of the keys
+    meanwhile."""
+    keys = _key_columns(operation_keys(ops))
+    stored = {
+        TimerKey(row.tenant_id, row.service_call_id): StoredKey(
+            _STATES[row.state], row.command_position
+        )
+        for row in conn.execute(_LOCK_KEYS, keys)
+    }
     if any(isinstance(op, PositionedOperation) for op in ops):
-        stored = {
-            TimerKey(row.tenant_id, row.service_call_id): row.command_position for row in found
-        }
-        seen = {key: value for key, value in stored.items() if value is not None}
-        for row in conn.execute(_LOCK_TOMBSTONES, _key_columns(keys)):
+        # Only positioned operations are held to the tombstones' positions.
+        for row in conn.execute(_LOCK_TOMBSTONES, keys):
             key = TimerKey(row.tenant_id, row.service_call_id)
-            seen[key] = max(seen.get(key, row.command_position), row.command_position)
-    final: dict[TimerKey, TimerEntry | None] = {}
-    positions: dict[TimerKey, int | None] = {}
-    tombstones: dict[TimerKey, tuple[int, datetime]] = {}
-    outcomes: list[CommandOutcome] = []
-    for op in ops:
-        position: int | None = None
-        at = None
-        if isinstance(op, PositionedOperation):
-            position, at = op.position, require_utc(op.at, "at")
-            key = op.key
-            if key in seen and position < seen[key]:
-                outcomes.append(CommandOutcome.STALE)
-                continue
-            op = op.operation
-        if isinstance(op, TimerEntry):
-            if current[op.key] == TimerState.REACHED.value:
-                outcomes.append(CommandOutcome.IGNORED_REACHED)
-                continue
-            current[op.key] = _SCHEDULED
-            final[op.key] = op
-            if position is not None:
-                positions[op.key] = seen[op.key] = position
-            outcomes.append(CommandOutcome.SCHEDULED)
-            continue
-        key = TimerKey(*op)
-        if position is not None and at is not None:
-            seen[key] = position
-            tombstones[key] = (position, at)
-        if current[key] == _SCHEDULED:
-            current[key] = None
-            final[key] = None
-            positions.pop(key, None)
-            outcomes.append(CommandOutcome.CANCELLED)
-        else:
-            outcomes.append(CommandOutcome.CANCEL_NOOP)
-    inserts = [e for k, e in final.items() if e is not None and initial.get(k) is None]
-    updates = [e for k, e in final.items() if e is not None and initial.get(k) is not None]
-    deletes = [k for k, e in final.items() if e is None and initial.get(k) is not None]
-    if inserts:
-        inserted = conn.execute(_INSERT, _columns(inserts, positions)).all()
-        if len(inserted) != len(inserts):
+            stored[key] = attrs.evolve(stored.get(key, StoredKey()), tombstone=row.command_position)
+    replayed = replay(ops, stored)
+    if replayed.inserts:
+        inserted = conn.execute(_INSERT, _columns(replayed.inserts)).all()
+        if len(inserted) != len(replayed.inserts):
             raise _RacingInsert
-    if updates:
-        conn.execute(_RESCHEDULE, _columns(updates, positions))
-    if deletes:
-        conn.execute(_DELETE, _key_columns(deletes))
-    if tombstones:
-        marked = list(tombstones)
+    if replayed.updates:
+        conn.execute(_RESCHEDULE, _columns(replayed.updates))
+    if replayed.deletes:
+        conn.execute(_DELETE, _key_columns(replayed.deletes))
+    if tombstones := replayed.tombstones:
         conn.execute(
             _TOMBSTONE,
             {
-                **_key_columns(marked),
-                "positions": _int_array([tombstones[key][0] for key in marked]),
-                "cancelled_ats": _timestamp_array([tombstones[key][1] for key in marked]),
+                **_key_columns([tombstone.key for tombstone in tombstones]),
+                "positions": _int_array([tombstone.position for tombstone in tombstones]),
+                "cancelled_ats": _timestamp_array([tombstone.at for tombstone in tombstones]),
             },
         )
-    wake_at = wake_at_of(inserts + updates)
+    wake_at = wake_at_of([timer.entry for timer in replayed.inserts + replayed.updates])
     if wake_at is not None:
         # Delivered on commit only, so listeners never look for an uncommitted timer.
         conn.execute(_NOTIFY, {"channel": channel, "payload": notify_payload(wake_at, owner_id)})
-    return outcomes, wake_at
+    return replayed.outcomes, wake_at
 
 
 def _scheduled_as_batch() -> None:
@@ -957,18 +921,9 @@ class PostgresTimerStore(TimerStore):
         if not operations:
             return []
         ops = list(operations)
-        for op in ops:
-            inner = op.operation if isinstance(op, PositionedOperation) else op
-            if isinstance(inner, TimerEntry) and not inner.is_scheduled:
-                raise ValueError(f"only Scheduled timers can be scheduled, got {inner}")
-            if isinstance(op, PositionedOperation) and (
-                type(op.position) is not int or op.position < 0
-            ):
-                raise ValueError(f"a command position is a non-negative int, got {op.position!r}")
-        # New timers only (the usual batch): one autocommit statement. Should it find any
-        # already there, the general way runs, in a transaction of its own; a partial insert
-        # (another writer raced it for a key) is then already durable, as after an apply
-        # whose acknowledgement was lost, and is re-applied as the same schedule.
+        # New timers only (the usual batch): one autocommit statement, which inserts all of
+        # them or none. Should any key hold something, the general way runs, in a transaction
+        # of its own. Bad input raises in timer_core.replay, before anything is written.
         applied = await self._run(
             "apply timer commands",
             lambda conn: _insert_new(conn, ops, self._channel, self._owner_id, self._wake_at),
@@ -1138,40 +1093,34 @@ class PostgresTimerStore(TimerStore):
             return rows, again if complete and len(rows) >= limit else None
 
         async def take(active: list[str], rows: list[Any], again: list[str]) -> None:
-            """Claim shares of ``active``'s tenants into ``rows`` (up to ``limit``)."""
+            """Claim shares of ``active``'s tenants into ``rows`` (up to ``limit``), in the
+            rounds timer_core's FairShare plans."""
+            plan = FairShare(limit - len(rows), active)
             first = True
-            while len(rows) < limit and active:
-                # Longest waiting first: when fewer are left than tenants, the first get one;
-                # what does not divide evenly goes one each to the first ones.
-                left = limit - len(rows)
-                tenants = active[:left]
-                share, extra = divmod(left, len(tenants))
-                shares = [share + 1] * extra + [share] * (len(tenants) - extra)
+            while shares := plan.next_round():
+                tenants = [tenant for tenant, _ in shares]
                 starts = [cursors.get(tenant, (_BEFORE_ALL, "")) for tenant in tenants]
                 params = {
                     **base,
                     "tenants": _text_array(tenants),
                     "after_dues": _timestamp_array([start[0] for start in starts]),
                     "after_calls": _text_array([start[1] for start in starts]),
-                    "shares": _int_array(shares),
+                    "shares": _int_array([share for _, share in shares]),
                 }
                 claimed: dict[str, list[Any]] = {}
                 for row in await lane.fetch(action, _CLAIM_BY_TENANT_SQL, params):
                     claimed.setdefault(row.tenant_id, []).append(row)
-                more = []
-                for tenant, wanted in zip(tenants, shares, strict=True):
+                for tenant in tenants:
                     mine = sorted(
                         claimed.get(tenant, ()), key=lambda row: (row.due_at, row.service_call_id)
                     )
                     rows += mine
                     if mine:
                         cursors[tenant] = (mine[-1].due_at, mine[-1].service_call_id)
-                    if len(mine) == wanted:
-                        more.append(tenant)  # it may use what others leave of their share
+                more = plan.took({tenant: len(mine) for tenant, mine in claimed.items()})
                 if first:
                     again += more + active[len(tenants) :]
                 first = False
-                active = more
 
         rows, again = await claim()
         if again:

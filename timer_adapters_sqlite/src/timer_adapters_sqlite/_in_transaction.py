@@ -10,8 +10,7 @@ import sqlalchemy.exc
 import sqlalchemy.orm
 
 from timer_adapters_sqlite._errors import translate_error
-from timer_adapters_sqlite._rows import Op, as_ops
-from timer_adapters_sqlite._writes import write_ops
+from timer_adapters_sqlite._writes import Batch, batch_of, write_batches
 from timer_core import (
     CancelTimer,
     CommandOutcome,
@@ -49,7 +48,7 @@ def schedule_in_transaction(
     locked) when the write fails; the caller's transaction is then theirs to roll back.
     """
     entry = scheduled_entry(command, now, correlation_id=correlation_id)
-    (outcome,) = _write_in_transaction(connection, as_ops([entry]))
+    (outcome,) = _write_in_transaction(connection, batch_of([entry]))
     return outcome
 
 
@@ -60,12 +59,12 @@ def cancel_in_transaction(
     :func:`schedule_in_transaction`): ``CANCELLED`` once that commits, or ``CANCEL_NOOP``
     when the timer is unknown or already fired."""
     key = TimerKey(command.tenant_id, command.service_call_id)
-    (outcome,) = _write_in_transaction(connection, as_ops([key]))
+    (outcome,) = _write_in_transaction(connection, batch_of([key]))
     return outcome
 
 
 def _write_in_transaction(
-    connection: sa.Connection | sqlalchemy.orm.Session, ops: list[Op]
+    connection: sa.Connection | sqlalchemy.orm.Session, batch: Batch
 ) -> list[CommandOutcome]:
     if isinstance(connection, sqlalchemy.orm.Session):
         connection = connection.connection()
@@ -89,7 +88,7 @@ def _write_in_transaction(
             "(sqlalchemy.create_engine('sqlite:///...')) or open one with BEGIN first"
         )
     try:
-        return write_ops(_HostCursor(connection), ops)
+        return write_batches(_HostCursor(connection), [batch])
     except sqlalchemy.exc.DBAPIError as exc:
         error = translate_error(exc, where)
         if "no such table" in str(exc.orig):

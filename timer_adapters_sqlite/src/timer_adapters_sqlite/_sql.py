@@ -20,22 +20,6 @@ COLUMNS = (
     "traceparent, tracestate"
 )
 
-# ADR-0003 section 5: a Reached timer is never re-armed, so the update is guarded by state.
-# Command order (a PositionedOperation's position, the 6th value, NULL without one): a
-# schedule older than the key's tombstone is not inserted, one older than the stored
-# timer's position does not update it, and an unpositioned one keeps the stored position.
-_ORDERED_UPDATE = f"""
-ON CONFLICT (tenant_id, service_call_id) DO UPDATE SET
-    due_at = excluded.due_at,
-    correlation_id = excluded.correlation_id,
-    registered_at = excluded.registered_at,
-    traceparent = excluded.traceparent,
-    tracestate = excluded.tracestate,
-    command_position = coalesce(excluded.command_position, {TABLE}.command_position)
-WHERE {TABLE}.state = 'Scheduled'
-  AND (excluded.command_position IS NULL OR {TABLE}.command_position IS NULL
-       OR {TABLE}.command_position <= excluded.command_position)
-"""
 # Each write comes in two forms from one template: one row per execution, its values bound
 # to numbered parameters (for executemany), or every row of a batch at once, read from a JSON
 # array of arrays bound to the one parameter. executemany takes the GIL back between every two
@@ -70,19 +54,37 @@ def _json_rows(columns: Sequence[str], alias: str) -> tuple[dict[str, str], str]
     return {column: f"{alias}.{column}" for column in columns}, source
 
 
-def _upsert(value: Mapping[str, str], source: str = "", order: str = "") -> str:
+def _insert(value: Mapping[str, str], source: str = "", *, new_only: bool = False) -> str:
+    """Insert timers (what timer_core.replay decided); ``new_only``: the one-statement form
+    of a batch of new timers (timer_core.replay.new_timers), which skips a key that holds a
+    timer or a tombstone (its batch then goes the general way)."""
+    where = " WHERE true"  # an INSERT ... SELECT needs a WHERE before ON CONFLICT
+    if new_only:
+        where = f"""
+WHERE NOT EXISTS (
+    SELECT 1 FROM {TOMBSTONES} AS c
+    WHERE c.tenant_id = {value["tenant_id"]} AND c.service_call_id = {value["service_call_id"]})
+ON CONFLICT (tenant_id, service_call_id) DO NOTHING"""
     return f"""
 INSERT INTO {TABLE}
     (tenant_id, service_call_id, correlation_id, due_at, registered_at, state, command_position,
      traceparent, tracestate)
 SELECT {value["tenant_id"]}, {value["service_call_id"]}, {value["correlation_id"]},
        {value["due_at"]}, {value["registered_at"]}, 'Scheduled', {value["position"]},
-       {value["traceparent"]}, {value["tracestate"]}{source}
-WHERE {value["position"]} IS NULL OR NOT EXISTS (
-    SELECT 1 FROM {TOMBSTONES} AS c
-    WHERE c.tenant_id = {value["tenant_id"]} AND c.service_call_id = {value["service_call_id"]}
-      AND c.command_position > {value["position"]})
-{order}{_ORDERED_UPDATE}"""
+       {value["traceparent"]}, {value["tracestate"]}{source}{where}
+"""
+
+
+def _reschedule(value: Mapping[str, str], source: str = "") -> str:
+    """Reschedule ``Scheduled`` timers (timer_core.replay's updates), position included."""
+    return f"""
+UPDATE {TABLE}
+SET due_at = {value["due_at"]}, correlation_id = {value["correlation_id"]},
+    registered_at = {value["registered_at"]}, command_position = {value["position"]},
+    traceparent = {value["traceparent"]}, tracestate = {value["tracestate"]}{source}
+WHERE {TABLE}.tenant_id = {value["tenant_id"]}
+  AND {TABLE}.service_call_id = {value["service_call_id"]} AND {TABLE}.state = 'Scheduled'
+"""
 
 
 def _mark_reached(value: Mapping[str, str], source: str = "", index: str = "") -> str:
@@ -95,8 +97,12 @@ WHERE {TABLE}.tenant_id = {value["tenant_id"]}
 """
 
 
-UPSERT = _upsert(_parameters(_SCHEDULE_VALUES))
-UPSERT_JSON = _upsert(*_json_rows(_SCHEDULE_VALUES, "v"), order="ORDER BY key\n")
+INSERT_NEW = _insert(_parameters(_SCHEDULE_VALUES), new_only=True)
+INSERT_NEW_JSON = _insert(*_json_rows(_SCHEDULE_VALUES, "v"), new_only=True)
+INSERT = _insert(_parameters(_SCHEDULE_VALUES))
+INSERT_JSON = _insert(*_json_rows(_SCHEDULE_VALUES, "v"))
+RESCHEDULE = _reschedule(_parameters(_SCHEDULE_VALUES))
+RESCHEDULE_JSON = _reschedule(*_json_rows(_SCHEDULE_VALUES, "v"))
 MARK_REACHED = _mark_reached(_parameters(_MARK_VALUES))
 # INDEXED BY: the batch's keys are found through the partial index of Scheduled timers.
 MARK_REACHED_JSON = _mark_reached(
@@ -105,13 +111,14 @@ MARK_REACHED_JSON = _mark_reached(
 CANCEL = f"""
 DELETE FROM {TABLE} WHERE tenant_id = ? AND service_call_id = ? AND state = 'Scheduled'
 """
-# (state, position) of the key's timer and its tombstone's position; NULLs where absent.
+# What timer_core.replay reads of a key: (state, position) of its timer and its tombstone's
+# position; NULLs where absent.
 POSITIONS = f"""
 SELECT (SELECT state FROM {TABLE} WHERE tenant_id = ?1 AND service_call_id = ?2),
        (SELECT command_position FROM {TABLE} WHERE tenant_id = ?1 AND service_call_id = ?2),
        (SELECT command_position FROM {TOMBSTONES} WHERE tenant_id = ?1 AND service_call_id = ?2)
 """
-# The same three for a run of positioned cancels of distinct keys, as JSON arrays.
+# The same three for the distinct keys of a batch, as JSON arrays.
 POSITIONS_JSON = f"""
 SELECT s.state, s.command_position, c.command_position
 FROM json_each(?) AS j

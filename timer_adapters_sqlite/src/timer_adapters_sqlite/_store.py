@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 import sqlalchemy as sa
 
 from timer_adapters_sqlite._errors import translate_error
-from timer_adapters_sqlite._rows import as_ops, entry_from_row, read_timestamp, write_timestamp
+from timer_adapters_sqlite._rows import entry_from_row, read_timestamp, write_timestamp
 from timer_adapters_sqlite._schema import StoreMode, Synchronous, check_schema, create_sqlite_engine
 from timer_adapters_sqlite._sql import (
     COUNT_SCHEDULED,
@@ -42,6 +42,7 @@ from timer_adapters_sqlite._sql import (
     PURGE_TOMBSTONES,
 )
 from timer_adapters_sqlite._threads import ApplyJob, CallJob, OpenJob, Reader, Writer, driver_of
+from timer_adapters_sqlite._writes import batch_of
 from timer_core import (
     CommandOutcome,
     CorrelationId,
@@ -276,12 +277,12 @@ class SqliteTimerStore(TimerStore):
     # -- writes ----------------------------------------------------------------------------
 
     async def apply(self, operations: Sequence[TimerOperation]) -> list[CommandOutcome]:
-        ops = as_ops(operations)
-        if not ops:
+        if not operations:
             return []
+        batch = batch_of(operations)
         writer = self._running_writer()
         future: asyncio.Future[list[CommandOutcome]] = asyncio.get_running_loop().create_future()
-        writer.submit(ApplyJob(ops, future))
+        writer.submit(ApplyJob(batch, future))
         return await future
 
     async def mark_reached(self, entries: Sequence[TimerEntry]) -> int:

@@ -22,9 +22,8 @@ import attrs
 import sqlalchemy as sa
 
 from timer_adapters_sqlite._errors import translate_error
-from timer_adapters_sqlite._rows import Op
 from timer_adapters_sqlite._schema import StoreMode, migrate_connection
-from timer_adapters_sqlite._writes import write_ops
+from timer_adapters_sqlite._writes import Batch, write_batches
 from timer_core import CommandOutcome, StoreError, StoreUnavailable
 
 __all__ = ["ApplyJob", "CallJob", "OpenJob", "Reader", "Writer", "driver_of"]
@@ -36,7 +35,7 @@ log = logging.getLogger(__name__)
 class ApplyJob:
     """Operations of one ``apply`` call, group-committed with others queued with it."""
 
-    ops: list[Op]
+    batch: Batch
     future: asyncio.Future[Any]
 
 
@@ -331,9 +330,9 @@ class Writer(_ConnectionThread):
                 return jobs, incoming, True
             assert isinstance(item, ApplyJob | CallJob | OpenJob)
             if isinstance(item, ApplyJob):
-                if jobs and operations + len(item.ops) > self._max_ops:
+                if jobs and operations + len(item.batch) > self._max_ops:
                     return jobs, [item, *incoming], False
-                operations += len(item.ops)
+                operations += len(item.batch)
             jobs.append(item)
 
     def _run_jobs(self, jobs: list[_Job]) -> None:
@@ -441,9 +440,8 @@ class Writer(_ConnectionThread):
         if driver is None:
             closed = self._not_open()
             return [(job.future, None, closed) for job in group]
-        ops = [op for job in group for op in job.ops]
         try:
-            outcomes = self._apply_ops(driver, ops)
+            outcomes = self._apply_ops(driver, [job.batch for job in group])
         except Exception as exc:
             error = self._error(exc)
             if len(group) == 1 or isinstance(error, StoreUnavailable):
@@ -455,22 +453,22 @@ class Writer(_ConnectionThread):
         results: list[_Result] = []
         start = 0
         for job in group:
-            end = start + len(job.ops)
+            end = start + len(job.batch)
             results.append((job.future, outcomes[start:end], None))
             start = end
         return results
 
     def _apply_alone(self, driver: sqlite3.Connection, job: ApplyJob) -> _Result:
         try:
-            return job.future, self._apply_ops(driver, job.ops), None
+            return job.future, self._apply_ops(driver, [job.batch]), None
         except Exception as exc:
             return job.future, None, self._error(exc)
 
-    def _apply_ops(self, driver: sqlite3.Connection, ops: list[Op]) -> list[CommandOutcome]:
-        """Apply ``ops`` in order in one transaction of their own."""
+    def _apply_ops(self, driver: sqlite3.Connection, batches: list[Batch]) -> list[CommandOutcome]:
+        """Apply ``batches`` in order in one transaction of their own."""
         driver.execute("BEGIN IMMEDIATE")
         try:
-            outcomes = write_ops(driver.cursor(), ops)
+            outcomes = write_batches(driver.cursor(), batches)
             driver.execute("COMMIT")
         except BaseException:
             self._rollback(driver)

@@ -1,30 +1,46 @@
 """Timer operations written in an open transaction, with their outcomes: the one write path
-of the writer thread and of a host's own transactions."""
+of the writer thread and of a host's own transactions. What to write is timer_core.replay's
+to decide; this module reads what it needs and writes what it gets back."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any, Protocol, Self
 
-from timer_adapters_sqlite._rows import SCHEDULE_SIZE, Op
+import attrs
+
+from timer_adapters_sqlite._rows import Row, timer_rows, write_timestamp
 from timer_adapters_sqlite._sql import (
     CANCEL,
     CANCEL_JSON,
+    INSERT,
+    INSERT_JSON,
+    INSERT_NEW,
+    INSERT_NEW_JSON,
     JSON_STATEMENTS,
     POSITIONS,
     POSITIONS_JSON,
+    RESCHEDULE,
+    RESCHEDULE_JSON,
     TOMBSTONE,
     TOMBSTONE_JSON,
-    UPSERT,
-    UPSERT_JSON,
 )
-from timer_core import CommandOutcome, TimerState
+from timer_core import CommandOutcome, TimerKey, TimerOperation, TimerState
+from timer_core.replay import (
+    StoredKey,
+    new_timers,
+    operation_keys,
+    replay,
+)
 
-__all__ = ["Cursor", "write_ops"]
+__all__ = ["Batch", "Cursor", "batch_of", "write_batches"]
+
+_STATES = {state.value: state for state in TimerState}
 
 
 class Cursor(Protocol):
-    """What :func:`write_ops` needs of a cursor: a sqlite3 one, or a host's (see
+    """What :func:`write_batches` needs of a cursor: a sqlite3 one, or a host's (see
     :mod:`~timer_adapters_sqlite._in_transaction`). ``execute`` returns the cursor itself,
     so what is fetched from its result is checked against this protocol too."""
 
@@ -40,98 +56,90 @@ class Cursor(Protocol):
     def fetchall(self) -> list[Any]: ...
 
 
-def write_ops(cursor: Cursor, ops: list[Op]) -> list[CommandOutcome]:
-    """Run ``ops`` in order in the transaction open under ``cursor``; runs of schedules are one
-    statement. The writer's transactions and a host's own (see ``schedule_in_transaction``)
-    write timers through this one function."""
-    outcomes: list[CommandOutcome] = []
-    start, count = 0, len(ops)
-    while start < count:
-        size = len(ops[start])
-        end = start + 1
-        while end < count and len(ops[end]) == size:
-            end += 1
-        params = ops[start:end]
-        if size == SCHEDULE_SIZE:
-            outcomes += _schedule_run(cursor, params)
-        elif size == 2:
-            # Cancels run one by one: each needs its own row count for its outcome.
-            for key in params:
-                cursor.execute(CANCEL, key)
-                outcomes.append(
-                    CommandOutcome.CANCELLED if cursor.rowcount == 1 else CommandOutcome.CANCEL_NOOP
-                )
-        else:
-            outcomes += _positioned_cancel_run(cursor, params)
-        start = end
-    return outcomes
+@attrs.frozen(slots=True)
+class Batch:
+    """The operations of one ``apply``, checked; with the rows of their timers when they
+    only schedule, each key once (the one-statement insert may serve them)."""
+
+    operations: Sequence[TimerOperation]
+    new_rows: list[Row] | None
+
+    def __len__(self) -> int:
+        return len(self.operations)
 
 
-def _positioned_cancel_run(cursor: Cursor, params: list[Op]) -> list[CommandOutcome]:
-    """A run of positioned cancels: three statements for the run when its keys are distinct
-    (what the keys hold, the deletes, the tombstones), else one cancel after another."""
-    if not JSON_STATEMENTS or len({op[:2] for op in params}) < len(params):
-        return [_positioned_cancel(cursor, op) for op in params]
-    held = cursor.execute(POSITIONS_JSON, (json.dumps([op[:2] for op in params]),)).fetchall()
-    outcomes: list[CommandOutcome] = []
-    applied: list[Op] = []
-    for op, (state, stored, tombstone) in zip(params, held, strict=True):
-        position = op[2]
-        if (stored is not None and stored > position) or (
-            tombstone is not None and tombstone > position
-        ):
-            outcomes.append(CommandOutcome.STALE)
-            continue
-        applied.append(op)
-        outcomes.append(
-            CommandOutcome.CANCELLED
-            if state == TimerState.SCHEDULED
-            else CommandOutcome.CANCEL_NOOP
-        )
-    if applied:
-        cursor.execute(CANCEL_JSON, (json.dumps([op[:2] for op in applied]),))
-        cursor.execute(TOMBSTONE_JSON, (json.dumps(applied),))
-    return outcomes
+def batch_of(operations: Sequence[TimerOperation]) -> Batch:
+    """Check ``operations`` (``ValueError`` for bad ones) on the caller's thread, before they
+    are queued, and turn a batch of new timers into its rows there."""
+    timers = new_timers(operations)
+    if timers is None:
+        replay(operations, {})  # only to check them: a bad one must not reach the writer
+        return Batch(operations, None)
+    return Batch(operations, timer_rows(timers))
 
 
-def _positioned_cancel(cursor: Cursor, op: Op) -> CommandOutcome:
-    """A cancel at a command position: stale, or applied and remembered by a tombstone."""
-    tenant_id, service_call_id, position, _ = op
-    _, stored, tombstone = cursor.execute(POSITIONS, (tenant_id, service_call_id)).fetchone()
-    if (stored is not None and stored > position) or (
-        tombstone is not None and tombstone > position
-    ):
-        return CommandOutcome.STALE
-    cursor.execute(CANCEL, (tenant_id, service_call_id))
-    cancelled = cursor.rowcount == 1
-    cursor.execute(TOMBSTONE, op)
-    return CommandOutcome.CANCELLED if cancelled else CommandOutcome.CANCEL_NOOP
+def write_batches(cursor: Cursor, batches: Sequence[Batch]) -> list[CommandOutcome]:
+    """Apply ``batches`` in order in the transaction open under ``cursor``; their outcomes.
+
+    Batches that only schedule distinct keys go in as one insert when none of their keys
+    holds anything (the usual batch); otherwise what the keys hold is read and the writes
+    :func:`timer_core.replay.replay` decides are made, a statement for each kind.
+    """
+    rows = _new_rows(batches)
+    if rows:
+        _run(cursor, INSERT_NEW_JSON, INSERT_NEW, rows)
+        if cursor.rowcount == len(rows):
+            return [CommandOutcome.SCHEDULED] * len(rows)
+        # Some key held something: the rows just inserted are read back below as Scheduled
+        # timers of this transaction and rescheduled to the same values (SCHEDULED again).
+    operations = [operation for batch in batches for operation in batch.operations]
+    replayed = replay(operations, _stored(cursor, operation_keys(operations)))
+    if replayed.inserts:
+        _run(cursor, INSERT_JSON, INSERT, timer_rows(replayed.inserts))
+    if replayed.updates:
+        _run(cursor, RESCHEDULE_JSON, RESCHEDULE, timer_rows(replayed.updates))
+    if replayed.deletes:
+        _run(cursor, CANCEL_JSON, CANCEL, [tuple(key) for key in replayed.deletes])
+    if replayed.tombstones:
+        tombstones = [
+            (t.key.tenant_id, t.key.service_call_id, t.position, write_timestamp(t.at))
+            for t in replayed.tombstones
+        ]
+        _run(cursor, TOMBSTONE_JSON, TOMBSTONE, tombstones)
+    return replayed.outcomes
 
 
-def _schedule_run(cursor: Cursor, params: list[tuple[Any, ...]]) -> list[CommandOutcome]:
+def _new_rows(batches: Sequence[Batch]) -> list[Row] | None:
+    """The rows of the batches' timers if every batch only schedules new keys and no key is
+    in two of them (new_timers held within each), else None."""
+    if len(batches) == 1:
+        return batches[0].new_rows
+    rows: list[Row] = []
+    for batch in batches:
+        if batch.new_rows is None:
+            return None
+        rows += batch.new_rows
+    if len({row[:2] for row in rows}) < len(rows):
+        return None
+    return rows
+
+
+def _stored(cursor: Cursor, keys: list[TimerKey]) -> dict[TimerKey, StoredKey]:
+    """What the store holds for ``keys``, as timer_core.replay reads it."""
     if JSON_STATEMENTS:
-        cursor.execute(UPSERT_JSON, (json.dumps(params),))
+        held = cursor.execute(POSITIONS_JSON, (json.dumps(keys),)).fetchall()
     else:
-        cursor.executemany(UPSERT, params)
-    if cursor.rowcount == len(params):
-        return [CommandOutcome.SCHEDULED] * len(params)
-    # Some upserts hit a Reached timer or were older than the key's position. Within a run
-    # of upserts a Reached key stays Reached, every other key ends Scheduled (or absent,
-    # behind a newer tombstone) with the highest position applied to it, so what is stored
-    # now tells which. (One superseded by a newer one of the same run is reported stale
-    # too: it is older than one applied.)
-    outcomes = []
-    for row in params:
-        state, stored, tombstone = cursor.execute(POSITIONS, row[:2]).fetchone()
-        position = row[5]
-        if position is not None and (
-            state is None
-            or (stored is not None and stored > position)
-            or (tombstone is not None and tombstone > position)
-        ):
-            outcomes.append(CommandOutcome.STALE)
-        elif state == TimerState.REACHED:
-            outcomes.append(CommandOutcome.IGNORED_REACHED)
-        else:
-            outcomes.append(CommandOutcome.SCHEDULED)
-    return outcomes
+        held = [cursor.execute(POSITIONS, key).fetchone() for key in keys]
+    return {
+        key: StoredKey(None if state is None else _STATES[state], position, tombstone)
+        for key, (state, position, tombstone) in zip(keys, held, strict=True)
+        if state is not None or tombstone is not None
+    }
+
+
+def _run(cursor: Cursor, json_form: str, plain_form: str, rows: Sequence[Sequence[Any]]) -> None:
+    """One statement for ``rows`` where SQLite reads JSON, else one execution per row."""
+    if JSON_STATEMENTS:
+        cursor.execute(json_form, (json.dumps(rows),))
+    else:
+        cursor.executemany(plain_form, rows)

@@ -180,9 +180,17 @@ class TimerStore(AsyncResource, abc.ABC):
         the highest position applied to it so far (by a schedule, stored with the timer, or
         a cancel, kept as a tombstone even where there is no timer to delete); an operation
         with a lower position changes nothing (``STALE``). Otherwise it is applied as above
-        and its position becomes the key's (the same position again is the same command
-        redelivered, applied again). Operations without a position are always applied and
-        leave the key's position as it is.
+        and, if it changed the key, its position becomes the key's (the same position again
+        is the same command redelivered, applied again). Two cases decided: a positioned
+        schedule of a ``Reached`` timer changes nothing, its position included
+        (``IGNORED_REACHED``; a positioned cancel of one still leaves its tombstone); a cancel
+        without a position deletes a ``Scheduled`` timer together with the position stored
+        with it and leaves no tombstone (a tombstone already there stays). Other operations
+        without a position are always applied and leave the key's position as it is.
+
+        These rules are :func:`timer_core.replay.replay`'s: a store reads what it holds for
+        the batch's keys, hands it over with the batch, and writes what comes back, so it
+        decides no outcome itself.
         """
 
     async def schedule(self, entry: TimerEntry) -> CommandOutcome:
@@ -262,9 +270,11 @@ class TimerStore(AsyncResource, abc.ABC):
         """Record firings, all in one transaction; returns how many timers changed.
 
         Each entry is a timer in state ``Reached`` (as made by :meth:`TimerEntry.reach`). The
-        stored timer with its key is updated only while it is ``Scheduled`` with the same
-        ``due_at``: a timer rescheduled, cancelled or already marked since it was read is left
-        alone, so a second mark keeps the first ``reached_at``. A leasing store also leaves
+        stored timer with its key gets the entry's state and ``reached_at``, nothing else (its
+        own correlation id, ``registered_at`` and trace context stay), and only while it is
+        ``Scheduled`` with the same ``due_at``: a timer rescheduled, cancelled or already
+        marked since it was read is left alone, so a second mark keeps the first
+        ``reached_at``. A leasing store also leaves
         alone a timer that another claim took over since this store's :meth:`find_due`
         returned it (the fence: a slow instance never overwrites the new owner's work).
         """
@@ -317,7 +327,8 @@ class TimerStore(AsyncResource, abc.ABC):
 
         Retention: returns how many were deleted; ``Scheduled`` timers are never deleted.
         Cancel tombstones (see :meth:`apply`) written before ``reached_before`` are deleted
-        too, within the same ``limit`` and count.
+        too, oldest first, within the same ``limit`` and count: timers and tombstones
+        together never exceed ``limit``.
         """
 
     def watch_remote_schedules(self, callback: RemoteScheduleCallback | None) -> bool:

@@ -192,6 +192,23 @@ class TimerStoreContract:
         await store.mark_reached([due.reach(at(11))])
         assert await store.get(A, ServiceCallId("call-1")) == traced.reach(at(11))
 
+    async def test_mark_reached_keeps_the_stored_timer_not_the_callers_entry(
+        self, store: TimerStore
+    ) -> None:
+        """A mark changes the stored timer's state and reached_at only: its trace context,
+        correlation id and registered_at stay the stored ones, whatever the entry marked
+        with carries (a store must not keep the caller's entry)."""
+        traced = attrs.evolve(
+            entry("tenant-a", "call-1", 10, correlation="corr-1", registered=3),
+            trace_context=TraceContext(TRACEPARENT, "a=1"),
+        )
+        await store.schedule(traced)
+        bare = entry("tenant-a", "call-1", 10)  # same key and due time, nothing else
+        assert await store.mark_reached([bare.reach(at(11))]) == 1
+        assert await store.get(A, ServiceCallId("call-1")) == traced.reach(at(11))
+        (found,) = await store.list_for_tenant(A)
+        assert found.trace_context == TraceContext(TRACEPARENT, "a=1")
+
     # -- cancel ------------------------------------------------------------------------------
 
     async def test_cancel_removes_scheduled_timer(self, store: TimerStore) -> None:
@@ -867,6 +884,55 @@ class TimerStoreContract:
                 positioned(entry("tenant-a", "new", 10), 4),
             ]
         ) == [CommandOutcome.SCHEDULED, CommandOutcome.STALE]
+
+    async def test_purge_of_tombstones_keeps_to_its_limit(self, store: TimerStore) -> None:
+        """Tombstones are purged within ``limit`` too, oldest first, the rest left for the
+        next purge (still ordering their keys meanwhile)."""
+        await store.apply(
+            [positioned(cancel("tenant-a", f"k{i}"), 5, applied=i) for i in range(1, 4)]
+        )
+        assert await store.purge_reached(at(50), 2) == 2
+        assert await store.apply([positioned(entry("tenant-a", "k3", 10), 4)]) == [
+            CommandOutcome.STALE
+        ]
+        assert await store.purge_reached(at(50), 2) == 1
+        assert await store.purge_reached(at(50), 2) == 0
+
+    async def test_purge_shares_its_limit_between_timers_and_tombstones(
+        self, store: TimerStore
+    ) -> None:
+        """One limit for both: Reached timers and tombstones together never exceed it."""
+        timer = entry("tenant-a", "fired", 1)
+        await store.apply([timer, positioned(cancel("tenant-a", "gone"), 5, applied=1)])
+        await store.mark_reached([timer.reach(at(2))])
+        assert await store.purge_reached(at(50), 1) == 1
+        assert await store.purge_reached(at(50), 1) == 1
+        assert await store.purge_reached(at(50), 1) == 0
+
+    async def test_positioned_schedule_of_a_reached_timer_keeps_the_keys_position(
+        self, store: TimerStore
+    ) -> None:
+        """IGNORED_REACHED changes nothing, the key's position included: an older command
+        after it is IGNORED_REACHED again, not STALE (the port's decision)."""
+        timer = entry("tenant-a", "k", 1)
+        await store.apply([positioned(timer, 5)])
+        await store.mark_reached([timer.reach(at(2))])
+        assert await store.apply([positioned(entry("tenant-a", "k", 9), 10)]) == [
+            CommandOutcome.IGNORED_REACHED
+        ]
+        assert await store.apply([positioned(entry("tenant-a", "k", 9), 7)]) == [
+            CommandOutcome.IGNORED_REACHED
+        ]
+
+    async def test_plain_cancel_takes_the_timers_position_with_it(self, store: TimerStore) -> None:
+        """A cancel without a position deletes the timer and the position stored with it
+        (it leaves no tombstone): an older positioned schedule then stores a new timer."""
+        await store.apply([positioned(entry("tenant-a", "k", 10), 5)])
+        assert await store.cancel(A, ServiceCallId("k")) is CommandOutcome.CANCELLED
+        assert await store.apply([positioned(entry("tenant-a", "k", 20), 3)]) == [
+            CommandOutcome.SCHEDULED
+        ]
+        assert await store.get(A, ServiceCallId("k")) == entry("tenant-a", "k", 20)
 
     # -- concurrency and durability ----------------------------------------------------------
 

@@ -23,12 +23,11 @@ from timer_core import (
     TimerEntry,
     TimerKey,
     TimerOperation,
-    TimerState,
     TimerStore,
     require_utc,
 )
 from timer_core.fair_share import FairShare, longest_waiting_first
-from timer_core.replay import StoredKey, operation_keys, replay
+from timer_core.replay import StoredKey, marked, operation_keys, replay
 
 __all__ = ["MemoryTimerStore"]
 
@@ -345,17 +344,11 @@ class MemoryTimerStore(TimerStore):
             storage = self._check("mark_reached")
             changed = 0
             for entry in entries:
-                current = storage.timers.get(entry.key)
                 token = self._claims.pop(entry.key, None)
-                # The guard: a timer rescheduled, cancelled or marked since it was read is
-                # left alone, so a late mark never loses a newer due time.
-                if current is None or not current.is_scheduled or current.due_at != entry.due_at:
+                reached = marked(storage.timers.get(entry.key), entry)
+                if reached is None or self._fenced(storage, entry.key, token):
                     continue
-                if self._fenced(storage, entry.key, token):
-                    continue
-                storage.put(
-                    attrs.evolve(current, state=TimerState.REACHED, reached_at=entry.reached_at)
-                )
+                storage.put(reached)
                 storage.drop_lease(entry.key)
                 changed += 1
             return changed

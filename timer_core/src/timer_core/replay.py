@@ -23,6 +23,7 @@ __all__ = [
     "StoredKey",
     "StoredTimer",
     "Tombstone",
+    "marked",
     "new_timers",
     "new_timers_scheduled",
     "operation_keys",
@@ -208,3 +209,15 @@ def operation_keys(operations: Sequence[TimerOperation]) -> list[TimerKey]:
 def new_timers_scheduled(timers: Sequence[StoredTimer]) -> list[CommandOutcome]:
     """The outcomes of a batch :func:`new_timers` gave, once its timers are all inserted."""
     return [CommandOutcome.SCHEDULED] * len(timers)
+
+
+def marked(stored: TimerEntry | None, reached: TimerEntry) -> TimerEntry | None:
+    """The timer a store keeps after marking ``reached`` (a ``Reached`` entry) over
+    ``stored``, or None when the mark leaves it alone (see :meth:`TimerStore.mark_reached
+    <timer_core.ports.TimerStore.mark_reached>`): only a timer still ``Scheduled`` at the due
+    time that was read is marked, and only its state and ``reached_at`` change."""
+    if reached.reached_at is None:
+        raise ValueError(f"mark_reached needs Reached entries, got {reached}")
+    if stored is None or not stored.is_scheduled or stored.due_at != reached.due_at:
+        return None
+    return stored.reach(reached.reached_at)

@@ -10,7 +10,7 @@ import psycopg
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from timer_adapters_postgres._store import _int_array, _text_array, _timestamp_array
+from timer_adapters_postgres._rows import int_array, text_array, timestamp_array
 
 # PostgreSQL's text cannot hold NUL; anything else can be in a tracestate or an id.
 TEXT = st.text(st.characters(blacklist_characters="\x00", blacklist_categories=("Cs",)))
@@ -27,10 +27,10 @@ class TestTextArrays:
         self, postgres_sql: psycopg.Connection[Any]
     ) -> None:
         values = ["tenant-a", "", "NULL", None, 'say "hi"', "back\\slash", "a,b", "{x}", " sp "]
-        assert read_back(postgres_sql, _text_array(values), "text") == values
+        assert read_back(postgres_sql, text_array(values), "text") == values
 
     def test_empty(self, postgres_sql: psycopg.Connection[Any]) -> None:
-        assert read_back(postgres_sql, _text_array([]), "text") == []
+        assert read_back(postgres_sql, text_array([]), "text") == []
 
     # The connection only reads: nothing of one example is left for the next.
     @settings(
@@ -40,7 +40,7 @@ class TestTextArrays:
     def test_any_text(
         self, postgres_sql: psycopg.Connection[Any], values: list[str | None]
     ) -> None:
-        assert read_back(postgres_sql, _text_array(values), "text") == values
+        assert read_back(postgres_sql, text_array(values), "text") == values
 
 
 class TestOtherArrays:
@@ -54,10 +54,10 @@ class TestOtherArrays:
             datetime(1, 1, 1, tzinfo=UTC),
             base.astimezone(timezone(timedelta(hours=-5, minutes=-30))),
         ]
-        assert read_back(postgres_sql, _timestamp_array(values), "timestamptz") == values
-        assert read_back(postgres_sql, _timestamp_array([]), "timestamptz") == []
+        assert read_back(postgres_sql, timestamp_array(values), "timestamptz") == values
+        assert read_back(postgres_sql, timestamp_array([]), "timestamptz") == []
 
     def test_integers_and_nulls(self, postgres_sql: psycopg.Connection[Any]) -> None:
         values = [0, -1, None, 2**63 - 1, 7]
-        assert read_back(postgres_sql, _int_array(values), "bigint") == values
-        assert read_back(postgres_sql, _int_array([]), "bigint") == []
+        assert read_back(postgres_sql, int_array(values), "bigint") == values
+        assert read_back(postgres_sql, int_array([]), "bigint") == []

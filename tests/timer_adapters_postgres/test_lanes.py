@@ -13,7 +13,7 @@ import pytest
 import sqlalchemy as sa
 
 from tests.pg import wait_until_blocked
-from timer_adapters_postgres import PostgresTimerStore, _store
+from timer_adapters_postgres import PostgresTimerStore, _sql
 from timer_adapters_postgres._lanes import pyformat
 from timer_core import StoreUnavailable, TimerEntry
 
@@ -169,7 +169,7 @@ class TestClaimsStayOnTheirPage:
         params = {"owner": "owner-with-a-name-as-long-as-the-default-ones", "now": NOW}
         params.update(lease=timedelta(seconds=30), limit=100)
         with postgres_sql.transaction():
-            claimed = postgres_sql.execute(_store._CLAIM_FIRST_SQL, params).fetchall()
+            claimed = postgres_sql.execute(_sql.CLAIM_FIRST_SQL, params).fetchall()
             row = postgres_sql.execute(
                 "SELECT pg_stat_get_xact_tuples_updated(c.oid),"
                 " pg_stat_get_xact_tuples_hot_updated(c.oid)"

@@ -13,7 +13,7 @@ import psycopg
 
 from tests.pg import wait_until_blocked
 from timer_adapters_memory import MemoryEventBus
-from timer_adapters_postgres import PostgresTimerStore, _lanes, _store
+from timer_adapters_postgres import PostgresTimerStore, _lanes, _tenants
 from timer_core import (
     CommandOutcome,
     DueCursor,
@@ -203,9 +203,9 @@ class TestTenantsOfAClaim:
         self, make_started_store: MakeStore, monkeypatch: Any
     ) -> None:
         """Tenants a and b fill their shares; c's timers, stored after the first claim, are
-        claimed once the reused list is older than _TENANTS_REUSED_S, not before."""
+        claimed once the reused list is older than TENANTS_REUSED_S, not before."""
         clock = [1000.0]
-        monkeypatch.setattr(_store, "monotonic", lambda: clock[0])
+        monkeypatch.setattr(_tenants, "monotonic", lambda: clock[0])
         store = await make_started_store()
         await store.apply(
             [timer(f"call-{t}{i}", -60 + i, f"tenant-{t}") for t in "ab" for i in range(10)]
@@ -221,9 +221,9 @@ class TestTenantsOfAClaim:
 
         assert await claim() == {"tenant-a", "tenant-b"}
         await store.apply([timer(f"call-c{i}", -120 + i, "tenant-c") for i in range(10)])
-        clock[0] += _store._TENANTS_REUSED_S / 2
+        clock[0] += _tenants.TENANTS_REUSED_S / 2
         assert await claim() == {"tenant-a", "tenant-b"}  # the list of the first claim
-        clock[0] += _store._TENANTS_REUSED_S
+        clock[0] += _tenants.TENANTS_REUSED_S
         assert await claim() == {"tenant-a", "tenant-b", "tenant-c"}
 
     async def test_an_uneven_split_is_one_statement(self, make_started_store: MakeStore) -> None:
@@ -251,7 +251,7 @@ class TestTenantsOfAClaim:
     ) -> None:
         """With as many tenants due as the claim's limit, others may wait beyond the list:
         every claim asks again (longest waiting first), whatever the clock."""
-        monkeypatch.setattr(_store, "monotonic", lambda: 1000.0)
+        monkeypatch.setattr(_tenants, "monotonic", lambda: 1000.0)
         store = await make_started_store()
         await store.apply(
             [timer(f"call-{t}{i}", -60 + i, f"tenant-{t}") for t in "ab" for i in range(10)]

@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from timer_adapters_postgres import PostgresTimerStore, _listener, _store
+from timer_adapters_postgres import PostgresTimerStore, _listener, _peers
 from timer_core import TimerEntry
 
 MakeStore = Callable[..., Awaitable[PostgresTimerStore]]
@@ -35,12 +35,12 @@ async def hear_each_other(*stores: PostgresTimerStore) -> None:
         for store in stores:
             others = {other.owner_id for other in stores if other is not store}
             assert store.listener is not None
-            while not others <= set(store.listener.peers(_store._PEER_GONE_S)):
+            while not others <= set(store.listener.peers(_peers.PEER_GONE_S)):
                 await asyncio.sleep(0.05)
 
 
 def owned_by(owner: str, owners: tuple[str, ...]) -> set[str]:
-    return {tenant for tenant in TENANTS if _store._assigned(tenant, owners) == owner}
+    return {tenant for tenant in TENANTS if _peers.assigned(tenant, owners) == owner}
 
 
 class TestTenantsSharedOut:
@@ -57,7 +57,7 @@ class TestTenantsSharedOut:
         owners = ("instance-a", "instance-b")
         mine, theirs = owned_by("instance-a", owners), owned_by("instance-b", owners)
         assert mine and theirs  # 12 tenants over two instances: each owns some
-        with caplog.at_level(logging.INFO, logger=_store.__name__):
+        with caplog.at_level(logging.INFO, logger=_peers.__name__):
             claimed_a = await a.find_due_by_tenant(NOW, 2 * len(mine), after={})
         assert "instance-a shares the tenants with instance-b" in caplog.messages
         claimed_b = await b.find_due_by_tenant(NOW, 2 * len(theirs), after={})
@@ -90,7 +90,7 @@ class TestTenantsSharedOut:
         mine, theirs = owned_by("instance-a", owners), owned_by("instance-b", owners)
         lagging = set(sorted(theirs)[: len(theirs) // 2])
         slightly = theirs - lagging
-        behind = _store._HELP_BEHIND.total_seconds()
+        behind = _peers.HELP_BEHIND.total_seconds()
         await a.apply(
             [due(tenant, n) for tenant in mine for n in range(5)]
             + [due(tenant, n, earlier_s=behind * 30) for tenant in lagging for n in range(5)]
@@ -105,16 +105,16 @@ class TestTenantsSharedOut:
         monkeypatch: pytest.MonkeyPatch,
         caplog: pytest.LogCaptureFixture,
     ) -> None:
-        """Once the other instance has been quiet for _PEER_GONE_S, its tenants are shared
+        """Once the other instance has been quiet for PEER_GONE_S, its tenants are shared
         among those still heard, here all claimed by the one left, and the log says so."""
         a = await make_started_store(owner_id="instance-a")
         b = await make_started_store(owner_id="instance-b")
         await a.apply([due(tenant, n) for tenant in TENANTS for n in range(5)])
         await hear_each_other(a, b)
         await b.aclose()
-        later = _listener.monotonic() + _store._PEER_GONE_S + 1
+        later = _listener.monotonic() + _peers.PEER_GONE_S + 1
         monkeypatch.setattr(_listener, "monotonic", lambda: later)
-        with caplog.at_level(logging.INFO, logger=_store.__name__):
+        with caplog.at_level(logging.INFO, logger=_peers.__name__):
             claimed = await a.find_due_by_tenant(NOW, 2 * len(TENANTS), after={})
         assert {entry.tenant_id for entry in claimed} == set(TENANTS)
         assert "instance-a shares the tenants with no other instance" in caplog.messages

@@ -24,16 +24,16 @@ import sqlalchemy as sa
 
 from tests.timer_adapters_postgres.conftest import PostgresCluster
 from timer_adapters_postgres import PostgresTimerStore, migrate
-from timer_adapters_postgres._store import (
-    _CLAIM_AFTER,
-    _CLAIM_BY_TENANT,
-    _CLAIM_FIRST,
-    _CLAIM_PLANNING,
-    _DUE_TENANTS,
-    _MARK,
-    _NEXT_DUE,
-    _PURGE,
-    _RELEASE,
+from timer_adapters_postgres._sql import (
+    CLAIM_AFTER,
+    CLAIM_BY_TENANT,
+    CLAIM_FIRST,
+    CLAIM_PLANNING,
+    DUE_TENANTS,
+    MARK,
+    NEXT_DUE,
+    PURGE,
+    RELEASE,
 )
 from timer_core import DueCursor
 
@@ -161,7 +161,7 @@ class TestClaimPlan:
         self, storm: sa.Engine, limit: int, generic: bool
     ) -> None:
         """The claim locks LIMIT rows read in order from ix_timer_schedules_due; nothing sorts."""
-        document = explain_and_undo(storm, _CLAIM_FIRST, claim_params(limit=limit), generic=generic)
+        document = explain_and_undo(storm, CLAIM_FIRST, claim_params(limit=limit), generic=generic)
         plan = list(nodes(document["Plan"]))
         no_full_scan(plan)
         (walk,) = [n for n in plan if n.get("Index Name") == "ix_timer_schedules_due"]
@@ -182,12 +182,12 @@ class TestClaimPlan:
         the claim is still the walk (by default, PostgreSQL read all 20,000 due timers by a
         bitmap scan and sorted them for each claim of 100)."""
         with unanalysed_storm.connect() as conn, conn.begin() as transaction:
-            for name, value in _CLAIM_PLANNING:
+            for name, value in CLAIM_PLANNING:
                 conn.execute(sa.text(f"SET LOCAL {name} = {value}"))
             if plan == "repeated":
-                document = explain_as_repeated(conn, _CLAIM_FIRST, claim_params(), undo=True)
+                document = explain_as_repeated(conn, CLAIM_FIRST, claim_params(), undo=True)
             else:
-                document = explain(conn, _CLAIM_FIRST, claim_params(), generic=plan == "generic")
+                document = explain(conn, CLAIM_FIRST, claim_params(), generic=plan == "generic")
             transaction.rollback()
         found = list(nodes(document["Plan"]))
         no_full_scan(found)
@@ -205,7 +205,7 @@ class TestClaimPlan:
         }
         for generic in (False, True):
             plan = list(
-                nodes(explain_and_undo(storm, _CLAIM_AFTER, params, generic=generic)["Plan"])
+                nodes(explain_and_undo(storm, CLAIM_AFTER, params, generic=generic)["Plan"])
             )
             no_full_scan(plan)
             (walk,) = [n for n in plan if n.get("Index Name") == "ix_timer_schedules_due"]
@@ -215,8 +215,8 @@ class TestClaimPlan:
     async def test_claims_past_leased_rows_still_walk_the_index(self, storm: sa.Engine) -> None:
         """With the head of the backlog leased by another instance, the walk skips it in order."""
         with storm.connect() as conn, conn.begin() as transaction:
-            assert len(conn.execute(_CLAIM_FIRST, claim_params("other", 1000)).all()) == 1000
-            document = explain(conn, _CLAIM_FIRST, claim_params())
+            assert len(conn.execute(CLAIM_FIRST, claim_params("other", 1000)).all()) == 1000
+            document = explain(conn, CLAIM_FIRST, claim_params())
             transaction.rollback()
         plan = list(nodes(document["Plan"]))
         no_full_scan(plan)
@@ -229,7 +229,7 @@ class TestClaimPlan:
         self, storm: sa.Engine, generic: bool
     ) -> None:
         """next_due_at is a min() over the partial due index, not a scan of the backlog."""
-        document = explain_and_undo(storm, _NEXT_DUE, {"owner": "explain"}, generic=generic)
+        document = explain_and_undo(storm, NEXT_DUE, {"owner": "explain"}, generic=generic)
         plan = list(nodes(document["Plan"]))
         no_full_scan(plan)
         (walk,) = [n for n in plan if n.get("Index Name") == "ix_timer_schedules_due"]
@@ -239,7 +239,7 @@ class TestClaimPlan:
         """Retention deletes a batch of old Reached timers found through their own index."""
         params = {"before": NOW + timedelta(seconds=1), "limit": 500}
         for generic in (False, True):
-            plan = list(nodes(explain_and_undo(storm, _PURGE, params, generic=generic)["Plan"]))
+            plan = list(nodes(explain_and_undo(storm, PURGE, params, generic=generic)["Plan"]))
             no_full_scan(plan)
             (walk,) = [n for n in plan if n.get("Index Name") == "ix_timer_schedules_reached"]
             assert walk["Actual Rows"] == 500
@@ -365,14 +365,14 @@ class TestTenantClaimPlan:
         }
         with storm.connect() as conn, conn.begin() as transaction:
             # As on the store's claiming connections: planned without sorts and bitmap scans.
-            for name, value in _CLAIM_PLANNING:
+            for name, value in CLAIM_PLANNING:
                 conn.execute(sa.text(f"SET LOCAL {name} = {value}"))
-            due = conn.execute(_DUE_TENANTS, {"now": NOW, "limit": 100}).all()
+            due = conn.execute(DUE_TENANTS, {"now": NOW, "limit": 100}).all()
             assert len(due) == len(tenants)
             if plan == "repeated":
-                document = explain_as_repeated(conn, _CLAIM_BY_TENANT, params)
+                document = explain_as_repeated(conn, CLAIM_BY_TENANT, params)
             else:
-                document = explain(conn, _CLAIM_BY_TENANT, params, generic=plan == "generic")
+                document = explain(conn, CLAIM_BY_TENANT, params, generic=plan == "generic")
             transaction.rollback()
         found = list(nodes(document["Plan"]))
         kinds = {node["Node Type"] for node in found}
@@ -406,7 +406,7 @@ class TestMarkPlan:
             "stale_storm" if statistics == "stale" else "unanalysed_storm"
         )
         with storm.connect() as conn, conn.begin() as transaction:
-            rows = conn.execute(_CLAIM_FIRST, claim_params()).all()
+            rows = conn.execute(CLAIM_FIRST, claim_params()).all()
             assert len(rows) == LIMIT
             params: dict[str, Any] = {
                 "owner": "explain",
@@ -416,7 +416,7 @@ class TestMarkPlan:
             if statement == "mark":
                 params.update(reached_at=NOW, due_ats=[row.due_at for row in rows])
             params["tokens"] = [row.lease_token for row in rows]
-            chosen = _MARK if statement == "mark" else _RELEASE
+            chosen = MARK if statement == "mark" else RELEASE
             if plan == "repeated":
                 # Each run undoes the one before under a savepoint: all ten update 100 rows.
                 document = explain_as_repeated(conn, chosen, params, undo=True)

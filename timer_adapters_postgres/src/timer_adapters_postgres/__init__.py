@@ -16,11 +16,8 @@ from timer_adapters_postgres._schema import (
     timer_schedules,
     timer_tombstones,
 )
-from timer_adapters_postgres._store import (
-    PostgresTimerStore,
-    cancel_in_transaction,
-    schedule_in_transaction,
-)
+from timer_adapters_postgres._store import PostgresTimerStore
+from timer_adapters_postgres._writes import cancel_in_transaction, schedule_in_transaction
 
 __all__ = [
     "MIGRATIONS",

@@ -1,0 +1,398 @@
+"""The SQL the PostgreSQL store runs, each statement beside the planner notes that shaped it.
+
+Statements the lanes run (claims, marks) also come in psycopg's parameter style (``..._SQL``);
+the rest are SQLAlchemy ``text()``. The query-plan tests read them here.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+
+from timer_adapters_postgres._lanes import pyformat
+from timer_adapters_postgres._schema import timer_schedules as t
+
+RETURNING = (
+    "tenant_id, service_call_id, correlation_id, due_at, registered_at, state, reached_at, "
+    "traceparent, tracestate"
+)
+
+# Claiming: the LIMIT sits inside the locking subquery, which walks ix_timer_schedules_due in
+# order, skips rows another transaction holds, and stops after :limit rows (no sort, no scan
+# of the whole backlog). A row whose lease ran out, or that this owner holds, is claimable
+# again; every claim bumps lease_token, which fences marks by an earlier claim. The outer
+# UPDATE finds the locked rows by ctid (a TID scan): matched by key instead, as
+# "(tenant_id, service_call_id) IN (...)", PostgreSQL turns it into a hash semi-join over a
+# sequential scan of the whole table for batches of ~1000 and for every generic plan (which
+# psycopg's automatic prepared statements lead to). The ctids cannot move meanwhile: this
+# statement holds the row locks.
+# A claim of the rows its subquery locks: leased to this owner, their token bumped.
+CLAIM_ROWS = """
+UPDATE timer_schedules
+SET lease_owner = :owner,
+    lease_until = now() + CAST(:lease AS interval),
+    lease_token = lease_token + 1
+WHERE ctid = ANY(ARRAY({locked}))
+RETURNING {{returning}}, lease_token
+"""
+CLAIM = CLAIM_ROWS.format(
+    locked="""
+    SELECT ctid
+    FROM timer_schedules
+    WHERE state = 'Scheduled'
+      AND due_at <= :now
+      AND (lease_until IS NULL OR lease_until < now() OR lease_owner = :owner)
+      {after}
+    ORDER BY {order}
+    LIMIT :limit
+    FOR UPDATE SKIP LOCKED
+"""
+)
+DUE_ORDER = "due_at, tenant_id, service_call_id"
+CLAIM_FIRST = sa.text(CLAIM.format(after="", order=DUE_ORDER, returning=RETURNING))
+CLAIM_AFTER = sa.text(
+    CLAIM.format(
+        after="AND (due_at, tenant_id, service_call_id) > (:after_due, :after_tenant, :after_call)",
+        order=DUE_ORDER,
+        returning=RETURNING,
+    )
+)
+
+# Claims (find_due and find_due_by_tenant) run on a connection of their own (a lane: see
+# ._lanes), planned without sorts and bitmap scans (session settings given when it
+# connects; nothing else runs on it): their plans must be walks of an index in its order.
+# Statistics that call nothing due (taken while a storm was far off, the usual case) make
+# PostgreSQL sort each tenant's share out of all its due rows, read by a bitmap scan or the
+# primary key (0.5 ms and 180 rows per tenant of a claim, 8,800 buffers for 100 timers at
+# 20,000 due, in bench/scale_out.py), where the walk of ix_timer_schedules_tenant_due in
+# its order stops after the share. (Set per transaction instead, the claim took a
+# transaction of four round trips: BEGIN, the settings with the tenants, the claim, COMMIT.)
+# And without JIT: a plan that must sort anyway (the tenants' list) is costed at 10^10 with
+# sorts off, far past jit_above_cost, and compiling it took 60 ms a claim.
+CLAIM_PLANNING = (
+    ("enable_sort", "off"),
+    ("enable_bitmapscan", "off"),
+    ("enable_incremental_sort", "off"),
+    ("jit", "off"),
+)
+# find_due_by_tenant: the tenants with pending timers and their earliest due time, one index
+# seek per tenant (a loose scan of ix_timer_schedules_tenant_due), longest waiting first ...
+DUE_TENANTS = sa.text(
+    """
+WITH RECURSIVE pending AS (
+    (SELECT tenant_id, due_at FROM timer_schedules
+     WHERE state = 'Scheduled'
+     ORDER BY tenant_id, due_at, service_call_id LIMIT 1)
+  UNION ALL
+    SELECT n.tenant_id, n.due_at FROM pending AS p CROSS JOIN LATERAL (
+        SELECT tenant_id, due_at FROM timer_schedules
+        WHERE state = 'Scheduled' AND tenant_id > p.tenant_id
+        ORDER BY tenant_id, due_at, service_call_id LIMIT 1
+    ) AS n
+)
+SELECT tenant_id, due_at FROM pending
+WHERE due_at <= :now ORDER BY due_at, tenant_id LIMIT :limit
+"""
+)
+# ... then every tenant's share in one statement (one round trip, one commit, not one per
+# tenant): each tenant's rows claimed like CLAIM, in its own order after its cursor. Written
+# so that only ix_timer_schedules_tenant_due can serve it, whatever the statistics say: the
+# tenant is bounded by row comparisons (no plain "tenant_id = ...", which pkey and the
+# correlation index serve as well), the order names the tenant, and the connections plan
+# without sorts and bitmap scans. Before, with "due_at <= :now", statistics taken while the
+# storm was far off (or none yet) had each tenant's LIMIT walk ix_timer_schedules_due across
+# every tenant's due timers, or sort the tenant's rows: 6-7 ms (at 10,000 due) and 11-35 ms
+# (at 20,000) a claim of 100, against 1-2 ms. Each tenant's share is its own (a limit that
+# does not divide evenly among the tenants is not left to a second statement); with sorts
+# allowed, that made the generic plan assume a tenth of each tenant's rows and sort them.
+CLAIM_OF_TENANTS = CLAIM_ROWS.format(
+    locked="""
+    SELECT c.ctid
+    FROM unnest(
+        CAST(:tenants AS text[]), CAST(:after_dues AS timestamptz[]),
+        CAST(:after_calls AS text[]), CAST(:shares AS int[]))
+        AS k(tenant_id, after_due, after_call, share)
+    CROSS JOIN LATERAL (
+        SELECT ctid
+        FROM timer_schedules
+        WHERE state = 'Scheduled'
+          AND (tenant_id, due_at, service_call_id) > (k.tenant_id, k.after_due, k.after_call)
+          AND (tenant_id, due_at) <= (k.tenant_id, CAST(:now AS timestamptz))
+          AND (lease_until IS NULL OR lease_until < now() OR lease_owner = :owner)
+        ORDER BY tenant_id, due_at, service_call_id
+        LIMIT k.share
+        FOR UPDATE SKIP LOCKED
+    ) AS c
+"""
+)
+CLAIM_BY_TENANT = sa.text(CLAIM_OF_TENANTS.format(returning=RETURNING))
+
+
+# The statements the lanes run, in psycopg's parameter style.
+CLAIM_FIRST_SQL = pyformat(CLAIM_FIRST)
+CLAIM_AFTER_SQL = pyformat(CLAIM_AFTER)
+DUE_TENANTS_SQL = pyformat(DUE_TENANTS)
+CLAIM_BY_TENANT_SQL = pyformat(CLAIM_BY_TENANT)
+
+LOCK_KEYS = sa.text(
+    """
+SELECT s.tenant_id, s.service_call_id, s.state, s.command_position
+FROM timer_schedules AS s
+JOIN unnest(CAST(:tenant_ids AS text[]), CAST(:service_call_ids AS text[]))
+    AS k(tenant_id, service_call_id)
+  ON s.tenant_id = k.tenant_id AND s.service_call_id = k.service_call_id
+ORDER BY s.tenant_id, s.service_call_id
+FOR UPDATE OF s
+"""
+)
+# Only for batches with positioned operations: the keys' tombstones (their positions).
+LOCK_TOMBSTONES = sa.text(
+    """
+SELECT c.tenant_id, c.service_call_id, c.command_position
+FROM timer_tombstones AS c
+JOIN unnest(CAST(:tenant_ids AS text[]), CAST(:service_call_ids AS text[]))
+    AS k(tenant_id, service_call_id)
+  ON c.tenant_id = k.tenant_id AND c.service_call_id = k.service_call_id
+ORDER BY c.tenant_id, c.service_call_id
+FOR UPDATE OF c
+"""
+)
+# The arrays a batch of timers is bound as, and the row they make: written once for the
+# insert, the reschedule and the one-statement insert of new timers.
+TIMER_ARRAYS = """
+    CAST(:tenant_ids AS text[]), CAST(:service_call_ids AS text[]),
+    CAST(:correlation_ids AS text[]), CAST(:due_ats AS timestamptz[]),
+    CAST(:registered_ats AS timestamptz[]), CAST(:positions AS bigint[]),
+    CAST(:traceparents AS text[]), CAST(:tracestates AS text[])"""
+TIMER_COLUMNS = """v(tenant_id, service_call_id, correlation_id, due_at, registered_at, position,
+         traceparent, tracestate)"""
+INSERT = sa.text(
+    f"""
+INSERT INTO timer_schedules
+    (tenant_id, service_call_id, correlation_id, due_at, registered_at, command_position,
+     traceparent, tracestate)
+SELECT * FROM unnest({TIMER_ARRAYS})
+ON CONFLICT (tenant_id, service_call_id) DO NOTHING
+RETURNING tenant_id
+"""
+)
+# Rescheduling drops any lease: the old claim was for the old due time. The position is the
+# one timer_core.replay decided (an unpositioned reschedule's is the stored one).
+RESCHEDULE = sa.text(
+    f"""
+UPDATE timer_schedules AS s
+SET due_at = v.due_at, registered_at = v.registered_at, correlation_id = v.correlation_id,
+    command_position = v.position,
+    traceparent = v.traceparent, tracestate = v.tracestate,
+    lease_owner = NULL, lease_until = NULL
+FROM unnest({TIMER_ARRAYS})
+    AS {TIMER_COLUMNS}
+WHERE s.tenant_id = v.tenant_id AND s.service_call_id = v.service_call_id
+"""
+)
+TOMBSTONE = sa.text(
+    """
+INSERT INTO timer_tombstones AS c (tenant_id, service_call_id, command_position, cancelled_at)
+SELECT * FROM unnest(
+    CAST(:tenant_ids AS text[]), CAST(:service_call_ids AS text[]),
+    CAST(:positions AS bigint[]), CAST(:cancelled_ats AS timestamptz[]))
+ON CONFLICT (tenant_id, service_call_id) DO UPDATE SET
+    command_position = greatest(c.command_position, excluded.command_position),
+    cancelled_at = excluded.cancelled_at
+"""
+)
+DELETE = sa.text(
+    """
+DELETE FROM timer_schedules AS s
+USING unnest(CAST(:tenant_ids AS text[]), CAST(:service_call_ids AS text[]))
+    AS v(tenant_id, service_call_id)
+WHERE s.tenant_id = v.tenant_id AND s.service_call_id = v.service_call_id
+  AND s.state = 'Scheduled'
+"""
+)
+NOTIFY = sa.text("SELECT pg_notify(:channel, :payload)")
+# The common batch, only new timers (no row, no tombstone for any key: timer_core.replay's
+# new_timers): inserted, and the earliest announced, in one statement, so one round trip (and
+# in autocommit one commit) instead of locking the keys, their tombstones, inserting and
+# notifying in four. Any key already there and the statement inserts nothing; one inserted
+# meanwhile by another transaction and, in autocommit, the statement fails on the primary key
+# and inserts nothing either (so an apply that then fails the general way has applied none of
+# the batch, as the port promises); in a host's transaction it skips that key (ON CONFLICT DO
+# NOTHING, not to abort the host's transaction) and the general way, in the same transaction,
+# sees what it inserted as its own reschedules.
+INSERT_NEW = f"""
+WITH v AS (
+    SELECT * FROM unnest({TIMER_ARRAYS})
+        AS {TIMER_COLUMNS}
+), inserted AS (
+    INSERT INTO timer_schedules
+        (tenant_id, service_call_id, correlation_id, due_at, registered_at, command_position,
+         traceparent, tracestate)
+    SELECT * FROM v
+    WHERE NOT EXISTS (
+            SELECT FROM timer_schedules AS s JOIN v AS k
+              ON s.tenant_id = k.tenant_id AND s.service_call_id = k.service_call_id)
+      AND NOT EXISTS (
+            SELECT FROM timer_tombstones AS c JOIN v AS k
+              ON c.tenant_id = k.tenant_id AND c.service_call_id = k.service_call_id)
+    {{conflict}}
+    RETURNING 1
+), counted AS (
+    SELECT count(*) AS inserted FROM inserted
+)
+SELECT inserted{{notify}} FROM counted
+"""
+NOTIFY_INSERTED = ", CASE WHEN inserted > 0 THEN pg_notify(:channel, :payload) IS NULL END"
+SKIP_CONFLICTS = "ON CONFLICT (tenant_id, service_call_id) DO NOTHING"
+# (quietly, notifying) in autocommit, and in a host's transaction.
+INSERT_NEW_AUTOCOMMIT = (
+    sa.text(INSERT_NEW.format(notify="", conflict="")),
+    sa.text(INSERT_NEW.format(notify=NOTIFY_INSERTED, conflict="")),
+)
+INSERT_NEW_IN_TRANSACTION = (
+    sa.text(INSERT_NEW.format(notify="", conflict=SKIP_CONFLICTS)),
+    sa.text(INSERT_NEW.format(notify=NOTIFY_INSERTED, conflict=SKIP_CONFLICTS)),
+)
+UNIQUE_VIOLATION = "23505"
+# Marking and releasing find each timer by its key, one primary-key lookup per timer (the
+# locking LATERAL subquery is planned per row, never flattened into a join), and update the
+# rows they locked by TID, like a claim. Joined to the keys as "FROM unnest(...) WHERE s.key =
+# v.key", statistics taken before a storm (which call ~10 timers Scheduled) made PostgreSQL
+# hash every Scheduled timer, read through ix_timer_schedules_due, for each batch: a mark of
+# 100 read ~9,500 rows at 10,000 due (3-4 ms, O(backlog) per batch), and the bench's raw
+# pipeline hit the same with a nested loop re-reading its 1,000 keys for each row.
+LOCKED_BY_KEY = """
+UPDATE timer_schedules
+SET {set}
+WHERE ctid = ANY(ARRAY(
+    SELECT m.ctid
+    FROM unnest(
+        CAST(:tenant_ids AS text[]), CAST(:service_call_ids AS text[]), {arrays})
+        AS v(tenant_id, service_call_id, {columns})
+    CROSS JOIN LATERAL (
+        SELECT s.ctid
+        FROM timer_schedules AS s
+        WHERE s.tenant_id = v.tenant_id AND s.service_call_id = v.service_call_id
+          AND s.state = 'Scheduled' AND {fence}
+        FOR UPDATE
+    ) AS m
+))
+"""
+# The fence: a timer this store claimed is marked only under that very claim (same owner,
+# same token: nobody claimed it since); one it never claimed only if nobody holds it now.
+# One statement per reached_at (a firing batch shares one).
+MARK = sa.text(
+    LOCKED_BY_KEY.format(
+        set="state = 'Reached', reached_at = :reached_at, lease_owner = NULL, lease_until = NULL",
+        arrays="CAST(:due_ats AS timestamptz[]), CAST(:tokens AS bigint[])",
+        columns="due_at, token",
+        fence="""s.due_at = v.due_at
+          AND CASE WHEN v.token IS NULL
+              THEN s.lease_owner IS NULL OR s.lease_owner = :owner OR s.lease_until < now()
+              ELSE s.lease_owner = :owner AND s.lease_token = v.token
+          END""",
+    )
+)
+MARK_SQL = pyformat(MARK)
+RELEASE = sa.text(
+    LOCKED_BY_KEY.format(
+        set="lease_owner = NULL, lease_until = NULL",
+        arrays="CAST(:tokens AS bigint[])",
+        columns="token",
+        fence="s.lease_owner = :owner AND s.lease_token = v.token",
+    )
+)
+# Timers leased by another instance are left out: it is firing them, and counting them would
+# make this worker spin on a due time it cannot claim. Expired leases count again.
+NEXT_DUE = sa.text(
+    """
+SELECT min(due_at) FROM timer_schedules
+WHERE state = 'Scheduled'
+  AND (lease_until IS NULL OR lease_until < now() OR lease_owner = :owner)
+"""
+)
+PURGE = sa.text(
+    """
+DELETE FROM timer_schedules
+WHERE ctid = ANY(ARRAY(
+    SELECT ctid FROM timer_schedules
+    WHERE state = 'Reached' AND reached_at < :before
+    ORDER BY reached_at
+    LIMIT :limit
+    FOR UPDATE SKIP LOCKED
+))
+"""
+)
+PURGE_TOMBSTONES = sa.text(
+    """
+DELETE FROM timer_tombstones
+WHERE ctid = ANY(ARRAY(
+    SELECT ctid FROM timer_tombstones
+    WHERE cancelled_at < :before
+    ORDER BY cancelled_at
+    LIMIT :limit
+    FOR UPDATE SKIP LOCKED
+))
+"""
+)
+
+
+ANNOUNCE = "SELECT pg_notify(%(channel)s, %(payload)s)"
+
+
+# -- reads: each by its key, a tenant's index or the correlation index ----------------------
+
+ENTRY_COLUMNS = (
+    t.c.tenant_id,
+    t.c.service_call_id,
+    t.c.correlation_id,
+    t.c.due_at,
+    t.c.registered_at,
+    t.c.state,
+    t.c.reached_at,
+    t.c.traceparent,
+    t.c.tracestate,
+)
+_IS_SCHEDULED = t.c.state == sa.literal_column("'Scheduled'")
+
+
+def select_timer(tenant_id: str, service_call_id: str) -> sa.Select[Any]:
+    """The timer with this key."""
+    return sa.select(*ENTRY_COLUMNS).where(
+        t.c.tenant_id == tenant_id, t.c.service_call_id == service_call_id
+    )
+
+
+def select_due_for_tenant(tenant_id: str, now: datetime, limit: int) -> sa.Select[Any]:
+    """A tenant's due timers in its own due order."""
+    return (
+        sa.select(*ENTRY_COLUMNS)
+        .where(t.c.tenant_id == tenant_id, _IS_SCHEDULED, t.c.due_at <= now)
+        .order_by(t.c.due_at, t.c.service_call_id)
+        .limit(limit)
+    )
+
+
+def select_by_correlation(tenant_id: str, correlation_id: str) -> sa.Select[Any]:
+    """A tenant's timers with this correlation id, in key order."""
+    return (
+        sa.select(*ENTRY_COLUMNS)
+        .where(t.c.tenant_id == tenant_id, t.c.correlation_id == correlation_id)
+        .order_by(t.c.service_call_id)
+    )
+
+
+def select_for_tenant(tenant_id: str, limit: int, after: str | None) -> sa.Select[Any]:
+    """A page of a tenant's timers in ``service_call_id`` order, after ``after``."""
+    statement = sa.select(*ENTRY_COLUMNS).where(t.c.tenant_id == tenant_id)
+    if after is not None:
+        statement = statement.where(t.c.service_call_id > after)
+    return statement.order_by(t.c.service_call_id).limit(limit)
+
+
+def count_scheduled(tenant_id: str | None = None) -> sa.Select[Any]:
+    """How many timers (of one tenant, or of all) are Scheduled."""
+    statement = sa.select(sa.func.count()).select_from(t).where(_IS_SCHEDULED)
+    return statement if tenant_id is None else statement.where(t.c.tenant_id == tenant_id)

@@ -1,0 +1,127 @@
+"""Claims shared among tenants (``find_due_by_tenant``): which tenants take part and in what
+order here; how the claim is shared among them is timer_core.fair_share's to decide."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import UTC, datetime, timedelta
+from time import monotonic
+from typing import Any
+
+import attrs
+
+from timer_adapters_postgres._lanes import StatementLane
+from timer_adapters_postgres._peers import Peers
+from timer_adapters_postgres._rows import int_array, text_array, timestamp_array
+from timer_adapters_postgres._sql import CLAIM_BY_TENANT_SQL, DUE_TENANTS_SQL
+from timer_core import DueCursor, TenantId
+from timer_core.fair_share import FairShare
+
+__all__ = ["TENANTS_REUSED_S", "TenantClaims"]
+
+# (When they were fewer than asked for, i.e. every tenant with due timers, the next claims of
+# the drain reuse the list for up to TENANTS_REUSED_S, less those whose share came back
+# short: a claim is then one statement. A tenant that falls due meanwhile waits that long.)
+TENANTS_REUSED_S = 0.1
+_BEFORE_ALL = datetime(1, 1, 1, tzinfo=UTC)
+_ACTION = "claim due timers by tenant"
+
+
+@attrs.frozen
+class _Listed:
+    """The tenants a claim listed (all those due), for the next claims of the drain."""
+
+    tenants: list[str]
+    limit: int
+    read_at: float  # time.monotonic()
+    earliest: dict[str, datetime]
+
+
+class TenantClaims:
+    """One store's claims by tenant: the tenants due listed (or the last list reused), this
+    instance's own first (:class:`Peers`), then every tenant's share in one statement a round.
+    """
+
+    def __init__(self, owner_id: str, lease: timedelta, peers: Peers) -> None:
+        self._base = {"owner": owner_id, "lease": lease}
+        self._peers = peers
+        self._listed: _Listed | None = None
+
+    def forget(self) -> None:
+        """Drop the list of tenants (the store closed)."""
+        self._listed = None
+
+    async def claim(
+        self, lane: StatementLane, now: datetime, limit: int, after: Mapping[TenantId, DueCursor]
+    ) -> list[Any]:
+        """The rows of up to ``limit`` due timers claimed, shared among tenants."""
+        claim = _Claim(lane, {**self._base, "now": now}, limit, after)
+        listed, self._listed = self._listed, None
+        read_at = monotonic()
+        if listed is None or listed.limit != limit or read_at - listed.read_at >= TENANTS_REUSED_S:
+            # At most ``limit`` tenants take part (one timer each at least): the others are
+            # not even listed, so a backlog over many tenants costs no memory per tenant.
+            rows = await lane.fetch(_ACTION, DUE_TENANTS_SQL, {"now": now, "limit": limit})
+            earliest = {row.tenant_id: row.due_at for row in rows}
+            listed = _Listed(list(earliest), limit, read_at, earliest)
+        # Every tenant due was listed: those that fill their share are listed again next.
+        complete = len(listed.tenants) < limit
+        again: list[str] = []
+        # This instance's own tenants first, the others' only for what they leave.
+        for group in self._peers.by_preference(listed.tenants, listed.earliest):
+            if len(claim.rows) >= limit:
+                again += group  # not reached: all of them may share the next claim
+            else:
+                again += await claim.take(group)
+        if complete and len(claim.rows) >= limit and again:
+            self._listed = _Listed(again, limit, listed.read_at, listed.earliest)
+        return claim.rows
+
+
+class _Claim:
+    """One claim by tenant under way: the rows claimed so far, each tenant's cursor."""
+
+    def __init__(
+        self,
+        lane: StatementLane,
+        base: dict[str, Any],
+        limit: int,
+        after: Mapping[TenantId, DueCursor],
+    ) -> None:
+        self._lane = lane
+        self._base = base
+        self._limit = limit
+        self._cursors: dict[str, tuple[datetime, str]] = {
+            tenant: (cursor.due_at, cursor.service_call_id) for tenant, cursor in after.items()
+        }
+        self.rows: list[Any] = []
+
+    async def take(self, active: list[str]) -> list[str]:
+        """Claim shares of ``active``'s tenants, in the rounds timer_core's FairShare plans;
+        the tenants the next claim may share among (those its first round left wanting)."""
+        plan = FairShare(self._limit - len(self.rows), active)
+        again: list[str] | None = None
+        while shares := plan.next_round():
+            tenants = [tenant for tenant, _ in shares]
+            starts = [self._cursors.get(tenant, (_BEFORE_ALL, "")) for tenant in tenants]
+            params = {
+                **self._base,
+                "tenants": text_array(tenants),
+                "after_dues": timestamp_array([start[0] for start in starts]),
+                "after_calls": text_array([start[1] for start in starts]),
+                "shares": int_array([share for _, share in shares]),
+            }
+            by_tenant: dict[str, list[Any]] = {}
+            for row in await self._lane.fetch(_ACTION, CLAIM_BY_TENANT_SQL, params):
+                by_tenant.setdefault(row.tenant_id, []).append(row)
+            for tenant in tenants:
+                mine = sorted(
+                    by_tenant.get(tenant, ()), key=lambda row: (row.due_at, row.service_call_id)
+                )
+                self.rows += mine
+                if mine:
+                    self._cursors[tenant] = (mine[-1].due_at, mine[-1].service_call_id)
+            more = plan.took({tenant: len(mine) for tenant, mine in by_tenant.items()})
+            if again is None:
+                again = more + active[len(tenants) :]
+        return again or []

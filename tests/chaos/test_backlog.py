@@ -29,7 +29,8 @@ from tests.chaos.rig import (
 from timer_adapters_nats import TimerClient
 from timer_adapters_nats.embedded import NatsServerProcess
 from timer_adapters_sqlite import SqliteTimerStore
-from timer_core import TimerEntry, floor_ms
+from timer_core import TimerEntry
+from timer_core.instants import floor_ms
 
 pytestmark = pytest.mark.chaos
 

@@ -24,7 +24,7 @@ from tests.chaos.rig import (
 from tests.timer_service.process import http_get
 from timer_adapters_nats import TimerClient
 from timer_adapters_nats.embedded import NatsServerProcess
-from timer_core import ceil_ms, parse_timestamp
+from timer_core.instants import ceil_ms, parse_timestamp
 
 pytestmark = pytest.mark.chaos
 

@@ -37,7 +37,9 @@ from tests.chaos.rig import (
 )
 from timer_adapters_nats import TimerClient
 from timer_adapters_nats.embedded import NatsServerProcess
-from timer_core import MessageEnvelope, ceil_ms, encode_envelope
+from timer_core import MessageEnvelope
+from timer_core.codec import encode_envelope
+from timer_core.instants import ceil_ms
 from timer_service.settings import Settings
 
 pytestmark = pytest.mark.chaos

@@ -31,7 +31,7 @@ from tests.chaos.rig import (
 from tests.timer_service.process import http_get
 from timer_adapters_nats import TimerClient
 from timer_adapters_nats.embedded import NatsServerProcess
-from timer_core import encode_envelope
+from timer_core.codec import encode_envelope
 
 pytestmark = pytest.mark.chaos
 

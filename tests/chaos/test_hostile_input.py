@@ -25,7 +25,8 @@ from nats.js.client import JetStreamContext
 from tests.chaos.conftest import ServiceFactory
 from tests.chaos.rig import ChaosService, db_rows, read_stream, report, wait_until
 from tests.timer_service.process import http_get
-from timer_core import EnvelopeId, format_timestamp
+from timer_core import EnvelopeId
+from timer_core.instants import format_timestamp
 
 pytestmark = pytest.mark.chaos
 

@@ -10,7 +10,7 @@ from typing import Any
 from sybil import Document, Example, Sybil
 from sybil.parsers.markdown import CodeBlockParser, PythonCodeBlockParser
 
-from timer_core import decode_envelope
+from timer_core.codec import decode_envelope
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"

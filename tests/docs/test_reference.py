@@ -9,7 +9,11 @@ from collections.abc import Iterator
 import pytest
 
 from tests.docs.markdown import DOCS, table_rows
-from timer_core.testing import EventPublisherContract, TimerStoreContract
+from timer_core.testing import (
+    EventPublisherContract,
+    FindsDueByTenantContract,
+    TimerStoreContract,
+)
 from timer_service.cli import _parser
 from timer_service.metrics import PrometheusInstrumentation
 from timer_service.settings import ENVIRONMENT, Settings
@@ -74,7 +78,9 @@ class TestOperationsPage:
 
 
 class TestAdaptersPage:
-    @pytest.mark.parametrize("suite", [TimerStoreContract, EventPublisherContract])
+    @pytest.mark.parametrize(
+        "suite", [TimerStoreContract, FindsDueByTenantContract, EventPublisherContract]
+    )
     def test_every_contract_test_is_listed(self, suite: type) -> None:
         """Each test of the shipped conformance suites is named on the adapter page."""
         text = (DOCS / "adapters.md").read_text()

@@ -23,7 +23,8 @@ from tests.scale_out.conftest import ServiceFactory, report
 from tests.timer_service.process import ServiceProcess, http_get
 from timer_adapters_nats import NatsBroker, NatsSettings, TimerClient
 from timer_adapters_nats.embedded import NatsServerProcess
-from timer_core import decode_event, floor_ms
+from timer_core.codec import decode_event
+from timer_core.instants import floor_ms
 
 TIMERS = 10_000
 TENANTS = 20

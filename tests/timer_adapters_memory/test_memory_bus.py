@@ -9,14 +9,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from timer_adapters_memory import MemoryEventBus
-from timer_core import (
-    DueTimeReached,
-    MessageEnvelope,
-    PublishError,
-    ScheduleTimer,
-    TimerEntry,
-    build_due_event,
-)
+from timer_core import DueTimeReached, MessageEnvelope, PublishError, ScheduleTimer, TimerEntry
+from timer_core.events import build_due_event
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
 

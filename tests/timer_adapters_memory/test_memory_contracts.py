@@ -11,13 +11,14 @@ from timer_adapters_memory import FakeClock, MemoryEventBus, MemoryTimerStore
 from timer_core import DueTimeReached, MessageEnvelope, TimerStore
 from timer_core.testing import (
     EventPublisherContract,
+    FindsDueByTenantContract,
     PublisherHarness,
     TimerStoreContract,
     TimerStoreLeaseContract,
 )
 
 
-class TestMemoryTimerStoreContract(TimerStoreContract):
+class TestMemoryTimerStoreContract(TimerStoreContract, FindsDueByTenantContract):
     """MemoryTimerStore keeps every promise of the TimerStore port."""
 
     @pytest.fixture

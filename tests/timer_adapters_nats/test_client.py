@@ -14,13 +14,9 @@ from tests.ports import refused_port
 from tests.timer_adapters_nats.jetstream import read_stream
 from timer_adapters_memory import FakeClock
 from timer_adapters_nats import BrokerUnavailable, NatsBroker, NatsSettings, TimerClient
-from timer_core import (
-    InvalidIdentifier,
-    InvalidTimestamp,
-    PublishError,
-    decode_command,
-    to_epoch_ms,
-)
+from timer_core import InvalidIdentifier, InvalidTimestamp, PublishError
+from timer_core.codec import decode_command
+from timer_core.instants import to_epoch_ms
 
 UUID7 = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}")
 NOW = datetime(2030, 3, 4, 5, 6, 7, 890000, tzinfo=UTC)

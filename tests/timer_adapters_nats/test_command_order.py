@@ -16,14 +16,8 @@ from timer_adapters_memory import FakeClock, MemoryTimerStore
 from timer_adapters_nats import ERROR_HEADER, NatsBroker, NatsSettings, TimerClient
 from timer_adapters_postgres import PostgresTimerStore
 from timer_adapters_sqlite import SqliteTimerStore
-from timer_core import (
-    Command,
-    CommandOutcome,
-    MessageEnvelope,
-    TenantId,
-    TimerStore,
-    handle_commands,
-)
+from timer_core import Command, CommandOutcome, MessageEnvelope, TenantId, TimerStore
+from timer_core.commands import handle_commands
 
 DUE = datetime(2032, 1, 2, 3, 4, 5, tzinfo=UTC)
 A = TenantId("tenant-a")

@@ -26,9 +26,9 @@ from timer_core import (
     TimerError,
     Uuid7EnvelopeIds,
     ValidationError,
-    encode_envelope,
-    to_epoch_ms,
 )
+from timer_core.codec import encode_envelope
+from timer_core.instants import to_epoch_ms
 
 DUE = datetime(2032, 1, 2, 3, 4, 5, 678000, tzinfo=UTC)
 FAST = DueEventConsumerSettings(nak_delay_s=0.05, max_nak_delay_s=0.2, fetch_timeout_s=0.2)

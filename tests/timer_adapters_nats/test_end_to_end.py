@@ -32,12 +32,12 @@ from timer_core import (
     TenantId,
     TimerState,
     TimerWorker,
-    build_due_event,
-    decode_event,
-    fire_due_timers,
-    handle_commands,
-    to_epoch_ms,
 )
+from timer_core.codec import decode_event
+from timer_core.commands import handle_commands
+from timer_core.events import build_due_event
+from timer_core.firing import FiringPipeline
+from timer_core.instants import to_epoch_ms
 
 T0 = datetime(2033, 7, 8, 9, 10, 11, 120000, tzinfo=UTC)
 
@@ -100,7 +100,9 @@ class TestScheduleToDueTimeReached:
             await wait_until(lambda: handler.deliveries[command_id] == 1, what="the command")
             await source.stop()
         clock.set_wall(due + timedelta(milliseconds=7))
-        report = await fire_due_timers(store, broker.publisher, clock, batch_size=10)
+        report = await FiringPipeline.publishing(
+            store, broker.publisher, clock, batch_size=10
+        ).fire()
         assert len(report.fired) == 1 and report.failed == []
 
         (held,) = await read_stream(broker.jetstream, "TIMER_EVENTS")
@@ -151,7 +153,9 @@ class TestScheduleToDueTimeReached:
         # The crashed run: published, then died before mark_reached.
         await broker.publisher.publish(build_due_event(entry, T0 + timedelta(milliseconds=3)))
         clock.set_wall(T0 + timedelta(seconds=2))
-        report = await fire_due_timers(store, broker.publisher, clock, batch_size=10)
+        report = await FiringPipeline.publishing(
+            store, broker.publisher, clock, batch_size=10
+        ).fire()
         assert len(report.fired) == 1
         held = await read_stream(broker.jetstream, "TIMER_EVENTS")
         assert len(held) == 1

@@ -18,15 +18,9 @@ from timer_adapters_nats import (
     NatsSettings,
     Outgoing,
 )
-from timer_core import (
-    DueTimeReached,
-    MessageEnvelope,
-    PublishError,
-    TimerEntry,
-    build_due_event,
-    decode_event,
-    encode_envelope,
-)
+from timer_core import DueTimeReached, MessageEnvelope, PublishError, TimerEntry
+from timer_core.codec import decode_event, encode_envelope
+from timer_core.events import build_due_event
 from timer_core.testing import EventPublisherContract, PublisherHarness
 
 T0 = datetime(2031, 5, 6, 7, 8, 9, 123000, tzinfo=UTC)

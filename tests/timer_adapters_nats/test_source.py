@@ -31,14 +31,8 @@ from timer_adapters_nats import (
     NatsSettings,
     TimerClient,
 )
-from timer_core import (
-    Command,
-    CommandOutcome,
-    Instrumentation,
-    MessageEnvelope,
-    StoreUnavailable,
-    encode_envelope,
-)
+from timer_core import Command, CommandOutcome, Instrumentation, MessageEnvelope, StoreUnavailable
+from timer_core.codec import encode_envelope
 
 DUE = datetime(2032, 1, 2, 3, 4, 5, 678000, tzinfo=UTC)
 

@@ -19,12 +19,10 @@ from timer_core import (
     TenantId,
     TimerEntry,
     TraceContext,
-    build_due_event,
-    decode_command,
-    encode_envelope,
-    fire_due_timers,
 )
-from timer_core.codec import _encode_envelope
+from timer_core.codec import _encode_envelope, decode_command, encode_envelope
+from timer_core.events import build_due_event
+from timer_core.firing import FiringPipeline
 from timer_core.testing import strategies as ts
 
 TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
@@ -45,7 +43,7 @@ async def schedule_and_fire(
         await wait_until(lambda: handler.deliveries[command_id] == 1, what="the command")
         await source.stop()
     clock.set_wall(due)
-    report = await fire_due_timers(store, broker.publisher, clock, batch_size=10)
+    report = await FiringPipeline.publishing(store, broker.publisher, clock, batch_size=10).fire()
     assert len(report.fired) == 1
     commands = [m.headers for m in await read_stream(broker.jetstream, "TIMER_COMMANDS")]
     events = [m.headers for m in await read_stream(broker.jetstream, "TIMER_EVENTS")]

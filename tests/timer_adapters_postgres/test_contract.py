@@ -8,10 +8,10 @@ import pytest
 
 from timer_adapters_postgres import PostgresTimerStore
 from timer_core import TimerStore
-from timer_core.testing import TimerStoreContract, TimerStoreLeaseContract
+from timer_core.testing import FindsDueByTenantContract, TimerStoreContract, TimerStoreLeaseContract
 
 
-class TestPostgresTimerStoreContract(TimerStoreContract):
+class TestPostgresTimerStoreContract(TimerStoreContract, FindsDueByTenantContract):
     """PostgresTimerStore keeps every promise of the TimerStore port."""
 
     @pytest.fixture

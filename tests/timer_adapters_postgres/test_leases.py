@@ -25,8 +25,8 @@ from timer_core import (
     TimerEntry,
     TimerState,
     TimerWorker,
-    fire_due_timers,
 )
+from timer_core.firing import FiringPipeline
 
 MakeStore = Callable[..., Awaitable[PostgresTimerStore]]
 
@@ -289,12 +289,14 @@ class TestFiringAcrossInstances:
         healthy = await make_started_store(owner_id="healthy")
         await stalled.schedule(timer("call-1"))
         stalled_publisher = StallingPublisher()
-        report = await fire_due_timers(stalled, stalled_publisher, SystemClock(), batch_size=10)
+        report = await FiringPipeline.publishing(
+            stalled, stalled_publisher, SystemClock(), batch_size=10
+        ).fire()
         assert stalled_publisher.offered == ["call-1"]
         assert [e.service_call_id for e, _ in report.failed] == ["call-1"]
         assert lease_of(postgres_sql, "call-1") == ("Scheduled", None, 1)  # released
         bus = MemoryEventBus()
-        report = await fire_due_timers(healthy, bus, SystemClock(), batch_size=10)
+        report = await FiringPipeline.publishing(healthy, bus, SystemClock(), batch_size=10).fire()
         assert [e.service_call_id for e in report.fired] == ["call-1"]
         assert [e.payload.service_call_id for e in bus.published] == ["call-1"]
         assert lease_of(postgres_sql, "call-1") == ("Reached", None, 2)

@@ -9,10 +9,10 @@ import pytest
 
 from timer_adapters_sqlite import SqliteTimerStore
 from timer_core import TimerStore
-from timer_core.testing import TimerStoreContract
+from timer_core.testing import FindsDueByTenantContract, TimerStoreContract
 
 
-class TestSqliteStoreContract(TimerStoreContract):
+class TestSqliteStoreContract(TimerStoreContract, FindsDueByTenantContract):
     """SqliteTimerStore (standalone, a file in a temporary directory) keeps the port's promises."""
 
     @pytest.fixture

@@ -21,8 +21,8 @@ from timer_core import (
     TimerKey,
     TimerState,
     TraceContext,
-    format_timestamp,
 )
+from timer_core.instants import format_timestamp
 
 from .conftest import T0, entry
 

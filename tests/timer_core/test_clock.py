@@ -11,7 +11,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from timer_adapters_memory import FakeClock, MemoryEventBus, MemoryTimerStore
-from timer_core import ScheduleTimer, SystemClock, TimerWorker, schedule_timer
+from timer_core import ScheduleTimer, SystemClock, TimerWorker
+from timer_core.commands import schedule_timer
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
 POLL = 5.0

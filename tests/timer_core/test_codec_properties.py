@@ -20,13 +20,15 @@ from timer_core import (
     ServiceCallId,
     TenantId,
     TimerEntry,
+)
+from timer_core.codec import (
     decode_command,
     decode_envelope,
     decode_event,
     encode_envelope,
-    format_timestamp,
+    envelope_to_dict,
 )
-from timer_core.codec import envelope_to_dict
+from timer_core.instants import format_timestamp
 from timer_core.testing import strategies as ts
 
 DECODERS = [decode_envelope, decode_command, decode_event]

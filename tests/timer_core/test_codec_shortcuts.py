@@ -11,19 +11,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from timer_core import (
-    DecodeError,
-    DueTimeReached,
-    MessageEnvelope,
-    ScheduleTimer,
-    decode_command,
-)
-from timer_core import encode_envelope as encode_event
+from timer_core import DecodeError, DueTimeReached, MessageEnvelope, ScheduleTimer
 from timer_core._shortcuts import command as command_shortcut
 from timer_core._shortcuts import due_event as due_event_shortcut
 from timer_core.codec import _decode_command as codec_decode_command
 from timer_core.codec import _encode_envelope as encode_envelope
-from timer_core.codec import envelope_to_dict
+from timer_core.codec import decode_command, envelope_to_dict
+from timer_core.codec import encode_envelope as encode_event
 from timer_core.testing import strategies as ts
 
 

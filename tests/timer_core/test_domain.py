@@ -27,12 +27,11 @@ from timer_core import (
     TimerState,
     TraceContext,
     Uuid7EnvelopeIds,
-    format_timestamp,
-    parse_timestamp,
-    to_epoch_ms,
 )
+from timer_core.commands import _operation
+from timer_core.events import build_due_event, due_events
+from timer_core.instants import format_timestamp, parse_timestamp, to_epoch_ms
 from timer_core.testing import strategies as ts
-from timer_core.workflows import _due_events, _operation, build_due_event
 
 T0 = datetime(2025, 11, 14, 10, 0, tzinfo=UTC)
 
@@ -245,7 +244,7 @@ class TestHotPathConstruction:
         self, entries: list[TimerEntry], reached: datetime
     ) -> None:
         """The events of a batch fired at one instant are build_due_event's, field by field."""
-        fast = _due_events(entries, reached, Uuid7EnvelopeIds())
+        fast = due_events(entries, reached, Uuid7EnvelopeIds())
         slow = [build_due_event(entry, reached) for entry in entries]
         assert fast == slow
         for one, other in zip(fast, slow, strict=True):

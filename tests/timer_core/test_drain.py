@@ -8,7 +8,12 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from timer_adapters_memory import FakeClock, MemoryEventBus, MemoryTimerStore
+from timer_adapters_memory import (
+    FakeClock,
+    LeasingMemoryTimerStore,
+    MemoryEventBus,
+    MemoryTimerStore,
+)
 from timer_core import (
     DueCursor,
     DueTimeReached,
@@ -20,7 +25,7 @@ from timer_core import (
     TimerEntry,
     TimerState,
 )
-from timer_core.workflows import DrainReport, drain_due_timers
+from timer_core.firing import DrainReport, FiringPipeline
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
 
@@ -43,17 +48,12 @@ class JournalStore(MemoryTimerStore):
     """A memory store that notes reads and marks, and can hold a mark until released."""
 
     def __init__(self, journal: Journal, *, lease_s: float | None = None) -> None:
-        super().__init__()
+        super().__init__(lease_s=lease_s)
         self.journal = journal
-        self.lease_s = lease_s
         self.reads = 0
         self.hold_marks = asyncio.Event()
         self.hold_marks.set()
         self.mark_started = asyncio.Event()
-
-    @property
-    def claim_lease_s(self) -> float | None:
-        return self.lease_s
 
     async def find_due(
         self, now: datetime, limit: int, *, after: DueCursor | None = None
@@ -77,6 +77,10 @@ class JournalStore(MemoryTimerStore):
         changed = await super().mark_reached(entries)
         self.journal.note("marked", [str(e.service_call_id) for e in entries])
         return changed
+
+
+class LeasingJournalStore(JournalStore, LeasingMemoryTimerStore):
+    """A journal store that claims what it finds, as a store several instances share."""
 
 
 class JournalBus(EventPublisher):
@@ -108,7 +112,11 @@ class JournalBus(EventPublisher):
 class Rig:
     def __init__(self, *, lease_s: float | None = None) -> None:
         self.journal = Journal()
-        self.store = JournalStore(self.journal, lease_s=lease_s)
+        self.store = (
+            JournalStore(self.journal)
+            if lease_s is None
+            else LeasingJournalStore(self.journal, lease_s=lease_s)
+        )
         self.publisher = JournalBus(self.journal, self.store)
         self.clock = FakeClock(T0)
 
@@ -133,10 +141,12 @@ class Rig:
 
     async def drain(self, stopping: Callable[[], bool] | None = None) -> DrainReport:
         if stopping is None:
-            return await drain_due_timers(self.store, self.publisher, self.clock, batch_size=10)
-        return await drain_due_timers(
-            self.store, self.publisher, self.clock, batch_size=10, stopping=stopping
-        )
+            return await FiringPipeline.publishing(
+                self.store, self.publisher, self.clock, batch_size=10
+            ).drain()
+        return await FiringPipeline.publishing(
+            self.store, self.publisher, self.clock, batch_size=10
+        ).drain(stopping=stopping)
 
 
 @pytest.fixture
@@ -259,9 +269,9 @@ class TestEndingEarly:
         rig = Rig(lease_s=30.0)
         await rig.store.start()
         calls = await rig.schedule(25)
-        report = await drain_due_timers(
-            rig.store, rig.publisher, rig.clock, batch_size=10, finish_marks=False
-        )
+        report = await FiringPipeline.publishing(
+            rig.store, rig.publisher, rig.clock, batch_size=10
+        ).drain(finish_marks=False)
         kinds = [what for what, calls in rig.journal.lines if calls]
         assert kinds[:3] == ["read", "read", "published"]
         assert report.unfinished_mark is None
@@ -327,9 +337,9 @@ class TestUnfinishedMarks:
         """The drain returns with its last mark held; its timers are published, not Reached."""
         calls = await rig.schedule(5)
         rig.store.hold_marks.clear()
-        report = await drain_due_timers(
-            rig.store, rig.publisher, rig.clock, batch_size=10, finish_marks=False
-        )
+        report = await FiringPipeline.publishing(
+            rig.store, rig.publisher, rig.clock, batch_size=10
+        ).drain(finish_marks=False)
         assert report.fired == 5 and report.unfinished_mark is not None
         assert {str(key.service_call_id) for key in report.unfinished_mark.keys} == set(calls)
         assert set(rig.states().values()) == {TimerState.SCHEDULED}
@@ -341,20 +351,16 @@ class TestUnfinishedMarks:
         """The next drain skips the carried timers and marks its own only after them."""
         first = await rig.schedule(5)
         rig.store.hold_marks.clear()
-        report = await drain_due_timers(
-            rig.store, rig.publisher, rig.clock, batch_size=10, finish_marks=False
-        )
+        report = await FiringPipeline.publishing(
+            rig.store, rig.publisher, rig.clock, batch_size=10
+        ).drain(finish_marks=False)
         later = TimerEntry(
             tenant_id="tenant-a", service_call_id="later", due_at=T0, registered_at=T0
         )
         await rig.store.apply([later])
         draining = asyncio.ensure_future(
-            drain_due_timers(
-                rig.store,
-                rig.publisher,
-                rig.clock,
-                batch_size=10,
-                carried=report.unfinished_mark,
+            FiringPipeline.publishing(rig.store, rig.publisher, rig.clock, batch_size=10).drain(
+                carried=report.unfinished_mark
             )
         )
         await asyncio.sleep(0.01)

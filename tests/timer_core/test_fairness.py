@@ -17,8 +17,8 @@ import pytest_asyncio
 from timer_adapters_memory import FakeClock, MemoryEventBus, MemoryTimerStore
 from timer_adapters_postgres import PostgresTimerStore
 from timer_adapters_sqlite import SqliteTimerStore
-from timer_core import DueCursor, TenantId, TimerEntry, TimerStore, workflows
-from timer_core.workflows import drain_due_timers
+from timer_core import DueCursor, TenantId, TimerEntry, TimerStore, firing
+from timer_core.firing import FiringPipeline
 
 T = datetime(2030, 1, 1, tzinfo=UTC)
 STORM = "a-storm"  # sorts before the quiet tenant: in plain due order it would go first
@@ -57,7 +57,7 @@ class TestStorm:
         await store.apply(quiet)
         clock, bus = FakeClock(T + timedelta(seconds=2)), MemoryEventBus()
 
-        report = await drain_due_timers(store, bus, clock, batch_size=BATCH)
+        report = await FiringPipeline.publishing(store, bus, clock, batch_size=BATCH).drain()
 
         published = [event.payload for event in bus.published]
         assert report.fired == len(published) == 3010
@@ -79,7 +79,9 @@ class TestStorm:
         ]
         await store.apply(timers)
         bus = MemoryEventBus()
-        await drain_due_timers(store, bus, FakeClock(T + timedelta(minutes=1)), batch_size=BATCH)
+        await FiringPipeline.publishing(
+            store, bus, FakeClock(T + timedelta(minutes=1)), batch_size=BATCH
+        ).drain()
         assert [e.payload.service_call_id for e in bus.published] == [
             t.service_call_id for t in timers
         ]
@@ -92,7 +94,7 @@ class TestManyTenants:
         """A backlog over more tenants than a drain keeps cursors for: each drain ends once
         it passes that many (the store never gets more cursors than that plus a batch), and
         drain after drain fires every timer once, each tenant's in due order, none early."""
-        monkeypatch.setattr(workflows, "_MAX_TENANT_CURSORS", 30)
+        monkeypatch.setattr(firing, "_MAX_TENANT_CURSORS", 30)
         timers = [
             timer(f"tenant-{i % 100:03d}", f"c{i:04d}", T - timedelta(seconds=i % 7))
             for i in range(300)
@@ -109,10 +111,12 @@ class TestManyTenants:
 
         monkeypatch.setattr(store, "find_due_by_tenant", counting)
         bus, clock = MemoryEventBus(), FakeClock(T)
-        fired = [(await drain_due_timers(store, bus, clock, batch_size=20)).fired]
+        fired = [(await FiringPipeline.publishing(store, bus, clock, batch_size=20).drain()).fired]
         assert 0 < fired[0] < len(timers)  # the first drain stopped at the cap
         while fired[-1]:
-            fired.append((await drain_due_timers(store, bus, clock, batch_size=20)).fired)
+            fired.append(
+                (await FiringPipeline.publishing(store, bus, clock, batch_size=20).drain()).fired
+            )
         assert max(cursors) <= 30 + 20
         published = [event.payload for event in bus.published]
         assert sorted(p.service_call_id for p in published) == sorted(

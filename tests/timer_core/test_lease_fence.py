@@ -14,23 +14,29 @@ from datetime import datetime, timedelta
 
 import pytest
 
-from timer_adapters_memory import FakeClock, MemoryEventBus, MemoryTimerStore
+from timer_adapters_memory import (
+    FakeClock,
+    LeasingMemoryTimerStore,
+    MemoryEventBus,
+    MemoryTimerStore,
+)
 from timer_core import (
     DueCursor,
     DueTimeReached,
     EventPublisher,
+    LeasesClaims,
     MessageEnvelope,
     PublishError,
     TimerEntry,
     TimerState,
-    fire_due_timers,
 )
+from timer_core.firing import FiringPipeline
 
 START = datetime.fromisoformat("2030-01-01T00:00:00+00:00")
 LEASE = 10.0
 
 
-class SlowlyClaimingStore(MemoryTimerStore):
+class SlowlyClaimingStore(LeasingMemoryTimerStore):
     """The memory store leasing for ``LEASE`` seconds, whose claiming takes time."""
 
     def __init__(self, clock: FakeClock, *, claim_takes: float = 0.0) -> None:
@@ -89,21 +95,27 @@ def clock() -> FakeClock:
 class TestWithoutLease:
     """Stores that take no lease behave as before the fence existed."""
 
-    async def test_default_store_takes_no_lease_and_release_is_a_no_op(self) -> None:
-        """The TimerStore defaults: claim_lease_s is None and release_claims does nothing."""
+    async def test_a_store_without_lease_is_no_leasing_store(self) -> None:
+        """A store made without a lease is not a LeasesClaims, and what it finds carries no
+        claim; one made with a lease is, and its finds carry their claims."""
         store = MemoryTimerStore()
         await store.start()
         await store.schedule(timer("a"))
-        assert store.claim_lease_s is None
-        await store.release_claims([timer("a")])
-        assert (await store.get(timer("a").tenant_id, timer("a").service_call_id)) == timer("a")
+        assert not isinstance(store, LeasesClaims)
+        (found,) = await store.find_due(timer("a").due_at, 10)
+        assert found.claim is None
+        leasing = MemoryTimerStore(shared_with=store, lease_s=5)
+        await leasing.start()
+        assert isinstance(leasing, LeasesClaims)
+        (claimed,) = await leasing.find_due(timer("a").due_at, 10)
+        assert claimed.claim is not None and claimed == found
 
     async def test_fires_and_marks_without_lease(self, clock: FakeClock) -> None:
         """Without a lease, due timers are published and marked, nothing is reported expired."""
         store, bus = MemoryTimerStore(), MemoryEventBus()
         await store.start()
         await store.schedule(timer("a"))
-        report = await fire_due_timers(store, bus, clock, batch_size=10)
+        report = await FiringPipeline.publishing(store, bus, clock, batch_size=10).fire()
         assert [e.service_call_id for e in report.fired] == ["a"]
         assert report.expired == []
         assert len(bus.published) == 1
@@ -117,7 +129,7 @@ class TestLeaseFence:
         store, bus = SlowlyClaimingStore(clock, claim_takes=1.0), MemoryEventBus()
         await store.start()
         await store.apply([timer("a"), timer("b")])
-        report = await fire_due_timers(store, bus, clock, batch_size=10)
+        report = await FiringPipeline.publishing(store, bus, clock, batch_size=10).fire()
         assert len(report.fired) == 2
         assert report.expired == [] and report.failed == []
         assert await released(store, clock) == []
@@ -128,7 +140,7 @@ class TestLeaseFence:
         store, bus = SlowlyClaimingStore(clock, claim_takes=LEASE), MemoryEventBus()
         await store.start()
         await store.apply([timer("a"), timer("b")])
-        report = await fire_due_timers(store, bus, clock, batch_size=10)
+        report = await FiringPipeline.publishing(store, bus, clock, batch_size=10).fire()
         assert [e.service_call_id for e in report.expired] == ["a", "b"]
         assert report.fired == [] and report.found == 2
         assert bus.publish_attempts == []
@@ -140,7 +152,9 @@ class TestLeaseFence:
         store, publisher = SlowlyClaimingStore(clock, claim_takes=3.0), StallingPublisher()
         await store.start()
         await store.apply([timer("a"), timer("b")])
-        firing = asyncio.create_task(fire_due_timers(store, publisher, clock, batch_size=10))
+        firing = asyncio.create_task(
+            FiringPipeline.publishing(store, publisher, clock, batch_size=10).fire()
+        )
         await publisher.entered.wait()
         await clock.wait_for_sleepers(1)
         assert clock.pending_sleeps() == [pytest.approx(LEASE - 3.0)]
@@ -161,7 +175,7 @@ class TestLeaseFence:
         await store.start()
         await store.apply([timer("a"), timer("b"), timer("c")])
         bus.fail_when(lambda envelope: envelope.payload.service_call_id == "b")
-        report = await fire_due_timers(store, bus, clock, batch_size=10)
+        report = await FiringPipeline.publishing(store, bus, clock, batch_size=10).fire()
         assert [e.service_call_id for e in report.fired] == ["a", "c"]
         assert await released(store, clock) == ["b"]
         states = {e.service_call_id: e.state for e in store.entries()}
@@ -174,6 +188,6 @@ class TestLeaseFence:
         await store.apply([timer("a"), timer("b")])
         store.fail_next(1, methods=["release_claims"])
         bus.fail_when(lambda envelope: envelope.payload.service_call_id == "a")
-        report = await fire_due_timers(store, bus, clock, batch_size=10)
+        report = await FiringPipeline.publishing(store, bus, clock, batch_size=10).fire()
         assert [e.service_call_id for e in report.fired] == ["b"]
         assert [e.service_call_id for e, _ in report.failed] == ["a"]

@@ -24,8 +24,8 @@ from timer_core import (
     TimerEntry,
     TimerKey,
     TimerWorker,
-    handle_commands,
 )
+from timer_core.commands import handle_commands
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
 POISON = "poison"

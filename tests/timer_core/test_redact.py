@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from timer_core import redact_url
+from timer_core.redaction import redact_url
 
 # Characters a password may hold in a URL without ending the host part early.
 _SECRET = st.text(

@@ -16,8 +16,8 @@ from timer_core import (
     TenantId,
     TimerState,
     TimerWorker,
-    schedule_timer,
 )
+from timer_core.commands import schedule_timer
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
 A = TenantId("tenant-a")

@@ -20,6 +20,7 @@ from timer_core import (
     InvalidTimestamp,
     MessageEnvelope,
     RemoteScheduleCallback,
+    ReportsRemoteSchedules,
     ScheduleTimer,
     ServiceCallId,
     StoreUnavailable,
@@ -30,11 +31,9 @@ from timer_core import (
     TimerState,
     TimerWorker,
     ValidationError,
-    decode_command,
-    encode_envelope,
-    format_timestamp,
-    to_epoch_ms,
 )
+from timer_core.codec import decode_command, encode_envelope
+from timer_core.instants import format_timestamp, to_epoch_ms
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
 
@@ -60,7 +59,7 @@ async def until(predicate: Callable[[], bool], within: float = 5.0) -> None:
             await asyncio.sleep(0)
 
 
-class JournalStore(MemoryTimerStore):
+class JournalStore(MemoryTimerStore, ReportsRemoteSchedules):
     """A memory store that notes its lifecycle and its remote-schedule registrations."""
 
     def __init__(self, journal: list[str]) -> None:

@@ -32,9 +32,9 @@ from timer_core import (
     TenantId,
     TimerState,
     TimerWorker,
-    handle_commands,
-    to_epoch_ms,
 )
+from timer_core.commands import handle_commands
+from timer_core.instants import to_epoch_ms
 
 T = TypeVar("T")
 T0 = datetime(2030, 1, 1, tzinfo=UTC)

@@ -26,9 +26,8 @@ from timer_core import (
     TimerEntry,
     TimerState,
     TimerWorker,
-    handle_commands,
-    schedule_timer,
 )
+from timer_core.commands import handle_commands, schedule_timer
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
 A = TenantId("tenant-a")

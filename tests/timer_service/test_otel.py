@@ -38,9 +38,9 @@ from timer_core import (
     TenantId,
     TimerEntry,
     TraceContext,
-    decode_event,
-    format_timestamp,
 )
+from timer_core.codec import decode_event
+from timer_core.instants import format_timestamp
 from timer_service.bootstrap import bootstrap
 from timer_service.metrics import LATENESS_BUCKETS, PrometheusInstrumentation
 from timer_service.otel import OtelInstrumentation

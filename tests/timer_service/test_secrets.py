@@ -17,7 +17,7 @@ from tests.pg import PostgresCluster
 from tests.ports import refused_port, refused_ports
 from tests.secure_nats import DEPLOY_NATS, SecuredBrokers, hostport, start_server_from_file
 from tests.timer_service.process import ServiceProcess, free_port, http_get
-from timer_core import redact_url
+from timer_core.redaction import redact_url
 from timer_service.settings import Settings, SettingsError
 
 # Every secret is marked so that a grep finds it however it was cut or quoted.

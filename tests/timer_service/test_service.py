@@ -16,7 +16,7 @@ import pytest
 from tests.ports import refused_port
 from tests.timer_service.process import ServiceProcess, free_port, http_get
 from timer_adapters_nats import TimerClient
-from timer_core import decode_event
+from timer_core.codec import decode_event
 
 
 def run_cli(

@@ -22,7 +22,8 @@ from nats.js.api import ConsumerConfig
 from tests.secure_nats import DEPLOY_NATS, start_server_from_file
 from tests.timer_service.process import ServiceProcess, free_port, http_get
 from timer_adapters_nats import DueEventConsumerSettings, NatsBroker, NatsSettings, TimerClient
-from timer_core import PublishError, encode_envelope
+from timer_core import PublishError
+from timer_core.codec import encode_envelope
 from timer_service.tenancy import nats_config, secret_variable
 
 RECIPE = DEPLOY_NATS / "tenants.conf"

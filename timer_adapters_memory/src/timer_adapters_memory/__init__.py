@@ -10,13 +10,14 @@ from timer_adapters_memory._bus import MemoryEventBus, MemorySubscription
 from timer_adapters_memory._client import MemoryTimerClient
 from timer_adapters_memory._clock import FakeClock
 from timer_adapters_memory._commands import MemoryCommandSource
-from timer_adapters_memory._store import MemoryTimerStore
+from timer_adapters_memory._store import LeasingMemoryTimerStore, MemoryTimerStore
 
 __all__ = [
     "FakeClock",
     "MemoryCommandSource",
     "MemoryEventBus",
     "MemoryTimerClient",
+    "LeasingMemoryTimerStore",
     "MemoryTimerStore",
     "MemorySubscription",
 ]

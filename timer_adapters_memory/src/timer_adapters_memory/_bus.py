@@ -7,15 +7,8 @@ import logging
 import threading
 from collections.abc import Callable, Sequence
 
-from timer_core import (
-    DecodeError,
-    DueTimeReached,
-    EventPublisher,
-    MessageEnvelope,
-    PublishError,
-    decode_event,
-    encode_envelope,
-)
+from timer_core import DecodeError, DueTimeReached, EventPublisher, MessageEnvelope, PublishError
+from timer_core.codec import decode_event, encode_envelope
 
 __all__ = ["MemoryEventBus", "MemorySubscription"]
 

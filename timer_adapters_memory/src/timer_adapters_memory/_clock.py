@@ -8,7 +8,7 @@ import itertools
 import threading
 from datetime import UTC, datetime, timedelta
 
-from timer_core import require_utc
+from timer_core.instants import require_utc
 
 __all__ = ["FakeClock"]
 

@@ -9,7 +9,6 @@ import threading
 from collections.abc import Awaitable
 
 from timer_core import (
-    NO_INSTRUMENTATION,
     Clock,
     Command,
     CommandBatchHandler,
@@ -18,10 +17,10 @@ from timer_core import (
     Instrumentation,
     MessageEnvelope,
     SystemClock,
-    decode_command,
-    encode_envelope,
     rejection_reason,
 )
+from timer_core.codec import decode_command, encode_envelope
+from timer_core.instrumentation import NO_INSTRUMENTATION
 
 __all__ = ["MemoryCommandSource"]
 

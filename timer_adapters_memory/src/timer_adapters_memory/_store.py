@@ -6,7 +6,7 @@ import asyncio
 import bisect
 import itertools
 import threading
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Hashable, Mapping, Sequence
 from datetime import datetime
 
 import attrs
@@ -16,6 +16,8 @@ from timer_core import (
     CommandOutcome,
     CorrelationId,
     DueCursor,
+    FindsDueByTenant,
+    LeasesClaims,
     ServiceCallId,
     StoreUnavailable,
     SystemClock,
@@ -24,12 +26,12 @@ from timer_core import (
     TimerKey,
     TimerOperation,
     TimerStore,
-    require_utc,
 )
 from timer_core.fair_share import FairShare, longest_waiting_first
+from timer_core.instants import require_utc
 from timer_core.replay import StoredKey, marked, operation_keys, replay
 
-__all__ = ["MemoryTimerStore"]
+__all__ = ["LeasingMemoryTimerStore", "MemoryTimerStore"]
 
 _owner_numbers = itertools.count(1)
 
@@ -112,7 +114,7 @@ class _Storage:
             del self.tenant_index[entry.tenant_id]
 
 
-class MemoryTimerStore(TimerStore):
+class MemoryTimerStore(TimerStore, FindsDueByTenant):
     """An in-memory, thread-safe :class:`~timer_core.ports.TimerStore`.
 
     It keeps every promise of the port (it passes :class:`timer_core.testing.TimerStoreContract`)
@@ -127,8 +129,19 @@ class MemoryTimerStore(TimerStore):
     (it passes :class:`timer_core.testing.TimerStoreLeaseContract`): :meth:`find_due` claims
     the timers it returns for ``lease_s`` seconds of ``clock`` (monotonic time; instances
     over one storage should share the clock), marks and releases are fenced by the claim,
-    and each instance is its own owner (``owner_id``, default a new name per instance).
+    and each instance is its own owner (``owner_id``, default a new name per instance). Such
+    an instance is a :class:`LeasingMemoryTimerStore`, a
+    :class:`~timer_core.ports.LeasesClaims`.
     """
+
+    def __new__(cls, *_: object, lease_s: float | None = None, **__: object) -> MemoryTimerStore:
+        if lease_s is not None and not issubclass(cls, LeasesClaims):
+            if cls is not MemoryTimerStore:
+                raise TypeError(
+                    f"{cls.__name__} takes a lease_s: subclass LeasingMemoryTimerStore instead"
+                )
+            cls = LeasingMemoryTimerStore
+        return super().__new__(cls)
 
     def __init__(
         self,
@@ -145,12 +158,6 @@ class MemoryTimerStore(TimerStore):
         self._lease_s = lease_s
         self._clock: Clock = clock or SystemClock()
         self._owner = owner_id or f"memory-{next(_owner_numbers)}"
-        # The token of each claim this instance holds, as find_due took it.
-        self._claims: dict[TimerKey, int] = {}
-
-    @property
-    def claim_lease_s(self) -> float | None:
-        return self._lease_s
 
     async def start(self) -> None:
         self._not_open = None
@@ -234,14 +241,10 @@ class MemoryTimerStore(TimerStore):
                 if cursor.due_at > now or len(found) >= limit:
                     break
                 key = TimerKey(cursor.tenant_id, cursor.service_call_id)
-                if leasing and not self._claim(storage, key, instant):
-                    continue
-                found.append(storage.timers[key])
+                claimed = self._claimed(storage, key, instant) if leasing else storage.timers[key]
+                if claimed is not None:
+                    found.append(claimed)
             return found
-
-    @property
-    def finds_due_by_tenant(self) -> bool:
-        return True
 
     async def find_due_by_tenant(
         self, now: datetime, limit: int, *, after: Mapping[TenantId, DueCursor]
@@ -277,10 +280,12 @@ class MemoryTimerStore(TimerStore):
                     while took < share and at < len(index) and index[at][0] <= now:
                         key = TimerKey(tenant, index[at][1])
                         at += 1
-                        if leasing and not self._claim(storage, key, instant):
-                            continue
-                        found.append(storage.timers[key])
-                        took += 1
+                        claimed = (
+                            self._claimed(storage, key, instant) if leasing else storage.timers[key]
+                        )
+                        if claimed is not None:
+                            found.append(claimed)
+                            took += 1
                     starts[tenant], taken[tenant] = at, took
                 plan.took(taken)
             found.sort(key=DueCursor.of)
@@ -296,21 +301,21 @@ class MemoryTimerStore(TimerStore):
             and lease.until >= instant
         )
 
-    def _claim(self, storage: _Storage, key: TimerKey, instant: float) -> bool:
-        """Claim ``key`` for this instance unless another holds a live claim on it."""
+    def _claimed(self, storage: _Storage, key: TimerKey, instant: float) -> TimerEntry | None:
+        """The timer of ``key`` claimed for this instance, carrying its claim (the lease
+        token), unless another instance holds a live claim on it."""
         assert self._lease_s is not None
         if self._held_by_another(storage, key, instant):
-            return False
+            return None
         lease = storage.leases.setdefault(key, _Lease(None, None, 0))
         lease.owner, lease.until, lease.token = (
             self._owner,
             instant + self._lease_s,
             lease.token + 1,
         )
-        self._claims[key] = lease.token
-        return True
+        return attrs.evolve(storage.timers[key], claim=lease.token)
 
-    def _fenced(self, storage: _Storage, key: TimerKey, token: int | None) -> bool:
+    def _fenced(self, storage: _Storage, key: TimerKey, token: Hashable | None) -> bool:
         """Whether this instance may no longer mark or release ``key`` (the fence)."""
         if self._lease_s is None:
             return False
@@ -344,28 +349,13 @@ class MemoryTimerStore(TimerStore):
             storage = self._check("mark_reached")
             changed = 0
             for entry in entries:
-                token = self._claims.pop(entry.key, None)
                 reached = marked(storage.timers.get(entry.key), entry)
-                if reached is None or self._fenced(storage, entry.key, token):
+                if reached is None or self._fenced(storage, entry.key, entry.claim):
                     continue
                 storage.put(reached)
                 storage.drop_lease(entry.key)
                 changed += 1
             return changed
-
-    async def release_claims(self, entries: Sequence[TimerEntry]) -> None:
-        if self._lease_s is None:
-            return
-        await asyncio.sleep(0)
-        with self._storage.lock:
-            storage = self._check("release_claims")
-            for entry in entries:
-                token = self._claims.pop(entry.key, None)
-                current = storage.timers.get(entry.key)
-                if token is None or current is None or not current.is_scheduled:
-                    continue
-                if not self._fenced(storage, entry.key, token):
-                    storage.drop_lease(entry.key)
 
     async def find_by_correlation(
         self, tenant_id: TenantId, correlation_id: CorrelationId
@@ -448,3 +438,24 @@ class MemoryTimerStore(TimerStore):
             for _, key in tombstones[: budget - deleted]:
                 del storage.tombstones[key]
             return deleted + min(len(tombstones), budget - deleted)
+
+
+class LeasingMemoryTimerStore(MemoryTimerStore, LeasesClaims):
+    """A :class:`MemoryTimerStore` made with ``lease_s``: it claims what it finds."""
+
+    @property
+    def claim_lease_s(self) -> float:
+        assert self._lease_s is not None
+        return self._lease_s
+
+    async def release_claims(self, entries: Sequence[TimerEntry]) -> None:
+        await asyncio.sleep(0)
+        with self._storage.lock:
+            storage = self._check("release_claims")
+            for entry in entries:
+                token = entry.claim
+                current = storage.timers.get(entry.key)
+                if token is None or current is None or not current.is_scheduled:
+                    continue
+                if not self._fenced(storage, entry.key, token):
+                    storage.drop_lease(entry.key)

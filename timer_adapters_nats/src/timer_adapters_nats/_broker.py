@@ -28,7 +28,8 @@ from timer_adapters_nats._events import DueEventConsumer, DueEventConsumerSettin
 from timer_adapters_nats._publisher import NatsEventPublisher
 from timer_adapters_nats._settings import NatsSettings
 from timer_adapters_nats._source import NatsCommandSource
-from timer_core import NO_INSTRUMENTATION, Instrumentation
+from timer_core import Instrumentation
+from timer_core.instrumentation import NO_INSTRUMENTATION
 
 __all__ = ["NatsBroker"]
 

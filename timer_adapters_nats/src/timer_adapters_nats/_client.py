@@ -29,8 +29,8 @@ from timer_core import (
     TraceContext,
     Uuid7EnvelopeIds,
     command_envelope,
-    encode_envelope,
 )
+from timer_core.codec import encode_envelope
 
 __all__ = ["TimerClient"]
 

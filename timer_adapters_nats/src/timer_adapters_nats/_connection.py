@@ -21,7 +21,8 @@ from nats.aio.client import Client
 from nats.js.client import JetStreamContext
 
 from timer_adapters_nats._settings import NatsSettings, server_urls
-from timer_core import AsyncResource, TimerError, redact_url
+from timer_core import AsyncResource, TimerError
+from timer_core.redaction import redact_url
 
 __all__ = [
     "JETSTREAM_MISSING",

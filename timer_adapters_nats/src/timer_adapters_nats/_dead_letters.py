@@ -18,7 +18,8 @@ from nats.js.errors import NotFoundError
 from timer_adapters_nats._acked import MSG_ID, Outgoing
 from timer_adapters_nats._connection import NatsConnection
 from timer_adapters_nats._settings import Subjects
-from timer_core import DecodeError, InvalidIdentifier, TenantId, decode_command
+from timer_core import DecodeError, InvalidIdentifier, TenantId
+from timer_core.codec import decode_command
 
 __all__ = [
     "ERROR_HEADER",

@@ -37,8 +37,8 @@ from timer_core import (
     ServiceCallId,
     TenantId,
     TimerError,
-    decode_event,
 )
+from timer_core.codec import decode_event
 
 __all__ = ["DueEventConsumer", "DueEventConsumerSettings", "DueEventDelivery"]
 

@@ -7,13 +7,8 @@ from collections.abc import Sequence
 
 from timer_adapters_nats._acked import MSG_ID, AckedPublisher, Frame
 from timer_adapters_nats._connection import NatsConnection
-from timer_core import (
-    DueTimeReached,
-    EventPublisher,
-    MessageEnvelope,
-    PublishError,
-    encode_envelope,
-)
+from timer_core import DueTimeReached, EventPublisher, MessageEnvelope, PublishError
+from timer_core.codec import encode_envelope
 
 __all__ = ["NatsEventPublisher"]
 

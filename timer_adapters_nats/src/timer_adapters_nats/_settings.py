@@ -10,7 +10,8 @@ from typing import Any
 
 import attrs
 
-from timer_core import REDACTED, ServiceCallId, TenantId, ValidationError, redact_url
+from timer_core import ServiceCallId, TenantId, ValidationError
+from timer_core.redaction import REDACTED, redact_url
 
 __all__ = ["NatsSettings", "Subjects"]
 

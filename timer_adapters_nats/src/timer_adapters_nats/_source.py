@@ -16,8 +16,6 @@ from timer_adapters_nats._connection import NatsConnection
 from timer_adapters_nats._dead_letters import ERROR_HEADER, dead_letter_message
 from timer_adapters_nats._pull import PullBatches, Settlement, settle
 from timer_core import (
-    NO_INSTRUMENTATION,
-    TRACEPARENT_HEADER,
     Command,
     CommandBatchHandler,
     CommandOutcome,
@@ -27,9 +25,11 @@ from timer_core import (
     MessageEnvelope,
     PublishError,
     TraceContext,
-    decode_command,
     rejection_reason,
 )
+from timer_core.codec import decode_command
+from timer_core.instrumentation import NO_INSTRUMENTATION
+from timer_core.trace import TRACEPARENT_HEADER
 
 __all__ = ["NatsCommandSource"]
 

@@ -16,7 +16,8 @@ import sqlalchemy.exc
 from timer_adapters_postgres._errors import translate_error
 from timer_adapters_postgres._lanes import StatementLane
 from timer_adapters_postgres._schema import SCHEMA_VERSION, migrate, schema_version
-from timer_core import SchemaNotFound, SchemaVersionError, StoreError, redact_url
+from timer_core import SchemaNotFound, SchemaVersionError, StoreError
+from timer_core.redaction import redact_url
 
 __all__ = ["Connections", "default_owner_id", "scheduled_as_batch", "sqlalchemy_url"]
 

@@ -17,7 +17,8 @@ from time import monotonic
 import psycopg
 from psycopg import sql
 
-from timer_core import StoreUnavailable, from_epoch_ms, to_epoch_ms
+from timer_core import StoreUnavailable
+from timer_core.instants import from_epoch_ms, to_epoch_ms
 
 __all__ = ["EARLIEST", "ScheduleListener", "notify_payload", "parse_payload", "peer_payload"]
 

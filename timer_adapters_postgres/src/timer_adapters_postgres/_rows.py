@@ -23,7 +23,8 @@ __all__ = [
 STATES = {state.value: state for state in TimerState}
 
 
-def entry_from_row(row: Any) -> TimerEntry:
+def entry_from_row(row: Any, claim: int | None = None) -> TimerEntry:
+    """The entry of a row of the timer columns (with the claim a claim's row carries)."""
     traceparent = row.traceparent
     return TimerEntry.from_storage(
         row.tenant_id,
@@ -34,6 +35,7 @@ def entry_from_row(row: Any) -> TimerEntry:
         STATES.get(row.state, row.state),
         row.reached_at,
         None if traceparent is None else TraceContext(traceparent, row.tracestate),
+        claim,
     )
 
 

@@ -44,8 +44,8 @@ from timer_core import (
     TimerEntry,
     TimerKey,
     TimerOperation,
-    scheduled_entry,
 )
+from timer_core.commands import scheduled_entry
 from timer_core.replay import (
     StoredKey,
     new_timers,

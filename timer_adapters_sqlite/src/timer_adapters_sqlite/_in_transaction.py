@@ -11,14 +11,8 @@ import sqlalchemy.orm
 
 from timer_adapters_sqlite._errors import translate_error
 from timer_adapters_sqlite._writes import Batch, batch_of, write_batches
-from timer_core import (
-    CancelTimer,
-    CommandOutcome,
-    ScheduleTimer,
-    StoreError,
-    TimerKey,
-    scheduled_entry,
-)
+from timer_core import CancelTimer, CommandOutcome, ScheduleTimer, StoreError, TimerKey
+from timer_core.commands import scheduled_entry
 
 __all__ = ["cancel_in_transaction", "schedule_in_transaction"]
 

@@ -47,7 +47,9 @@ from timer_core import (
     CommandOutcome,
     CorrelationId,
     DueCursor,
+    FindsDueByTenant,
     RemoteScheduleCallback,
+    ReportsRemoteSchedules,
     ServiceCallId,
     StoreError,
     StoreUnavailable,
@@ -55,9 +57,9 @@ from timer_core import (
     TimerEntry,
     TimerOperation,
     TimerStore,
-    format_timestamp,
-    require_utc,
 )
+from timer_core.fair_share import FairShare
+from timer_core.instants import format_timestamp, require_utc
 
 __all__ = ["SqliteTimerStore"]
 
@@ -66,7 +68,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-class SqliteTimerStore(TimerStore):
+class SqliteTimerStore(TimerStore, FindsDueByTenant, ReportsRemoteSchedules):
     """A :class:`~timer_core.ports.TimerStore` on a SQLite file, through SQLAlchemy.
 
     ``mode="standalone"`` (default): the timer owns the file. ``mode="shared"``: the file is
@@ -374,10 +376,6 @@ class SqliteTimerStore(TimerStore):
 
         return await self._read(find)
 
-    @property
-    def finds_due_by_tenant(self) -> bool:
-        return True
-
     async def find_due_by_tenant(
         self, now: datetime, limit: int, *, after: Mapping[TenantId, DueCursor]
     ) -> list[TimerEntry]:
@@ -395,25 +393,29 @@ class SqliteTimerStore(TimerStore):
             # not even listed, so a backlog over many tenants costs no memory per tenant.
             active = [row[0] for row in driver.execute(DUE_TENANTS, (now_text, limit))]
             found: list[TimerEntry] = []
-            # Rounds: every tenant still active gets an equal share; those that filled it
-            # may take what the others left in the next round.
-            while len(found) < limit and active:
-                share = max(1, (limit - len(found)) // len(active))
-                active = active[: limit - len(found)]  # one each at least, longest waiting
-                wanted = [[tenant, *cursors.get(tenant, ("", ""))] for tenant in active]
-                rows = driver.execute(
-                    FIND_DUE_OF_TENANTS, (json.dumps(wanted), now_text, share)
-                ).fetchall()
+            # The rounds and shares are timer_core.fair_share's; each round is a statement
+            # per share size (two at most: what does not divide evenly goes one each to the
+            # longest waiting).
+            plan = FairShare(limit, active)
+            while shares := plan.next_round():
                 taken: dict[str, int] = {}
-                for row in rows:
-                    taken[row[0]] = taken.get(row[0], 0) + 1
-                    last = cursors.get(row[0])
-                    if last is None or (row[3], row[1]) > last:
-                        cursors[row[0]] = (row[3], row[1])
-                found += [entry_from_row(row) for row in rows]
-                active = [tenant for tenant in active if taken.get(tenant, 0) == share]
+                by_size: dict[int, list[str]] = {}
+                for tenant, share in shares:
+                    by_size.setdefault(share, []).append(tenant)
+                for share, tenants in by_size.items():
+                    wanted = [[tenant, *cursors.get(tenant, ("", ""))] for tenant in tenants]
+                    rows = driver.execute(
+                        FIND_DUE_OF_TENANTS, (json.dumps(wanted), now_text, share)
+                    ).fetchall()
+                    for row in rows:
+                        taken[row[0]] = taken.get(row[0], 0) + 1
+                        last = cursors.get(row[0])
+                        if last is None or (row[3], row[1]) > last:
+                            cursors[row[0]] = (row[3], row[1])
+                    found += [entry_from_row(row) for row in rows]
+                plan.took(taken)
             found.sort(key=DueCursor.of)
-            return found[:limit]
+            return found
 
         return await self._read(find)
 

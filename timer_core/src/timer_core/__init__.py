@@ -1,7 +1,13 @@
-"""Timer's pure domain: timers, messages, ports and workflows, with no I/O of its own.
+"""Timer's pure domain: timers, messages, ports and the runtime, with no I/O of its own.
 
 Hosts run a :class:`Timer` over adapters (``timer_adapters_sqlite``, ``timer_adapters_nats``,
-``timer_adapters_memory`` or their own) that implement :mod:`timer_core.ports`.
+``timer_adapters_memory`` or their own) that implement :mod:`timer_core.ports`. This module
+exports the domain, the runtime, the ports and the errors; the rest lives in submodules:
+:mod:`timer_core.commands`, :mod:`timer_core.events` and :mod:`timer_core.firing` (the
+workflows the runtime runs), :mod:`timer_core.replay` and :mod:`timer_core.fair_share` (the
+rules a store applies), :mod:`timer_core.codec`, :mod:`timer_core.instants`,
+:mod:`timer_core.trace`, :mod:`timer_core.redaction`, :mod:`timer_core.instrumentation` and
+:mod:`timer_core.maintenance`.
 """
 
 from timer_core._entry import TimerEntry, TimerKey, TimerState
@@ -16,27 +22,8 @@ from timer_core._messages import (
     ScheduleTimer,
     command_envelope,
 )
-from timer_core._redact import REDACTED, redact_url
 from timer_core._runtime import Timer, TimerHealth
-from timer_core._time import (
-    ceil_ms,
-    floor_ms,
-    format_timestamp,
-    from_epoch_ms,
-    parse_timestamp,
-    require_utc,
-    to_epoch_ms,
-)
-from timer_core._trace import TRACEPARENT_HEADER, TRACESTATE_HEADER, TraceContext
-from timer_core.codec import (
-    MAX_MESSAGE_BYTES,
-    decode_command,
-    decode_envelope,
-    decode_event,
-    encode_envelope,
-    envelope_from_dict,
-    envelope_to_dict,
-)
+from timer_core._trace import TraceContext
 from timer_core.errors import (
     ComponentFailed,
     DecodeError,
@@ -51,12 +38,7 @@ from timer_core.errors import (
     TimerError,
     ValidationError,
 )
-from timer_core.instrumentation import (
-    NO_BATCH_OBSERVER,
-    NO_INSTRUMENTATION,
-    BatchObserver,
-    Instrumentation,
-)
+from timer_core.instrumentation import BatchObserver, Instrumentation
 from timer_core.ports import (
     AsyncResource,
     Clock,
@@ -66,8 +48,11 @@ from timer_core.ports import (
     DueCursor,
     EnvelopeIdGenerator,
     EventPublisher,
+    FindsDueByTenant,
+    LeasesClaims,
     PositionedOperation,
     RemoteScheduleCallback,
+    ReportsRemoteSchedules,
     SystemClock,
     TimerOperation,
     TimerScheduler,
@@ -76,99 +61,64 @@ from timer_core.ports import (
     rejection_reason,
 )
 from timer_core.worker import QuarantinedTimer, TimerWorker
-from timer_core.workflows import (
-    DrainReport,
-    FiringReport,
-    PendingMark,
-    build_due_event,
-    cancel_timer,
-    drain_due_timers,
-    fire_due_timers,
-    handle_commands,
-    schedule_timer,
-    scheduled_entry,
-)
 
 __all__ = [
-    "MAX_MESSAGE_BYTES",
-    "NO_BATCH_OBSERVER",
-    "NO_INSTRUMENTATION",
-    "REDACTED",
-    "TRACEPARENT_HEADER",
-    "TRACESTATE_HEADER",
-    "AsyncResource",
-    "BatchObserver",
+    # the domain
     "CancelTimer",
     "CausationId",
-    "Clock",
     "Command",
-    "CommandBatchHandler",
-    "CommandOutcome",
-    "CommandSource",
-    "ComponentFailed",
     "CorrelationId",
-    "DecodeError",
-    "DrainReport",
-    "DueCursor",
     "DueTimeReached",
     "EnvelopeId",
-    "EnvelopeIdGenerator",
-    "EventPublisher",
-    "FiringReport",
-    "IllegalTransition",
-    "Instrumentation",
-    "InvalidIdentifier",
-    "InvalidTimestamp",
     "Message",
     "MessageEnvelope",
     "MessageMetadata",
-    "PendingMark",
-    "PublishError",
-    "QuarantinedTimer",
-    "RemoteScheduleCallback",
     "ScheduleTimer",
-    "SchemaNotFound",
-    "SchemaVersionError",
     "ServiceCallId",
-    "StoreError",
-    "StoreUnavailable",
-    "SystemClock",
     "TenantId",
     "TimerEntry",
-    "Timer",
-    "TimerError",
-    "TimerHealth",
     "TimerKey",
+    "TimerState",
+    "TraceContext",
+    "command_envelope",
+    # the runtime
+    "BatchObserver",
+    "Instrumentation",
+    "QuarantinedTimer",
+    "Timer",
+    "TimerHealth",
+    "TimerWorker",
+    # the ports
+    "AsyncResource",
+    "Clock",
+    "CommandBatchHandler",
+    "CommandOutcome",
+    "CommandSource",
+    "DueCursor",
+    "EnvelopeIdGenerator",
+    "EventPublisher",
+    "FindsDueByTenant",
+    "LeasesClaims",
     "PositionedOperation",
+    "RemoteScheduleCallback",
+    "ReportsRemoteSchedules",
+    "SystemClock",
     "TimerOperation",
     "TimerScheduler",
-    "TimerState",
     "TimerStore",
-    "TimerWorker",
-    "TraceContext",
     "Uuid7EnvelopeIds",
-    "ValidationError",
-    "build_due_event",
-    "cancel_timer",
-    "command_envelope",
-    "ceil_ms",
-    "decode_command",
-    "decode_envelope",
-    "decode_event",
-    "drain_due_timers",
-    "encode_envelope",
-    "envelope_from_dict",
-    "envelope_to_dict",
-    "fire_due_timers",
-    "floor_ms",
-    "format_timestamp",
-    "from_epoch_ms",
-    "handle_commands",
-    "parse_timestamp",
-    "redact_url",
     "rejection_reason",
-    "require_utc",
-    "schedule_timer",
-    "scheduled_entry",
-    "to_epoch_ms",
+    # the errors
+    "ComponentFailed",
+    "DecodeError",
+    "IllegalTransition",
+    "InvalidIdentifier",
+    "InvalidTimestamp",
+    "PublishError",
+    "SchemaNotFound",
+    "SchemaVersionError",
+    "StoreError",
+    "StoreUnavailable",
+    "TimerError",
+    "ValidationError",
 ]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
@@ -65,6 +65,7 @@ def _from_storage(
     state: TimerState,
     reached_at: datetime | None,
     trace_context: TraceContext | None,
+    claim: Hashable | None = None,
 ) -> TimerEntry:
     """The entry a store reads back from one of its rows (:meth:`TimerEntry.from_storage`).
 
@@ -113,6 +114,7 @@ def _from_storage(
             state,
             reached_at,
             trace_context,
+            claim,
         )
     return TimerEntry(
         tenant_id=tenant_id,
@@ -123,6 +125,7 @@ def _from_storage(
         state=state,
         reached_at=reached_at,
         trace_context=trace_context,
+        claim=claim,
     )
 
 
@@ -146,6 +149,11 @@ class TimerEntry:
     reached_at: datetime | None = attrs.field(default=None, converter=_optional_instant)
     trace_context: TraceContext | None = None
     """The W3C trace context of the ``ScheduleTimer`` that scheduled it last, if it had one."""
+    claim: Hashable | None = attrs.field(default=None, eq=False, repr=False)
+    """The claim of the leasing store that returned this timer from a find (its lease token,
+    say), or None. It travels with the timer, and with the ``Reached`` entry :meth:`reach`
+    makes of it, back to that store's ``mark_reached`` or ``release_claims``, which check it
+    (the fence). Not part of the timer: never stored, compared or hashed."""
 
     def __attrs_post_init__(self) -> None:
         if (self.state is TimerState.REACHED) != (self.reached_at is not None):
@@ -157,9 +165,9 @@ class TimerEntry:
 
     from_storage = staticmethod(_from_storage)
     """``TimerEntry.from_storage(tenant_id, service_call_id, due_at, registered_at,
-    correlation_id, state, reached_at, trace_context)``: the entry a store reads back from
-    what it stored, its values as a valid entry wrote them (aware UTC datetimes at
-    milliseconds, ids as strings, a :class:`TimerState`).
+    correlation_id, state, reached_at, trace_context, claim=None)``: the entry a store reads
+    back from what it stored, its values as a valid entry wrote them (aware UTC datetimes at
+    milliseconds, ids as strings, a :class:`TimerState`), with the claim it took on it.
 
     Values in that form are checked only as far as they must be (an id's characters, an
     instant's zone and precision, the state and ``reached_at`` agreeing), at about 40% of
@@ -212,6 +220,7 @@ class TimerEntry:
             TimerState.REACHED,
             reached_at,
             self.trace_context,
+            self.claim,
         )
 
     def reschedule(
@@ -233,6 +242,7 @@ class TimerEntry:
             registered_at=registered_at,
             correlation_id=correlation_id,
             trace_context=trace_context,
+            claim=None,
         )
 
 
@@ -256,6 +266,7 @@ def _slot_setters(cls: type[Any], *names: str) -> tuple[Callable[[Any, Any], Non
     _set_state,
     _set_reached_at,
     _set_trace_context,
+    _set_claim,
 ) = _slot_setters(
     TimerEntry,
     "tenant_id",
@@ -266,6 +277,7 @@ def _slot_setters(cls: type[Any], *names: str) -> tuple[Callable[[Any, Any], Non
     "state",
     "reached_at",
     "trace_context",
+    "claim",
 )
 
 
@@ -278,6 +290,7 @@ def _unchecked_entry(
     state: TimerState,
     reached_at: datetime | None,
     trace_context: TraceContext | None = None,
+    claim: Hashable | None = None,
 ) -> TimerEntry:
     """A TimerEntry from values already of its fields' types and forms, without running the
     converters and checks again: for the hot paths only (a fired timer, a stored command).
@@ -291,4 +304,5 @@ def _unchecked_entry(
     _set_state(entry, state)
     _set_reached_at(entry, reached_at)
     _set_trace_context(entry, trace_context)
+    _set_claim(entry, claim)
     return entry

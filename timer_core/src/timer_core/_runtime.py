@@ -17,6 +17,7 @@ import attrs
 from timer_core._entry import TimerEntry, TimerKey
 from timer_core._ids import ServiceCallId, TenantId
 from timer_core._messages import CancelTimer, Command, MessageEnvelope, ScheduleTimer
+from timer_core.commands import cancel_timer, handle_commands, schedule_timer
 from timer_core.errors import ComponentFailed
 from timer_core.instrumentation import NO_INSTRUMENTATION, Instrumentation
 from timer_core.ports import (
@@ -26,11 +27,11 @@ from timer_core.ports import (
     CommandSource,
     EnvelopeIdGenerator,
     EventPublisher,
+    ReportsRemoteSchedules,
     SystemClock,
     TimerStore,
 )
 from timer_core.worker import QuarantinedTimer, TimerWorker
-from timer_core.workflows import cancel_timer, handle_commands, schedule_timer
 
 __all__ = ["Timer", "TimerHealth"]
 
@@ -197,7 +198,8 @@ class Timer:
             self._finished.set()
             await _close_all(opened[::-1], [])
             raise
-        self._store.watch_remote_schedules(self._worker.notify_scheduled)
+        if isinstance(self._store, ReportsRemoteSchedules):
+            self._store.watch_remote_schedules(self._worker.notify_scheduled)
         self._spawn(_WORKER, self._worker.run())
         if self._commands is not None:
             self._spawn(_COMMANDS, self._commands.run(self._handle_commands))
@@ -235,7 +237,8 @@ class Timer:
         finally:
             for task in self._tasks.values():
                 task.cancel()  # only those left running by a cancelled close
-            self._store.watch_remote_schedules(None)
+            if isinstance(self._store, ReportsRemoteSchedules):
+                self._store.watch_remote_schedules(None)
             await _close_all(self._resources()[::-1], errors)
             self._state = _State.CLOSED
             self._finished.set()

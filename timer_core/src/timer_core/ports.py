@@ -32,7 +32,10 @@ __all__ = [
     "DueCursor",
     "EnvelopeIdGenerator",
     "EventPublisher",
+    "FindsDueByTenant",
+    "LeasesClaims",
     "RemoteScheduleCallback",
+    "ReportsRemoteSchedules",
     "PositionedOperation",
     "SystemClock",
     "TimerOperation",
@@ -69,7 +72,7 @@ def rejection_reason(envelope: MessageEnvelope[Command], outcome: CommandOutcome
         return None
     return (
         f"tenant {str(envelope.tenant_id)!r} is at its cap of pending timers "
-        "(max_pending_per_tenant; TIMER_MAX_PENDING_PER_TENANT in timer-service): "
+        "(max_pending_per_tenant): "
         f"ScheduleTimer for {str(envelope.payload.service_call_id)!r} refused; cancel "
         "timers or let them fire first"
     )
@@ -217,9 +220,12 @@ class TimerStore(AsyncResource, abc.ABC):
         strictly after that position (keyset pagination). Served by an index: its cost
         grows with ``limit``, not with the number of stored timers.
 
-        A store shared by several instances (:attr:`claim_lease_s` not None) *claims* the
-        timers it returns for that long: no other store's ``find_due`` returns them until
-        they are marked, released (:meth:`release_claims`) or the lease runs out. The same
+        A store shared by several instances (a :class:`LeasesClaims`) *claims* the timers it
+        returns for its :attr:`~LeasesClaims.claim_lease_s`: no other store's ``find_due``
+        returns them until they are marked, released (:meth:`~LeasesClaims.release_claims`)
+        or the lease runs out. Each entry it returns carries its claim
+        (:attr:`TimerEntry.claim <timer_core.TimerEntry.claim>`), which goes back to the
+        store with the entry's mark or release; the store keeps no book of them. The same
         store may claim its own claimed timers again.
         """
 
@@ -240,31 +246,6 @@ class TimerStore(AsyncResource, abc.ABC):
             after = page[-1].service_call_id
         return count
 
-    @property
-    def finds_due_by_tenant(self) -> bool:
-        """Whether this store implements :meth:`find_due_by_tenant`. False by default.
-
-        When it does, a drain that finds more timers due than one batch holds goes on with
-        batches shared among tenants, so no tenant waits for another's backlog.
-        """
-        return False
-
-    async def find_due_by_tenant(
-        self, now: datetime, limit: int, *, after: Mapping[TenantId, DueCursor]
-    ) -> list[TimerEntry]:
-        """Up to ``limit`` ``Scheduled`` timers with ``due_at <= now``, shared among tenants.
-
-        Each tenant's timers come in its own order ``(due_at, service_call_id)``, and for a
-        tenant in ``after`` only those strictly after its cursor there. Tenants are served
-        earliest due first, each with an equal share of ``limit`` (at least one); what a
-        tenant leaves of its share goes to the others, so fewer than ``limit`` come back only
-        when no more are due. The result is in ``(due_at, tenant_id, service_call_id)``
-        order. A leasing store claims them as :meth:`find_due` does. Its cost grows with the
-        number of tenants that have pending timers and with ``limit``, not with a tenant's
-        backlog. Only called when :attr:`finds_due_by_tenant` is true.
-        """
-        raise NotImplementedError(f"{type(self).__name__} does not find due timers by tenant")
-
     @abc.abstractmethod
     async def mark_reached(self, entries: Sequence[TimerEntry]) -> int:
         """Record firings, all in one transaction; returns how many timers changed.
@@ -274,27 +255,9 @@ class TimerStore(AsyncResource, abc.ABC):
         own correlation id, ``registered_at`` and trace context stay), and only while it is
         ``Scheduled`` with the same ``due_at``: a timer rescheduled, cancelled or already
         marked since it was read is left alone, so a second mark keeps the first
-        ``reached_at``. A leasing store also leaves
-        alone a timer that another claim took over since this store's :meth:`find_due`
-        returned it (the fence: a slow instance never overwrites the new owner's work).
-        """
-
-    @property
-    def claim_lease_s(self) -> float | None:
-        """How long timers returned by :meth:`find_due` stay claimed by this store, or None.
-
-        Counted from the moment ``find_due`` was called. ``fire_due_timers`` publishes a
-        claimed timer only within that time, so an instance that stalled past its lease (its
-        timers possibly claimed by another by now) does not publish them. None, the default,
-        means ``find_due`` takes no lease (one instance).
-        """
-        return None
-
-    async def release_claims(self, entries: Sequence[TimerEntry]) -> None:
-        """Give up this store's claims on timers it will not fire now (publish failed).
-
-        Other instances may then claim them at once instead of after the lease. A timer
-        claimed again since is left alone. The default does nothing (no leases).
+        ``reached_at``. A leasing store (:class:`LeasesClaims`) also leaves alone a timer
+        that another claim took over since the claim the entry carries (the fence: a slow
+        instance never overwrites the new owner's work).
         """
 
     @abc.abstractmethod
@@ -331,18 +294,75 @@ class TimerStore(AsyncResource, abc.ABC):
         together never exceed ``limit``.
         """
 
-    def watch_remote_schedules(self, callback: RemoteScheduleCallback | None) -> bool:
-        """Ask to be told of timers that other writers schedule in the same storage.
 
-        A store that can learn of them (PostgreSQL's ``LISTEN/NOTIFY`` from other instances)
-        calls ``callback(due_at)`` on the event loop soon after such a schedule commits, so
-        the worker wakes for a timer due before its next look. Schedules made through this
-        very instance need not be reported: their caller wakes the worker itself. ``None``
-        stops the calls. Returns whether the store reports anything at all; the default
-        reports nothing (returns False) and the worker's poll finds such timers within its
-        polling interval. :class:`~timer_core.Timer` registers its worker here at start.
+class FindsDueByTenant(abc.ABC):
+    """A store that can share a find among tenants (a capability a :class:`TimerStore` may
+    have): a drain that finds more timers due than one batch holds goes on with batches
+    shared among tenants, so no tenant waits for another's backlog."""
+
+    @abc.abstractmethod
+    async def find_due_by_tenant(
+        self, now: datetime, limit: int, *, after: Mapping[TenantId, DueCursor]
+    ) -> list[TimerEntry]:
+        """Up to ``limit`` ``Scheduled`` timers with ``due_at <= now``, shared among tenants.
+
+        Each tenant's timers come in its own order ``(due_at, service_call_id)``, and for a
+        tenant in ``after`` only those strictly after its cursor there. How ``limit`` is
+        shared is :mod:`timer_core.fair_share`'s rule: tenants are served longest waiting
+        first (earliest due timer, then tenant id), each with an equal share of what is left
+        (what does not divide evenly goes one each to the first; with fewer left than
+        tenants, the first get one each), in rounds: what a tenant leaves of its share goes
+        to those that took all of theirs, so fewer than ``limit`` come back only when no
+        more are due. The result is in ``(due_at, tenant_id, service_call_id)`` order. A
+        leasing store claims them as :meth:`TimerStore.find_due` does. Its cost grows with
+        the number of tenants that have pending timers and with ``limit``, not with a
+        tenant's backlog.
         """
-        return False
+
+
+class LeasesClaims(abc.ABC):
+    """A store several instances share (a capability a :class:`TimerStore` may have): what
+    its :meth:`~TimerStore.find_due` returns is claimed for a lease, each entry carrying its
+    claim (:attr:`TimerEntry.claim <timer_core.TimerEntry.claim>`), and its
+    :meth:`~TimerStore.mark_reached` is fenced: it leaves alone a timer that another claim
+    took over since the find returned it (a slow instance never overwrites the new owner's
+    work). The conformance suite is :class:`timer_core.testing.TimerStoreLeaseContract`."""
+
+    @property
+    @abc.abstractmethod
+    def claim_lease_s(self) -> float:
+        """How long timers returned by :meth:`~TimerStore.find_due` stay claimed, in seconds.
+
+        Counted from the moment ``find_due`` was called. The firing pipeline publishes a
+        claimed timer only within that time, so an instance that stalled past its lease (its
+        timers possibly claimed by another by now) does not publish them.
+        """
+
+    @abc.abstractmethod
+    async def release_claims(self, entries: Sequence[TimerEntry]) -> None:
+        """Give up the claims ``entries`` carry, on timers that will not be fired now.
+
+        Other instances may then claim them at once instead of after the lease. A timer
+        claimed again since (or an entry without a claim) is left alone.
+        """
+
+
+class ReportsRemoteSchedules(abc.ABC):
+    """A store that can tell of timers other writers schedule in the same storage (a
+    capability a :class:`TimerStore` may have): PostgreSQL's ``LISTEN/NOTIFY``, SQLite's
+    watch of its file. Without it, the worker's poll finds such timers within its polling
+    interval."""
+
+    @abc.abstractmethod
+    def watch_remote_schedules(self, callback: RemoteScheduleCallback | None) -> bool:
+        """Have ``callback(due_at)`` called on the event loop soon after another writer's
+        schedule commits, so the worker wakes for a timer due before its next look.
+
+        Schedules made through this very instance need not be reported: their caller wakes
+        the worker itself. ``None`` stops the calls. Returns whether anything will be
+        reported (a store configured not to watch returns False).
+        :class:`~timer_core.Timer` registers its worker here at start.
+        """
 
 
 class EventPublisher(AsyncResource, abc.ABC):

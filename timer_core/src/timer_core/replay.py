@@ -137,7 +137,7 @@ def replay(operations: Sequence[TimerOperation], stored: Mapping[TimerKey, Store
                 # Nothing changes, the position included: a Reached timer is final.
                 outcomes.append(CommandOutcome.IGNORED_REACHED)
                 continue
-            held.state, held.entry = _SCHEDULED, operation
+            held.state, held.entry = _SCHEDULED, _unclaimed(operation)
             if position is not None:
                 held.position = position
             outcomes.append(CommandOutcome.SCHEDULED)
@@ -162,6 +162,11 @@ def replay(operations: Sequence[TimerOperation], stored: Mapping[TimerKey, Store
         elif before is _SCHEDULED and held.state is None:
             deletes.append(key)
     return Replay(outcomes, inserts, updates, deletes, list(tombstones.values()))
+
+
+def _unclaimed(entry: TimerEntry) -> TimerEntry:
+    """``entry`` as a store keeps it: without the claim a find may have put on it."""
+    return entry if entry.claim is None else attrs.evolve(entry, claim=None)
 
 
 def new_timers(operations: Sequence[TimerOperation]) -> list[StoredTimer] | None:
@@ -190,7 +195,7 @@ def new_timers(operations: Sequence[TimerOperation]) -> list[StoredTimer] | None
         if key in seen:
             return None
         seen.add(key)
-        timers.append(StoredTimer(operation, position))
+        timers.append(StoredTimer(_unclaimed(operation), position))
     return timers
 
 
@@ -220,4 +225,4 @@ def marked(stored: TimerEntry | None, reached: TimerEntry) -> TimerEntry | None:
         raise ValueError(f"mark_reached needs Reached entries, got {reached}")
     if stored is None or not stored.is_scheduled or stored.due_at != reached.due_at:
         return None
-    return stored.reach(reached.reached_at)
+    return _unclaimed(stored.reach(reached.reached_at))

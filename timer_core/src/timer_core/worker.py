@@ -17,7 +17,15 @@ import attrs
 
 from timer_core._entry import TimerEntry, TimerKey, TimerState
 from timer_core.errors import PublishError, StoreError, ValidationError
+from timer_core.firing import (
+    DrainReport,
+    FiringPipeline,
+    FiringReport,
+    PendingMark,
+    PublishedEvents,
+)
 from timer_core.instrumentation import NO_INSTRUMENTATION, Instrumentation
+from timer_core.maintenance import Retention
 from timer_core.ports import (
     Clock,
     EnvelopeIdGenerator,
@@ -25,7 +33,6 @@ from timer_core.ports import (
     TimerStore,
     Uuid7EnvelopeIds,
 )
-from timer_core.workflows import DrainReport, FiringReport, PendingMark, drain_due_timers
 
 __all__ = ["QuarantinedTimer", "TimerWorker"]
 
@@ -79,7 +86,8 @@ class _Failing:
 
 
 class TimerWorker:
-    """Runs :func:`~timer_core.workflows.drain_due_timers` until stopped.
+    """Runs :meth:`FiringPipeline.drain <timer_core.firing.FiringPipeline.drain>` until
+    stopped.
 
     - drains a backlog batch after batch without sleeping while batches come back full,
       reading and marking batches while their neighbours are published;
@@ -136,18 +144,22 @@ class TimerWorker:
         if quarantine_after is not None:
             _require_count("quarantine_after", quarantine_after)
         self._store = store
-        self._publisher = publisher
         self._clock = clock
         self._interval = polling_interval
-        self._batch_size = batch_size
-        self._ids = ids or Uuid7EnvelopeIds()
         self._instrumentation = instrumentation
+        delivery = PublishedEvents(publisher, clock, ids or Uuid7EnvelopeIds(), instrumentation)
+        self._firing = FiringPipeline(
+            store, delivery, clock, batch_size=batch_size, instrumentation=instrumentation
+        )
         self._initial_backoff = initial_backoff
         self._max_backoff = max_backoff
-        self._retention = retention
-        self._retention_batch = retention_batch
-        self._retention_every = retention_every
-        self._next_purge_at: float | None = None
+        self._retention = (
+            None
+            if retention is None
+            else Retention(
+                store, clock, keep=retention, batch=retention_batch, every=retention_every
+            )
+        )
         self._wake = asyncio.Event()
         self._stop = asyncio.Event()
         self._wake_at: datetime | None = None
@@ -272,18 +284,12 @@ class TimerWorker:
         carried, self._marking = self._marking, None
         self._drain_started = self._clock.monotonic()
         try:
-            report = await drain_due_timers(
-                self._store,
-                self._publisher,
-                self._clock,
-                batch_size=self._batch_size,
-                ids=self._ids,
-                instrumentation=self._instrumentation,
+            self._firing.exclude = self._left_out if self._failing else None
+            report = await self._firing.drain(
                 stopping=self._drain_over,
                 on_batch=self._batch_done,
                 finish_marks=False,
                 carried=carried,
-                exclude=self._left_out if self._failing else None,
             )
         except BaseException:
             if carried is not None:
@@ -382,7 +388,7 @@ class TimerWorker:
         log.error(
             "timer %s/%s (due %s) quarantined: its publish failed %d times while other timers "
             "were published (last error: %s); it stays Scheduled and is left out until "
-            "retried (`timer-service quarantine retry`)",
+            "retried (retry_quarantined)",
             entry.tenant_id,
             entry.service_call_id,
             entry.due_at.isoformat(),
@@ -446,7 +452,10 @@ class TimerWorker:
         except StoreError as exc:
             log.warning("could not read the next due time (%s); polling again later", exc)
             next_due = None
-        await self._purge_expired(next_due)
+        if self._retention is not None:
+            await self._retention.purge(
+                next_due, lambda: self._stop.is_set() or self._wake.is_set()
+            )
         if self._failing:
             self._forget_settled_backoffs()
             await self._forget_stale_quarantine()
@@ -464,38 +473,6 @@ class TimerWorker:
             delay = min(delay, retry_in)
         self._wake_at = now + timedelta(seconds=delay)
         await self._sleep(delay, wakeable=True)
-
-    async def _purge_expired(self, next_due: datetime | None) -> None:
-        """Retention: delete fired timers past it, a batch at a time, in idle time only.
-
-        Purging stops as soon as a timer is due or a new one was scheduled (firing always
-        comes first) and goes on at the next idle moment, so a large first purge never
-        holds firings back.
-        """
-        if self._retention is None:
-            return
-        if self._next_purge_at is not None and self._clock.monotonic() < self._next_purge_at:
-            return
-        cutoff = self._clock.now() - self._retention
-        deleted = 0
-        finished = False
-        try:
-            while not (self._stop.is_set() or self._wake.is_set()):
-                if next_due is not None and self._clock.now() >= next_due:
-                    break
-                batch = await self._store.purge_reached(cutoff, self._retention_batch)
-                deleted += batch
-                if batch < self._retention_batch:
-                    finished = True
-                    break
-                await asyncio.sleep(0)
-        except StoreError as exc:
-            log.warning("retention purge failed (%s); trying again later", exc)
-            finished = True
-        if finished:
-            self._next_purge_at = self._clock.monotonic() + self._retention_every
-        if deleted:
-            log.info("retention: deleted %d timers fired before %s", deleted, cutoff)
 
     def _backoff(self, failures: int) -> float:
         # Never past the polling interval: it is the longest the worker may go without

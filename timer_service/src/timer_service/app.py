@@ -12,7 +12,8 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 from timer_adapters_nats.embedded import NatsServerProcess
-from timer_core import Instrumentation, redact_url
+from timer_core import Instrumentation
+from timer_core.redaction import redact_url
 from timer_service.bootstrap import bootstrap, build_store
 from timer_service.service import HEALTHY_POLL_AGE_S, StartupError, TimerService
 from timer_service.settings import Settings

@@ -20,10 +20,9 @@ from timer_core import (
     ServiceCallId,
     TenantId,
     TimerEntry,
-    format_timestamp,
-    parse_timestamp,
-    redact_url,
 )
+from timer_core.instants import format_timestamp, parse_timestamp
+from timer_core.redaction import redact_url
 from timer_service.app import StartupError, broker_url_file, build_store, serve
 from timer_service.logformat import configure_logging
 from timer_service.quarantine import QuarantineError, add_quarantine_parser, run_quarantine

@@ -18,7 +18,8 @@ from timer_adapters_nats import (
     NatsConnection,
     NatsSettings,
 )
-from timer_core import InvalidIdentifier, redact_url
+from timer_core import InvalidIdentifier
+from timer_core.redaction import redact_url
 from timer_service.app import StartupError
 from timer_service.settings import Settings
 

@@ -17,7 +17,7 @@ from rich.live import Live
 from rich.table import Table
 
 from timer_adapters_nats import TimerClient, connect
-from timer_core import parse_timestamp
+from timer_core.instants import parse_timestamp
 from timer_service.app import TimerService, serve
 from timer_service.settings import Settings
 

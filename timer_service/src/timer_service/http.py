@@ -13,14 +13,8 @@ from urllib.parse import parse_qs
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from timer_core import (
-    QuarantinedTimer,
-    ServiceCallId,
-    TenantId,
-    TimerKey,
-    ValidationError,
-    format_timestamp,
-)
+from timer_core import QuarantinedTimer, ServiceCallId, TenantId, TimerKey, ValidationError
+from timer_core.instants import format_timestamp
 from timer_service.access import HttpAccess, HttpRequest
 
 __all__ = ["HealthEndpoint", "Quarantine"]

@@ -59,7 +59,6 @@ from opentelemetry.trace import (
 )
 
 from timer_core import (
-    NO_INSTRUMENTATION,
     BatchObserver,
     Command,
     DueTimeReached,
@@ -69,6 +68,7 @@ from timer_core import (
     TimerEntry,
     TraceContext,
 )
+from timer_core.instrumentation import NO_INSTRUMENTATION
 from timer_service.metrics import COUNTED_AS, LATENESS_BUCKETS, POLL_BUCKETS, firing_lateness
 from timer_service.settings import OTEL_LATENESS_SAMPLE
 

@@ -10,7 +10,8 @@ from types import TracebackType
 from typing import Protocol, Self, runtime_checkable
 
 from timer_adapters_nats import NatsBroker
-from timer_core import ComponentFailed, Instrumentation, StoreError, Timer, redact_url
+from timer_core import ComponentFailed, Instrumentation, StoreError, Timer
+from timer_core.redaction import redact_url
 from timer_service.access import HttpAccess
 from timer_service.http import HealthEndpoint
 from timer_service.metrics import PrometheusInstrumentation

@@ -14,7 +14,8 @@ from typing import Any, Literal, TypeVar
 
 import attrs
 
-from timer_core import REDACTED, InvalidIdentifier, TenantId, redact_url
+from timer_core import InvalidIdentifier, TenantId
+from timer_core.redaction import REDACTED, redact_url
 
 __all__ = ["ENVIRONMENT", "OTLP_ENDPOINT_VARIABLES", "Settings", "SettingsError", "parse_duration"]
 

@@ -14,8 +14,8 @@ from timer_core._entry import TimerEntry
 from timer_core._ids import EnvelopeId
 from timer_core._messages import DueTimeReached, MessageEnvelope
 from timer_core.errors import PublishError
+from timer_core.events import build_due_event
 from timer_core.ports import EventPublisher
-from timer_core.workflows import build_due_event
 
 __all__ = ["EventPublisherContract", "PublisherHarness"]
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime, timedelta, timezone
+from typing import Any
 
 import attrs
 import pytest
@@ -17,12 +18,13 @@ from timer_core.errors import StoreUnavailable
 from timer_core.ports import (
     CommandOutcome,
     DueCursor,
+    FindsDueByTenant,
     PositionedOperation,
     TimerOperation,
     TimerStore,
 )
 
-__all__ = ["TimerStoreContract"]
+__all__ = ["FindsDueByTenantContract", "TimerStoreContract"]
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
 A = TenantId("tenant-a")
@@ -71,7 +73,28 @@ def keys(entries: list[TimerEntry]) -> list[tuple[str, str]]:
     return [(str(e.tenant_id), str(e.service_call_id)) for e in entries]
 
 
-class TimerStoreContract:
+class _OneStore:
+    """The fixtures of a suite on one store: the factory hook, and the started store."""
+
+    pytestmark = pytest.mark.asyncio
+
+    @pytest.fixture
+    def make_store(self) -> Callable[[], TimerStore]:
+        """The factory hook: override it to return a callable making unstarted stores."""
+        raise NotImplementedError(f"override the make_store fixture to bind {type(self).__name__}")
+
+    @pytest_asyncio.fixture
+    async def store(self, make_store: Callable[[], TimerStore]) -> AsyncIterator[TimerStore]:
+        """A started store over fresh storage, closed after the test."""
+        store = make_store()
+        await store.start()
+        try:
+            yield store
+        finally:
+            await store.aclose()
+
+
+class TimerStoreContract(_OneStore):
     """Conformance tests every :class:`~timer_core.ports.TimerStore` must pass.
 
     Subclass it as a ``Test...`` class and override the ``make_store`` fixture: it returns a
@@ -85,23 +108,6 @@ class TimerStoreContract:
 
     The suite's own ``store`` fixture makes one store, starts it, and closes it afterwards.
     """
-
-    pytestmark = pytest.mark.asyncio
-
-    @pytest.fixture
-    def make_store(self) -> Callable[[], TimerStore]:
-        """The factory hook: override it to return a callable making unstarted stores."""
-        raise NotImplementedError("override the make_store fixture to bind TimerStoreContract")
-
-    @pytest_asyncio.fixture
-    async def store(self, make_store: Callable[[], TimerStore]) -> AsyncIterator[TimerStore]:
-        """A started store over fresh storage, closed after the test."""
-        store = make_store()
-        await store.start()
-        try:
-            yield store
-        finally:
-            await store.aclose()
 
     # -- schedule (upsert) -------------------------------------------------------------------
 
@@ -428,68 +434,6 @@ class TimerStoreContract:
         await store.mark_reached([timer.reach(at(3))])
         assert keys(await store.find_due(at(10), 10)) == [("tenant-a", "call-2")]
         assert keys(await store.find_due_for_tenant(A, at(10), 10)) == [("tenant-a", "call-2")]
-
-    # find_due_by_tenant (stores that set finds_due_by_tenant; the others pass vacuously)
-
-    async def test_find_due_by_tenant_shares_a_batch_among_tenants(self, store: TimerStore) -> None:
-        """A tenant's backlog takes only its share: every tenant with due timers gets some."""
-        if not store.finds_due_by_tenant:
-            return
-        storm = [entry("tenant-a", f"a{i:02d}", 1) for i in range(20)]
-        others = [entry("tenant-b", f"b{i}", 5) for i in range(3)]
-        others += [entry("tenant-c", f"c{i}", 2) for i in range(3)]
-        await store.apply([*storm, *others])
-        found = await store.find_due_by_tenant(at(10), 10, after={})
-        assert sorted(keys(found)) == sorted(keys(storm[:4] + others))
-        assert found == sorted(found, key=DueCursor.of)
-
-    async def test_find_due_by_tenant_gives_unused_shares_to_others(
-        self, store: TimerStore
-    ) -> None:
-        """What a tenant leaves of its share goes to the others: a batch is short only when
-        nothing more is due, and not-yet-due or Reached timers never come back."""
-        if not store.finds_due_by_tenant:
-            return
-        storm = [entry("tenant-a", f"a{i:02d}", i) for i in range(20)]
-        fired = entry("tenant-b", "fired", 1)
-        await store.apply([*storm, fired, entry("tenant-b", "b", 3), entry("tenant-c", "c", 60)])
-        await store.mark_reached([fired.reach(at(2))])
-        found = await store.find_due_by_tenant(at(10), 10, after={})
-        assert keys(found) == keys(
-            sorted([*storm[:9], entry("tenant-b", "b", 3)], key=DueCursor.of)
-        )
-        rest = await store.find_due_by_tenant(at(10), 100, after={})
-        assert len(rest) == 12  # a0..a10 and b: everything due at 10 s
-        assert await store.find_due_by_tenant(at(0), 10, after={}) == [storm[0]]
-
-    async def test_find_due_by_tenant_continues_after_each_tenants_cursor(
-        self, store: TimerStore
-    ) -> None:
-        """Each tenant's timers come in (due_at, service_call_id) order after its cursor."""
-        if not store.finds_due_by_tenant:
-            return
-        a = [entry("tenant-a", f"a{i}", 1) for i in range(6)]
-        b = [entry("tenant-b", f"b{i}", i) for i in range(6)]
-        await store.apply([*reversed(a), *b])
-        after = {A: DueCursor.of(a[3]), B: DueCursor.of(b[1])}
-        found = await store.find_due_by_tenant(at(10), 4, after=after)
-        assert keys(found) == keys(sorted([a[4], a[5], b[2], b[3]], key=DueCursor.of))
-        after = {A: DueCursor.of(a[5]), B: DueCursor.of(b[5])}
-        assert await store.find_due_by_tenant(at(10), 4, after=after) == []
-
-    async def test_find_due_by_tenant_serves_the_longest_waiting_tenants_first(
-        self, store: TimerStore
-    ) -> None:
-        """With more tenants than room, the tenants whose earliest due timer is oldest come
-        first, so a later tenant id never waits behind earlier ones."""
-        if not store.finds_due_by_tenant:
-            return
-        timers = [
-            entry(f"tenant-{name}", "x", due) for name, due in zip("edcba", range(5), strict=True)
-        ]
-        await store.apply(timers)
-        found = await store.find_due_by_tenant(at(10), 2, after={})
-        assert keys(found) == [("tenant-e", "x"), ("tenant-d", "x")]
 
     async def test_find_due_for_tenant_orders_by_due_at(self, store: TimerStore) -> None:
         """find_due_for_tenant returns the tenant's due timers earliest first."""
@@ -1033,3 +977,85 @@ class TimerStoreContract:
                 ("tenant-a", "pending"),
                 ("tenant-b", "moved"),
             ]
+
+
+class FindsDueByTenantContract(_OneStore):
+    """Conformance tests of a store that shares finds among tenants
+    (:class:`~timer_core.ports.FindsDueByTenant`), bound like :class:`TimerStoreContract`
+    (the same ``make_store`` hook)."""
+
+    async def test_the_store_has_the_capability(self, store: TimerStore) -> None:
+        """The store is a :class:`~timer_core.ports.FindsDueByTenant`, so drains use it."""
+        assert isinstance(store, FindsDueByTenant)
+
+    async def test_find_due_by_tenant_shares_a_batch_among_tenants(self, store: Any) -> None:
+        """A tenant's backlog takes only its share: every tenant with due timers gets some."""
+        storm = [entry("tenant-a", f"a{i:02d}", 1) for i in range(20)]
+        others = [entry("tenant-b", f"b{i}", 5) for i in range(3)]
+        others += [entry("tenant-c", f"c{i}", 2) for i in range(3)]
+        await store.apply([*storm, *others])
+        found = await store.find_due_by_tenant(at(10), 10, after={})
+        assert sorted(keys(found)) == sorted(keys(storm[:4] + others))
+        assert found == sorted(found, key=DueCursor.of)
+
+    async def test_find_due_by_tenant_gives_unused_shares_to_others(self, store: Any) -> None:
+        """What a tenant leaves of its share goes to the others: a batch is short only when
+        nothing more is due, and not-yet-due or Reached timers never come back."""
+        storm = [entry("tenant-a", f"a{i:02d}", i) for i in range(20)]
+        fired = entry("tenant-b", "fired", 1)
+        await store.apply([*storm, fired, entry("tenant-b", "b", 3), entry("tenant-c", "c", 60)])
+        await store.mark_reached([fired.reach(at(2))])
+        found = await store.find_due_by_tenant(at(10), 10, after={})
+        assert keys(found) == keys(
+            sorted([*storm[:9], entry("tenant-b", "b", 3)], key=DueCursor.of)
+        )
+        rest = await store.find_due_by_tenant(at(10), 100, after={})
+        assert len(rest) == 12  # a0..a10 and b: everything due at 10 s
+        assert await store.find_due_by_tenant(at(0), 10, after={}) == [storm[0]]
+
+    async def test_find_due_by_tenant_continues_after_each_tenants_cursor(self, store: Any) -> None:
+        """Each tenant's timers come in (due_at, service_call_id) order after its cursor."""
+        a = [entry("tenant-a", f"a{i}", 1) for i in range(6)]
+        b = [entry("tenant-b", f"b{i}", i) for i in range(6)]
+        await store.apply([*reversed(a), *b])
+        after = {A: DueCursor.of(a[3]), B: DueCursor.of(b[1])}
+        found = await store.find_due_by_tenant(at(10), 4, after=after)
+        assert keys(found) == keys(sorted([a[4], a[5], b[2], b[3]], key=DueCursor.of))
+        after = {A: DueCursor.of(a[5]), B: DueCursor.of(b[5])}
+        assert await store.find_due_by_tenant(at(10), 4, after=after) == []
+
+    async def test_find_due_by_tenant_serves_the_longest_waiting_tenants_first(
+        self, store: Any
+    ) -> None:
+        """With more tenants than room, the tenants whose earliest due timer is oldest come
+        first, so a later tenant id never waits behind earlier ones."""
+        timers = [
+            entry(f"tenant-{name}", "x", due) for name, due in zip("edcba", range(5), strict=True)
+        ]
+        await store.apply(timers)
+        found = await store.find_due_by_tenant(at(10), 2, after={})
+        assert keys(found) == [("tenant-e", "x"), ("tenant-d", "x")]
+
+    async def test_find_due_by_tenant_breaks_ties_by_tenant_id(self, store: Any) -> None:
+        """Tenants whose earliest timers are due at the same instant are served in tenant id
+        order (timer_core.fair_share's tie-break)."""
+        await store.apply([entry(f"tenant-{name}", "x", 5) for name in "cab"])
+        found = await store.find_due_by_tenant(at(10), 2, after={})
+        assert keys(found) == [("tenant-a", "x"), ("tenant-b", "x")]
+
+    async def test_find_due_by_tenant_gives_the_rest_to_the_longest_waiting(
+        self, store: Any
+    ) -> None:
+        """10 among 3 tenants with plenty due: 4, 3 and 3, the longest waiting getting the one
+        that does not divide evenly."""
+        await store.apply(
+            [
+                entry(f"tenant-{name}", f"{name}{i:02d}", n + i)
+                for n, name in enumerate("abc")
+                for i in range(10)
+            ]
+        )
+        found = await store.find_due_by_tenant(at(100), 10, after={})
+        counts = {tenant: sum(e.tenant_id == tenant for e in found) for tenant in (A, B)}
+        assert counts == {A: 4, B: 3}
+        assert len(found) == 10

@@ -129,7 +129,6 @@ class TestQuota:
         assert [m.subject for m in letters] == ["timer.dlq.tenant-a"] * 2
         for letter in letters:
             assert "max_pending_per_tenant" in letter.headers[ERROR_HEADER]
-            assert "TIMER_MAX_PENDING_PER_TENANT" in letter.headers[ERROR_HEADER]
         assert {m.json()["payload"]["serviceCallId"] for m in letters} == {"call-3", "call-4"}
 
 

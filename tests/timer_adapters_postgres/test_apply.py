@@ -36,6 +36,18 @@ def entry(call: str, due_s: int = 60) -> TimerEntry:
     )
 
 
+def inserting_x(postgres_url: str) -> psycopg.Connection[tuple[Any, ...]]:
+    """Another writer's connection, its transaction holding an uncommitted insert of 'x'."""
+    conninfo = sa.make_url(postgres_url).set(drivername="postgresql")
+    other = psycopg.connect(conninfo.render_as_string(hide_password=False))
+    other.execute(
+        "INSERT INTO timer_schedules (tenant_id, service_call_id, due_at, registered_at) "
+        "VALUES ('tenant-a', 'x', %s, %s)",
+        (NOW + timedelta(seconds=5), NOW),
+    )
+    return other
+
+
 @pytest.fixture
 def statements() -> Iterator[list[str]]:
     """The SQL every SQLAlchemy engine of this process runs while the test does."""
@@ -87,14 +99,8 @@ async def test_an_insert_racing_the_batch_makes_it_a_reschedule(
     """A key inserted by another transaction while the batch waits on it: the rest of the batch
     is stored and that key rescheduled to the batch's timer, all reported SCHEDULED."""
     store = await make_started_store(listen=False)
-    conninfo = sa.make_url(postgres_url).set(drivername="postgresql")
-    other = psycopg.connect(conninfo.render_as_string(hide_password=False))
+    other = inserting_x(postgres_url)  # uncommitted: the batch's insert of 'x' waits for it
     try:
-        other.execute(
-            "INSERT INTO timer_schedules (tenant_id, service_call_id, due_at, registered_at) "
-            "VALUES ('tenant-a', 'x', %s, %s)",
-            (NOW + timedelta(seconds=5), NOW),
-        )  # uncommitted: the batch's insert of 'x' waits for it
         applying = asyncio.ensure_future(store.apply([entry("w"), entry("x"), entry("y")]))
         while True:  # until the batch waits on the other transaction's lock
             (waiting,) = postgres_sql.execute(
@@ -130,14 +136,8 @@ async def test_an_apply_that_fails_after_a_racing_insert_applied_none_of_the_bat
         raise StoreUnavailable("the general way failed on purpose")
 
     monkeypatch.setattr(store, "_apply", general_way_fails)
-    conninfo = sa.make_url(postgres_url).set(drivername="postgresql")
-    other = psycopg.connect(conninfo.render_as_string(hide_password=False))
+    other = inserting_x(postgres_url)  # uncommitted: the batch's insert of 'x' waits for it
     try:
-        other.execute(
-            "INSERT INTO timer_schedules (tenant_id, service_call_id, due_at, registered_at) "
-            "VALUES ('tenant-a', 'x', %s, %s)",
-            (NOW + timedelta(seconds=5), NOW),
-        )  # uncommitted: the batch's insert of 'x' waits for it
         applying = asyncio.ensure_future(store.apply([entry("w"), entry("x"), entry("y")]))
         await wait_until_blocked(postgres_sql)
         other.commit()

@@ -279,7 +279,7 @@ class StallingPublisher(EventPublisher):
 
 
 class TestFiringAcrossInstances:
-    """fire_due_timers and TimerWorker on several stores over one database."""
+    """The firing pipeline and TimerWorker on several stores over one database."""
 
     async def test_stalled_instance_gives_up_and_another_fires_once(
         self, make_started_store: MakeStore, postgres_sql: psycopg.Connection[Any]

@@ -1,4 +1,4 @@
-"""drain_due_timers: batch after batch in due order, store work overlapping the publishing."""
+"""FiringPipeline.drain: batch after batch in due order, store work overlapping the publishing."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The core's lease fence in fire_due_timers, on the memory adapters and a fake clock.
+"""The core's lease fence in the firing pipeline, on the memory adapters and a fake clock.
 
 A leasing store (``claim_lease_s`` set) must never see its claimed timers published once the
 lease may have run out; these tests drive that with the memory store's leasing mode (whose
@@ -122,7 +122,7 @@ class TestWithoutLease:
 
 
 class TestLeaseFence:
-    """fire_due_timers publishes claimed timers only within the store's claim lease."""
+    """The firing pipeline publishes claimed timers only within the store's claim lease."""
 
     async def test_publishes_and_marks_within_the_lease(self, clock: FakeClock) -> None:
         """A claim and publish well within the lease fire and mark as usual."""

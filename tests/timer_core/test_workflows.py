@@ -118,7 +118,7 @@ def clock() -> FakeClock:
 
 
 class TestFireDueTimers:
-    """fire_due_timers: find due timers, publish them, then mark the published ones."""
+    """FiringPipeline.fire: find due timers, publish them, then mark the published ones."""
 
     async def test_publishes_then_marks(
         self, store: MemoryTimerStore, bus: MemoryEventBus, clock: FakeClock

@@ -35,7 +35,8 @@ from timer_adapters_sqlite import SqliteTimerStore
 from timer_bench import kit, sqlite, yardsticks
 from timer_bench.kit import TENANTS, now_ms, percentiles, progress, rate
 from timer_bench.procs import Broker, CheckFailed, Service, nats_server_version
-from timer_core import TimerEntry, from_epoch_ms
+from timer_core import TimerEntry
+from timer_core.instants import from_epoch_ms
 
 SCENARIOS = ("schedule", "fire", "storm", "steady", "catchup", "scale")
 DEFAULT_BATCH = 100

@@ -134,7 +134,7 @@ class Broker:
 
     async def send_schedules(self, timers: list[tuple[str, str, int]]) -> None:
         """Publish ``ScheduleTimer`` for ``(tenant, serviceCallId, due ms)``; every one acked."""
-        from timer_core import from_epoch_ms
+        from timer_core.instants import from_epoch_ms
 
         sender = TimerClient(self.client, publish_window=1000, ack_timeout_s=30)
         for start in range(0, len(timers), 5000):

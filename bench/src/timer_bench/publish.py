@@ -18,7 +18,9 @@ from typing import Any
 from timer_adapters_nats import NatsBroker, NatsServerProcess, NatsSettings
 from timer_bench import kit
 from timer_bench.procs import nats_server_version, package_versions
-from timer_core import DueTimeReached, MessageEnvelope, TimerEntry, build_due_event, encode_envelope
+from timer_core import DueTimeReached, MessageEnvelope, TimerEntry
+from timer_core.codec import encode_envelope
+from timer_core.events import build_due_event
 
 Event = MessageEnvelope[DueTimeReached]
 T0 = datetime(2030, 1, 1, tzinfo=UTC)

@@ -26,7 +26,7 @@ from collections.abc import Iterable, Mapping
 
 import attrs
 
-from timer_core import REDACTED
+from timer_core.redaction import REDACTED
 from timer_service.settings import Settings
 
 __all__ = ["HttpAccess", "HttpRequest", "Refusal", "bearer"]

@@ -179,7 +179,8 @@ def new_timers(operations: Sequence[TimerOperation]) -> list[StoredTimer] | None
     the usual batch instead of a read and a write.
     """
     timers: list[StoredTimer] = []
-    seen: set[TimerKey] = set()
+    # Plain tuples, not TimerKeys: once per command stored, on the schedule path.
+    seen: set[tuple[str, str]] = set()
     for operation in operations:
         position: int | None = None
         if isinstance(operation, PositionedOperation):
@@ -191,7 +192,7 @@ def new_timers(operations: Sequence[TimerOperation]) -> list[StoredTimer] | None
             return None
         if operation.state is not _SCHEDULED:
             raise ValueError(f"only Scheduled timers can be scheduled, got {operation}")
-        key = operation.key
+        key = (operation.tenant_id, operation.service_call_id)
         if key in seen:
             return None
         seen.add(key)

@@ -39,10 +39,12 @@ from timer_core.codec import (
 )
 from timer_core.errors import (
     ComponentFailed,
+    ConfigurationError,
     DecodeError,
     IllegalTransition,
     InvalidIdentifier,
     InvalidTimestamp,
+    NotRunning,
     PublishError,
     SchemaNotFound,
     SchemaVersionError,
@@ -50,6 +52,7 @@ from timer_core.errors import (
     StoreUnavailable,
     TimerError,
     ValidationError,
+    WaitTimedOut,
 )
 from timer_core.instrumentation import (
     NO_BATCH_OBSERVER,
@@ -106,6 +109,7 @@ __all__ = [
     "CommandOutcome",
     "CommandSource",
     "ComponentFailed",
+    "ConfigurationError",
     "CorrelationId",
     "DecodeError",
     "DrainReport",
@@ -121,6 +125,7 @@ __all__ = [
     "InvalidTimestamp",
     "Message",
     "MessageEnvelope",
+    "NotRunning",
     "MessageMetadata",
     "PendingMark",
     "PublishError",
@@ -148,6 +153,7 @@ __all__ = [
     "TraceContext",
     "Uuid7EnvelopeIds",
     "ValidationError",
+    "WaitTimedOut",
     "build_due_event",
     "cancel_timer",
     "command_envelope",

@@ -17,7 +17,13 @@ import attrs
 from timer_core._entry import TimerEntry, TimerKey
 from timer_core._ids import ServiceCallId, TenantId
 from timer_core._messages import CancelTimer, Command, MessageEnvelope, ScheduleTimer
-from timer_core.errors import ComponentFailed
+from timer_core.errors import (
+    ComponentFailed,
+    ConfigurationError,
+    NotRunning,
+    ValidationError,
+    WaitTimedOut,
+)
 from timer_core.instrumentation import NO_INSTRUMENTATION, Instrumentation
 from timer_core.ports import (
     AsyncResource,
@@ -111,13 +117,23 @@ class Timer:
         ids: EnvelopeIdGenerator | None = None,
         max_pending_per_tenant: int | None = None,
     ) -> None:
+        _require(store, TimerStore, "store", "a TimerStore, e.g. SqliteTimerStore('timers.db')")
+        _require(
+            publisher, EventPublisher, "publisher", "an EventPublisher, e.g. NatsBroker.publisher"
+        )
+        if commands is not None:
+            _require(commands, CommandSource, "commands", "a CommandSource or None")
+        if clock is not None and not isinstance(clock, Clock):
+            raise ConfigurationError(
+                f"Timer's clock must be a Clock (now, monotonic, sleep), got {_shown(clock)}"
+            )
         self._store = store
         self._publisher = publisher
         self._commands = commands
         self._clock: Clock = clock or SystemClock()
         self._instrumentation = instrumentation
         if max_pending_per_tenant is not None and max_pending_per_tenant < 1:
-            raise ValueError(
+            raise ValidationError(
                 f"max_pending_per_tenant must be at least 1 (or None), got {max_pending_per_tenant}"
             )
         self._max_pending_per_tenant = max_pending_per_tenant
@@ -185,7 +201,7 @@ class Timer:
         If one of them fails to start, those started are closed again and the error raised.
         """
         if self._state is not _State.NEW:
-            raise RuntimeError(f"this Timer is {self._state.value}; a Timer runs only once")
+            raise NotRunning(f"this Timer is {self._state.value}; a Timer runs only once")
         self._state = _State.RUNNING
         opened: list[AsyncResource] = []
         try:
@@ -249,11 +265,29 @@ class Timer:
         """Return once the Timer is closed; raise ``ComponentFailed`` as soon as a component
         stops on its own. ``await timer.wait()`` is how a host runs it until then."""
         if self._state is _State.NEW:
-            raise RuntimeError("this Timer is not started: use `async with Timer(...)`")
+            raise NotRunning("this Timer is not started: use `async with Timer(...)`")
         await self._finished.wait()
         if self._failure is not None:
             self._failure_raised = True
             raise self._failure_error()
+
+    async def wait_until_idle(self, *, timeout: float | None = 10.0) -> None:  # noqa: ASYNC109
+        """Return once the worker has fired everything due by the clock's now and sleeps.
+
+        For tests on a ``FakeClock``: ``assert bus.published == []`` means something only
+        after this. Raises :class:`~timer_core.errors.WaitTimedOut` after ``timeout`` real
+        seconds (None: wait forever), :class:`~timer_core.errors.NotRunning` when the Timer
+        is not running.
+        """
+        if self._state is not _State.RUNNING:
+            raise NotRunning(f"this Timer is {self._state.value}: use `async with Timer(...)`")
+        try:
+            await asyncio.wait_for(self._worker.wait_until_idle(), timeout)
+        except TimeoutError:
+            raise WaitTimedOut(
+                f"gave up after {timeout:g} s waiting for the Timer's worker to be idle "
+                f"(health: {self.health()})"
+            ) from None
 
     async def __aenter__(self) -> Self:
         await self.start()
@@ -376,6 +410,16 @@ class Timer:
         error = ComponentFailed(self._failure_text())
         error.__cause__ = self._failure[1]
         return error
+
+
+def _require(value: object, kind: type, name: str, expected: str) -> None:
+    """Refuse a wrong argument at construction, not at ``async with`` with an AttributeError."""
+    if not isinstance(value, kind):
+        raise ConfigurationError(f"Timer's {name} must be {expected}; got {_shown(value)}")
+
+
+def _shown(value: object) -> str:
+    return f"{type(value).__name__} {value!r}"[:200]
 
 
 async def _close_all(resources: Sequence[AsyncResource], errors: list[BaseException]) -> None:

@@ -21,11 +21,17 @@ from time import monotonic
 from typing import Any, TypeVar
 
 import attrs
+import psycopg
 import sqlalchemy as sa
 import sqlalchemy.exc
 import sqlalchemy.orm
 
 from timer_adapters_postgres._errors import is_retryable, translate_error
+from timer_adapters_postgres._host_connection import (
+    HostConnection,
+    PsycopgWriter,
+    psycopg_connection,
+)
 from timer_adapters_postgres._lanes import StatementLane, pyformat
 from timer_adapters_postgres._listener import ScheduleListener, notify_payload, peer_payload
 from timer_adapters_postgres._schema import SCHEMA_VERSION, migrate, schema_version
@@ -33,6 +39,7 @@ from timer_adapters_postgres._schema import timer_schedules as t
 from timer_core import (
     CancelTimer,
     CommandOutcome,
+    ConfigurationError,
     CorrelationId,
     DueCursor,
     PositionedOperation,
@@ -1319,7 +1326,7 @@ class PostgresTimerStore(TimerStore):
 
 
 def schedule_in_transaction(
-    connection: sa.Connection | sqlalchemy.orm.Session,
+    connection: HostConnection,
     command: ScheduleTimer,
     *,
     now: datetime,
@@ -1333,10 +1340,13 @@ def schedule_in_transaction(
     PostgreSQL delivers it on commit only: every listening :class:`PostgresTimerStore` then
     reports it (``watch_remote_schedules``) and its worker wakes. ``now`` is the caller's
     clock reading (the timer's ``registered_at``); adapters never read the clock.
-    ``connection`` is a SQLAlchemy :class:`~sqlalchemy.Connection` or ORM
-    :class:`~sqlalchemy.orm.Session` on the stores' database (a transaction is begun if none
-    is; on SQLAlchemy's asyncio API, call this through ``run_sync``); the timer schema must
-    be there (start a store once, or call :func:`migrate`).
+    ``connection`` is on the stores' database: a SQLAlchemy :class:`~sqlalchemy.Connection`
+    or ORM :class:`~sqlalchemy.orm.Session` (a transaction is begun if none is; on
+    SQLAlchemy's asyncio API, call this through ``run_sync``), a plain psycopg
+    ``Connection`` not in autocommit mode (the write opens its transaction; the caller
+    commits), or a wrapper of one such as Django's ``django.db.connection`` inside
+    ``transaction.atomic()``. The timer schema must be there (start a store once, or call
+    :func:`migrate`). The correlation id is ``correlation_id`` or the command's own.
 
     Returns ``SCHEDULED``, or ``IGNORED_REACHED`` when the timer already fired (it is never
     re-armed). The timer's row stays locked until the transaction ends. Raises
@@ -1349,7 +1359,7 @@ def schedule_in_transaction(
 
 
 def cancel_in_transaction(
-    connection: sa.Connection | sqlalchemy.orm.Session,
+    connection: HostConnection,
     command: CancelTimer,
     *,
     notify_channel: str = "timer_schedules",
@@ -1363,29 +1373,34 @@ def cancel_in_transaction(
 
 
 def _write_in_transaction(
-    connection: sa.Connection | sqlalchemy.orm.Session, ops: list[TimerOperation], channel: str
+    connection: HostConnection, ops: list[TimerOperation], channel: str
 ) -> list[CommandOutcome]:
     if isinstance(connection, sqlalchemy.orm.Session):
         connection = connection.connection()
-    if connection.dialect.name != "postgresql":
-        raise ValueError(
-            f"timer_adapters_postgres needs a PostgreSQL connection, got {connection.dialect.name}"
-        )
-    if not connection.in_transaction():
-        connection.begin()
+    if isinstance(connection, sa.Connection):
+        if connection.dialect.name != "postgresql":
+            raise ConfigurationError(
+                "timer_adapters_postgres needs a PostgreSQL connection, "
+                f"got {connection.dialect.name}"
+            )
+        if not connection.in_transaction():
+            connection.begin()
+        writer: Any = connection
+    else:
+        # Statements go through the caller's psycopg connection as they would through
+        # SQLAlchemy's: the same functions write, over an adapter with its few calls.
+        writer = PsycopgWriter(psycopg_connection(connection))
     for attempt in range(1, _ATTEMPTS + 1):
         try:
-            applied = _insert_new(connection, ops, channel, _HOST_TRANSACTION, _earliest_due)
+            applied = _insert_new(writer, ops, channel, _HOST_TRANSACTION, _earliest_due)
             if applied is None:
-                applied = _apply_operations(
-                    connection, ops, channel, _HOST_TRANSACTION, _earliest_due
-                )
+                applied = _apply_operations(writer, ops, channel, _HOST_TRANSACTION, _earliest_due)
             return applied[0]
         except _RacingInsert:
             # The racing transaction has committed (the insert waited for it): its row is
             # visible to the next statement at READ COMMITTED, so looking again is enough.
             log.debug("scheduling in a host transaction raced; attempt %d", attempt)
-        except sqlalchemy.exc.SQLAlchemyError as exc:
+        except (sqlalchemy.exc.SQLAlchemyError, psycopg.Error) as exc:
             raise translate_error(exc, "schedule a timer in the caller's transaction") from exc
     raise StoreUnavailable(
         f"PostgreSQL: another transaction kept inserting the same timer ({_ATTEMPTS} attempts)"

@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 import sqlalchemy as sa
 
 from timer_adapters_sqlite._errors import translate_error
+from timer_adapters_sqlite._paths import database_path, require_directory
 from timer_adapters_sqlite._rows import as_ops, entry_from_row, read_timestamp, write_timestamp
 from timer_adapters_sqlite._schema import StoreMode, Synchronous, check_schema, create_sqlite_engine
 from timer_adapters_sqlite._sql import (
@@ -44,6 +45,7 @@ from timer_adapters_sqlite._sql import (
 from timer_adapters_sqlite._threads import ApplyJob, CallJob, OpenJob, Reader, Writer, driver_of
 from timer_core import (
     CommandOutcome,
+    ConfigurationError,
     CorrelationId,
     DueCursor,
     RemoteScheduleCallback,
@@ -107,16 +109,20 @@ class SqliteTimerStore(TimerStore):
         migrate: bool = True,
     ) -> None:
         if mode not in ("standalone", "shared"):
-            raise ValueError(f"mode must be 'standalone' or 'shared', got {mode!r}")
+            raise ConfigurationError(f"mode must be 'standalone' or 'shared', got {mode!r}")
         if synchronous not in ("NORMAL", "FULL"):
-            raise ValueError(f"synchronous must be 'NORMAL' or 'FULL', got {synchronous!r}")
+            raise ConfigurationError(f"synchronous must be 'NORMAL' or 'FULL', got {synchronous!r}")
         if busy_timeout_ms < 0:
-            raise ValueError(f"busy_timeout_ms must be >= 0, got {busy_timeout_ms}")
+            raise ConfigurationError(f"busy_timeout_ms must be >= 0, got {busy_timeout_ms}")
         if max_group_operations < 1:
-            raise ValueError(f"max_group_operations must be >= 1, got {max_group_operations}")
+            raise ConfigurationError(
+                f"max_group_operations must be >= 1, got {max_group_operations}"
+            )
         if watch_interval_s is not None and not watch_interval_s > 0:
-            raise ValueError(f"watch_interval_s must be positive or None, got {watch_interval_s}")
-        self.path = os.fspath(path)
+            raise ConfigurationError(
+                f"watch_interval_s must be positive or None, got {watch_interval_s}"
+            )
+        self.path = database_path(path)
         self.mode: StoreMode = mode
         self._synchronous: Synchronous = synchronous
         self._busy_timeout_ms = busy_timeout_ms
@@ -172,6 +178,7 @@ class SqliteTimerStore(TimerStore):
         async with self._lifecycle:
             if self._writer is not None:
                 return
+            require_directory(self.path)
             if not self._migrate:
                 # Checked reading only, before any connection could create or convert it.
                 await asyncio.to_thread(check_schema, self.path)

@@ -52,6 +52,7 @@ def nats_settings(settings: Settings, broker_url: str) -> NatsSettings:
         url=broker_url,
         subject_prefix=settings.subject_prefix,
         consumer_name=settings.consumer_name,
+        client_name="timer-service",
         provision=settings.provision,
         stream_replicas=settings.stream_replicas,
         ack_wait_s=settings.ack_wait_s,

@@ -40,8 +40,8 @@ class TestProvisioning:
             assert config.storage == StorageType.FILE
             assert config.num_replicas == 1
             assert config.duplicate_window is not None and config.duplicate_window >= 120
-        consumer = (await js.consumer_info("TIMER_COMMANDS", "timer-service")).config
-        assert consumer.durable_name == "timer-service"
+        consumer = (await js.consumer_info("TIMER_COMMANDS", "timer")).config
+        assert consumer.durable_name == "timer"  # the library default; the service passes its own
         assert consumer.ack_policy == AckPolicy.EXPLICIT
         assert consumer.ack_wait == broker.settings.ack_wait_s
         assert consumer.max_deliver == broker.settings.max_deliver

@@ -41,6 +41,7 @@ from timer_core.errors import (
     ComponentFailed,
     ConfigurationError,
     DecodeError,
+    HandlerFailed,
     IllegalTransition,
     InvalidIdentifier,
     InvalidTimestamp,
@@ -54,6 +55,7 @@ from timer_core.errors import (
     ValidationError,
     WaitTimedOut,
 )
+from timer_core.handlers import DueTimeHandler, HandlerSettings
 from timer_core.instrumentation import (
     NO_BATCH_OBSERVER,
     NO_INSTRUMENTATION,
@@ -119,6 +121,9 @@ __all__ = [
     "EnvelopeIdGenerator",
     "EventPublisher",
     "FiringReport",
+    "HandlerFailed",
+    "HandlerSettings",
+    "DueTimeHandler",
     "IllegalTransition",
     "Instrumentation",
     "InvalidIdentifier",

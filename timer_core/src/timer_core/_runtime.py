@@ -24,6 +24,7 @@ from timer_core.errors import (
     ValidationError,
     WaitTimedOut,
 )
+from timer_core.handlers import DueTimeHandler, HandlerSettings, HandlerWorker
 from timer_core.instrumentation import NO_INSTRUMENTATION, Instrumentation
 from timer_core.ports import (
     AsyncResource,
@@ -35,7 +36,7 @@ from timer_core.ports import (
     SystemClock,
     TimerStore,
 )
-from timer_core.worker import QuarantinedTimer, TimerWorker
+from timer_core.worker import QuarantinedTimer, TimerWorker, _require_count, _require_seconds
 from timer_core.workflows import cancel_timer, handle_commands, schedule_timer
 
 __all__ = ["Timer", "TimerHealth"]
@@ -82,6 +83,13 @@ class Timer:
     the publisher and the store are closed.
     Nothing is acknowledged that was not stored, nothing marked fired that was not published.
 
+    Without a broker, ``Timer(store, handler=on_due)`` calls the host's own function with
+    each ``DueTimeReached`` envelope instead of publishing it (a coroutine function on the
+    event loop, a plain one in a thread) and marks the timer ``Reached`` only once it
+    returned: see :class:`~timer_core.handlers.HandlerWorker` and
+    :class:`~timer_core.HandlerSettings` (concurrency, timeout, retries, quarantine, shutdown
+    grace), passed as ``handler_settings``.
+
     A host in the same process schedules with :meth:`schedule` and :meth:`cancel`; the
     worker is woken whenever a new timer is due before it would look again (from either
     path, and from other instances when the store reports them, see
@@ -106,8 +114,10 @@ class Timer:
     def __init__(
         self,
         store: TimerStore,
-        publisher: EventPublisher,
+        publisher: EventPublisher | None = None,
         *,
+        handler: DueTimeHandler | None = None,
+        handler_settings: HandlerSettings | None = None,
         commands: CommandSource | None = None,
         clock: Clock | None = None,
         polling_interval: float = 5.0,
@@ -118,9 +128,26 @@ class Timer:
         max_pending_per_tenant: int | None = None,
     ) -> None:
         _require(store, TimerStore, "store", "a TimerStore, e.g. SqliteTimerStore('timers.db')")
-        _require(
-            publisher, EventPublisher, "publisher", "an EventPublisher, e.g. NatsBroker.publisher"
-        )
+        if (publisher is None) == (handler is None):
+            raise ConfigurationError(
+                "a Timer needs either a publisher (Timer(store, broker.publisher)) or a "
+                "handler (Timer(store, handler=on_due)), not "
+                + ("both" if handler is not None else "neither")
+            )
+        if publisher is not None:
+            _require(
+                publisher,
+                EventPublisher,
+                "publisher",
+                "an EventPublisher, e.g. NatsBroker.publisher (or pass handler=)",
+            )
+        elif not callable(handler):
+            raise ConfigurationError(
+                f"Timer's handler must be a function taking a DueTimeReached envelope; "
+                f"got {_shown(handler)}"
+            )
+        if handler_settings is not None and handler is None:
+            raise ConfigurationError("handler_settings is for Timer(store, handler=...) only")
         if commands is not None:
             _require(commands, CommandSource, "commands", "a CommandSource or None")
         if clock is not None and not isinstance(clock, Clock):
@@ -137,16 +164,33 @@ class Timer:
                 f"max_pending_per_tenant must be at least 1 (or None), got {max_pending_per_tenant}"
             )
         self._max_pending_per_tenant = max_pending_per_tenant
-        self._worker = TimerWorker(
-            store,
-            publisher,
-            self._clock,
-            polling_interval=polling_interval,
-            batch_size=batch_size,
-            ids=ids,
-            instrumentation=instrumentation,
-            retention=retention,
-        )
+        self._worker: TimerWorker | HandlerWorker
+        if publisher is not None:
+            self._worker = TimerWorker(
+                store,
+                publisher,
+                self._clock,
+                polling_interval=polling_interval,
+                batch_size=batch_size,
+                ids=ids,
+                instrumentation=instrumentation,
+                retention=retention,
+            )
+        else:
+            assert handler is not None
+            _require_seconds("polling_interval", polling_interval)
+            _require_count("batch_size", batch_size)
+            self._worker = HandlerWorker(
+                store,
+                handler,
+                self._clock,
+                settings=handler_settings,
+                polling_interval=polling_interval,
+                batch_size=batch_size,
+                ids=ids,
+                instrumentation=instrumentation,
+                retention=retention,
+            )
         self._state = _State.NEW
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._finished = asyncio.Event()
@@ -161,8 +205,8 @@ class Timer:
         return self._store
 
     @property
-    def publisher(self) -> EventPublisher:
-        """The publisher ``DueTimeReached`` goes out through."""
+    def publisher(self) -> EventPublisher | None:
+        """The publisher ``DueTimeReached`` goes out through; None with a handler."""
         return self._publisher
 
     @property
@@ -184,8 +228,8 @@ class Timer:
 
     @property
     def quarantined(self) -> list[QuarantinedTimer]:
-        """Timers whose publish kept failing while others went out, left out of every pass
-        until retried (see :class:`~timer_core.TimerWorker`)."""
+        """Timers whose publish kept failing while others went out (or whose handler failed
+        ``HandlerSettings.max_attempts`` times), left out of every pass until retried."""
         return self._worker.quarantined
 
     def retry_quarantined(self, keys: Iterable[TimerKey] | None = None) -> int:
@@ -364,7 +408,9 @@ class Timer:
 
     def _resources(self) -> list[AsyncResource]:
         """What is started in this order, and closed in the reverse one."""
-        resources: list[AsyncResource] = [self._store, self._publisher]
+        resources: list[AsyncResource] = [self._store]
+        if self._publisher is not None:
+            resources.append(self._publisher)
         if self._commands is not None:
             resources.append(self._commands)
         return resources

@@ -6,6 +6,7 @@ __all__ = [
     "ComponentFailed",
     "ConfigurationError",
     "DecodeError",
+    "HandlerFailed",
     "IllegalTransition",
     "InvalidIdentifier",
     "InvalidTimestamp",
@@ -78,6 +79,12 @@ class SchemaNotFound(StoreError):
 
 class PublishError(TimerError):
     """An event was not acknowledged by the broker; the timer stays ``Scheduled``."""
+
+
+class HandlerFailed(PublishError):
+    """The host's handler (``Timer(store, handler=...)``) raised or timed out on a timer's
+    ``DueTimeReached``: the in-process counterpart of an event the broker did not take. The
+    timer stays ``Scheduled`` and is retried; the handler's own exception is the cause."""
 
 
 class ComponentFailed(TimerError):

@@ -152,6 +152,7 @@ class TimerWorker:
         self._stop = asyncio.Event()
         # Set while the worker sleeps in its idle wait: nothing due that it knows of.
         self._asleep = asyncio.Event()
+        self._sleep_until = 0.0  # monotonic end of the idle sleep
         self._wake_at: datetime | None = None
         self._running = False
         self.last_pass_at: float | None = None
@@ -204,7 +205,11 @@ class TimerWorker:
         """Return once the worker sleeps with nothing due that it knows of and no wake-up
         pending: every timer due by the clock's now was fired (or is backing off). A test
         waits for this before asserting that nothing fired."""
-        while not self._asleep.is_set() or self._wake.is_set():
+        while (
+            not self._asleep.is_set()
+            or self._wake.is_set()
+            or self._clock.monotonic() >= self._sleep_until  # its sleep is over: a pass is due
+        ):
             if self._asleep.is_set():
                 await asyncio.sleep(0)  # woken: let it run its pass first
             else:
@@ -475,6 +480,7 @@ class TimerWorker:
         if retry_in is not None:
             delay = min(delay, retry_in)
         self._wake_at = now + timedelta(seconds=delay)
+        self._sleep_until = self._clock.monotonic() + delay
         self._asleep.set()
         try:
             await self._sleep(delay, wakeable=True)

@@ -63,7 +63,7 @@ class TestProvisioning:
         changed = attrs.evolve(settings, ack_wait_s=12.0)
         async with NatsBroker(changed) as second:
             events = await second.jetstream.stream_info("TIMER_EVENTS")
-            consumer = await second.jetstream.consumer_info("TIMER_COMMANDS", "timer-service")
+            consumer = await second.jetstream.consumer_info("TIMER_COMMANDS", "timer")
         assert events.state.messages == 1
         assert consumer.config.ack_wait == 12.0
 

@@ -55,7 +55,7 @@ from timer_core.errors import (
     ValidationError,
     WaitTimedOut,
 )
-from timer_core.handlers import DueTimeHandler, HandlerSettings
+from timer_core.handlers import DueTimeHandler, HandlerSettings, HandlerWorker
 from timer_core.instrumentation import (
     NO_BATCH_OBSERVER,
     NO_INSTRUMENTATION,
@@ -123,6 +123,7 @@ __all__ = [
     "FiringReport",
     "HandlerFailed",
     "HandlerSettings",
+    "HandlerWorker",
     "DueTimeHandler",
     "IllegalTransition",
     "Instrumentation",

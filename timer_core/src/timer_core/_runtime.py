@@ -86,7 +86,7 @@ class Timer:
     Without a broker, ``Timer(store, handler=on_due)`` calls the host's own function with
     each ``DueTimeReached`` envelope instead of publishing it (a coroutine function on the
     event loop, a plain one in a thread) and marks the timer ``Reached`` only once it
-    returned: see :class:`~timer_core.handlers.HandlerWorker` and
+    returned: see :class:`~timer_core.HandlerWorker` and
     :class:`~timer_core.HandlerSettings` (concurrency, timeout, retries, quarantine, shutdown
     grace), passed as ``handler_settings``.
 

@@ -10,7 +10,14 @@ from types import TracebackType
 from typing import Protocol, Self, runtime_checkable
 
 from timer_adapters_nats import NatsBroker
-from timer_core import ComponentFailed, Instrumentation, StoreError, Timer, redact_url
+from timer_core import (
+    ComponentFailed,
+    ConfigurationError,
+    Instrumentation,
+    StoreError,
+    Timer,
+    redact_url,
+)
 from timer_service.access import HttpAccess
 from timer_service.http import HealthEndpoint
 from timer_service.metrics import PrometheusInstrumentation
@@ -115,7 +122,7 @@ class TimerService:
                 ) from exc
             try:
                 await starting.enter_async_context(self.timer)
-            except StoreError as exc:
+            except (StoreError, ConfigurationError) as exc:
                 what = (
                     "TIMER_DATABASE_URL"
                     if settings.database_url

@@ -19,15 +19,16 @@ import inspect
 import logging
 import math
 import random
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
-from typing import Any, TypeAlias
+from typing import Any, TypeAlias, cast
 
 import attrs
 
 from timer_core._entry import TimerEntry, TimerKey
 from timer_core._messages import DueTimeReached, MessageEnvelope
+from timer_core._time import floor_ms
 from timer_core.errors import HandlerFailed, StoreError, ValidationError
 from timer_core.instrumentation import NO_INSTRUMENTATION, BatchObserver, Instrumentation
 from timer_core.ports import Clock, DueCursor, EnvelopeIdGenerator, TimerStore, Uuid7EnvelopeIds
@@ -42,6 +43,8 @@ log = logging.getLogger(__name__)
 #: awaited on the event loop, a plain function runs in a thread. Returning means "handled":
 #: the timer is then marked ``Reached``. Raising (or outliving the timeout) means "not yet".
 DueTimeHandler: TypeAlias = Callable[[MessageEnvelope[DueTimeReached]], Awaitable[None] | None]
+
+_Call: TypeAlias = Callable[[MessageEnvelope[DueTimeReached]], Coroutine[Any, Any, None]]
 
 # While timers it knows of are held back (running, backing off) a leasing store's next due
 # time may be one of them, and looking past them would claim timers: the worker looks this
@@ -105,19 +108,32 @@ class _Failing:
 
 
 class _Batch:
-    """The timers one pass handed out together, followed to the instrumentation's observer."""
+    """The timers one pass handed out together: their calls, one deadline for all (they
+    started together), and the instrumentation's observer, told when the last one ended."""
 
-    __slots__ = ("left", "observer", "results")
+    __slots__ = ("deadline", "entries", "envelopes", "keys", "left", "observer", "results", "tasks")
 
-    def __init__(self, observer: BatchObserver, size: int) -> None:
+    def __init__(
+        self,
+        observer: BatchObserver,
+        entries: list[TimerEntry],
+        envelopes: list[MessageEnvelope[DueTimeReached]],
+    ) -> None:
         self.observer = observer
-        self.results: list[HandlerFailed | None] = [None] * size
-        self.left = size
+        self.entries = entries
+        self.envelopes = envelopes
+        self.keys = [entry.key for entry in entries]
+        self.tasks: list[asyncio.Task[None]] = []
+        self.results: list[HandlerFailed | None] = [None] * len(entries)
+        self.left = len(entries)
+        self.deadline: asyncio.TimerHandle | None = None
 
     def done(self, index: int, error: HandlerFailed | None) -> None:
         self.results[index] = error
         self.left -= 1
         if self.left == 0:
+            if self.deadline is not None:
+                self.deadline.cancel()
             self.observer.published(self.results)
             self.observer.finished()
 
@@ -219,6 +235,8 @@ class HandlerWorker:
 
     def notify_scheduled(self, due_at: datetime) -> None:
         """A timer is due at ``due_at``: wake now if that is before the planned wake-up."""
+        if self._cursor is not None and due_at < self._cursor.due_at:
+            self._cursor = None  # due before the page the drain is at: start over
         if self._wake_at is None or due_at < self._wake_at:
             self._wake.set()
 
@@ -295,8 +313,10 @@ class HandlerWorker:
             self._starved = True
             return False
         now = self._clock.now()
-        page = await self._store.find_due(now, self._batch_size, after=self._cursor)
-        full = len(page) == self._batch_size
+        # No more than there are places for: a page read beyond them would be read again.
+        limit = min(self._batch_size, free)
+        page = await self._store.find_due(now, limit, after=self._cursor)
+        full = len(page) == limit
         chosen: list[TimerEntry] = []
         left: list[TimerEntry] = []
         for entry in page:
@@ -333,23 +353,23 @@ class HandlerWorker:
         return record.quarantined_at is None and record.retry_at <= self._clock.monotonic()
 
     def _start(self, entries: list[TimerEntry], now: datetime) -> None:
-        envelopes = [build_due_event(entry, now, self._ids) for entry in entries]
+        # One instant for the batch, as the broker path has: the events' fast path.
+        reached_at = floor_ms(now)
+        envelopes = [build_due_event(entry, reached_at, self._ids) for entry in entries]
         observer = self._instrumentation.firing_started(envelopes)
-        batch = _Batch(observer, len(entries))
+        batch = _Batch(observer, entries, envelopes)
         loop = asyncio.get_running_loop()
-        timeout = self._settings.timeout_s
-        for index, (entry, envelope) in enumerate(zip(entries, envelopes, strict=True)):
-            task = loop.create_task(self._call(envelope))
-            deadline = loop.call_later(timeout, self._time_out, entry.key, task)
-            self._running[entry.key] = (entry, task)
-            task.add_done_callback(
-                functools.partial(self._finished, entry, envelope, deadline, batch, index)
-            )
+        running = self._running
+        finished = self._finished
+        call = cast(_Call, self._handler) if self._is_async else self._call_in_thread
+        for index, envelope in enumerate(batch.envelopes):
+            task = loop.create_task(call(envelope))
+            batch.tasks.append(task)
+            running[batch.keys[index]] = (entries[index], task)
+            task.add_done_callback(functools.partial(finished, batch, index))
+        batch.deadline = loop.call_later(self._settings.timeout_s, self._time_out, batch)
 
-    async def _call(self, envelope: MessageEnvelope[DueTimeReached]) -> None:
-        if self._is_async:
-            await self._handler(envelope)  # type: ignore[misc]
-            return
+    async def _call_in_thread(self, envelope: MessageEnvelope[DueTimeReached]) -> None:
         if self._executor is None:
             self._executor = ThreadPoolExecutor(
                 self._settings.max_concurrency, thread_name_prefix="timer-handler"
@@ -359,40 +379,34 @@ class HandlerWorker:
             self._executor, context.run, self._handler, envelope
         )
 
-    def _time_out(self, key: TimerKey, task: asyncio.Task[None]) -> None:
-        self._timed_out.add(key)
-        task.cancel()
+    def _time_out(self, batch: _Batch) -> None:
+        for key, task in zip(batch.keys, batch.tasks, strict=True):
+            if not task.done():
+                self._timed_out.add(key)
+                task.cancel()
 
-    def _finished(
-        self,
-        entry: TimerEntry,
-        envelope: MessageEnvelope[DueTimeReached],
-        deadline: asyncio.TimerHandle,
-        batch: _Batch,
-        index: int,
-        task: asyncio.Task[None],
-    ) -> None:
-        deadline.cancel()
-        key = entry.key
-        self._running.pop(key, None)
-        timed_out = key in self._timed_out
-        self._timed_out.discard(key)
-        if task.cancelled() and not timed_out:
-            # Cut off by the shutdown: it stays Scheduled and is delivered again later.
-            batch.done(index, HandlerFailed(f"{_name(entry)}: cancelled by the shutdown"))
-            return
-        error = None if task.cancelled() else task.exception()
-        if not timed_out and error is None:
-            reached = entry.reach(envelope.payload.reached_at)
-            self._to_mark.append(reached)
+    def _finished(self, batch: _Batch, index: int, task: asyncio.Task[None]) -> None:
+        key = batch.keys[index]
+        entry = batch.entries[index]
+        del self._running[key]
+        if not task.cancelled() and task.exception() is None:
+            self._to_mark.append(entry._reached(batch.envelopes[index].payload.reached_at))
             self._marking[key] = entry.due_at
-            self._failing.pop(key, None)
+            if self._failing:
+                self._failing.pop(key, None)
             self._marks_wanted.set()
             batch.done(index, None)
         else:
+            timed_out = key in self._timed_out
+            self._timed_out.discard(key)
+            if task.cancelled() and not timed_out:
+                # Cut off by the shutdown: it stays Scheduled and is delivered again later.
+                batch.done(index, HandlerFailed(f"{_name(entry)}: cancelled by the shutdown"))
+                return
+            error = None if timed_out else task.exception()
             why = (
                 f"timed out after {self._settings.timeout_s:g}s"
-                if timed_out
+                if error is None
                 else f"{type(error).__name__}: {error}"
             )
             failure = HandlerFailed(f"the handler of {_name(entry)} failed: {why}")

@@ -4,7 +4,7 @@ transaction: the store's SQLAlchemy statements, run through the caller's cursor.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from typing import Any, Protocol, TypeAlias
+from typing import Any, TypeAlias
 
 import psycopg
 import sqlalchemy as sa
@@ -12,22 +12,9 @@ import sqlalchemy.orm
 from psycopg.rows import namedtuple_row
 
 from timer_adapters_postgres._lanes import pyformat
-from timer_core import ConfigurationError, ValidationError
+from timer_core import ConfigurationError, DatabaseWrapper, ValidationError
 
-__all__ = ["DatabaseWrapper", "HostConnection", "PsycopgWriter", "psycopg_connection"]
-
-
-class DatabaseWrapper(Protocol):
-    """What is read of a wrapper around a DB-API connection, such as Django's
-    ``django.db.connection``: its vendor and the connection it wraps."""
-
-    @property
-    def vendor(self) -> str: ...
-
-    @property
-    def connection(self) -> Any: ...
-
-    def ensure_connection(self) -> None: ...
+__all__ = ["HostConnection", "PsycopgWriter", "psycopg_connection"]
 
 
 #: What ``schedule_in_transaction`` writes through: SQLAlchemy's ``Connection`` or ORM

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sqlite3
 from datetime import datetime
-from typing import Any, Protocol, TypeAlias
+from typing import Any, TypeAlias
 
 import sqlalchemy as sa
 import sqlalchemy.exc
@@ -17,6 +17,7 @@ from timer_core import (
     CancelTimer,
     CommandOutcome,
     ConfigurationError,
+    DatabaseWrapper,
     ScheduleTimer,
     StoreError,
     TimerKey,
@@ -24,20 +25,7 @@ from timer_core import (
     scheduled_entry,
 )
 
-__all__ = ["DatabaseWrapper", "HostConnection", "cancel_in_transaction", "schedule_in_transaction"]
-
-
-class DatabaseWrapper(Protocol):
-    """What is read of a wrapper around a DB-API connection, such as Django's
-    ``django.db.connection``: its vendor and the connection it wraps."""
-
-    @property
-    def vendor(self) -> str: ...
-
-    @property
-    def connection(self) -> Any: ...
-
-    def ensure_connection(self) -> None: ...
+__all__ = ["HostConnection", "cancel_in_transaction", "schedule_in_transaction"]
 
 
 #: What the functions here write through: SQLAlchemy's ``Connection`` or ORM ``Session``, a

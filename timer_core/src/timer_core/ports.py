@@ -29,6 +29,7 @@ __all__ = [
     "CommandBatchHandler",
     "CommandOutcome",
     "CommandSource",
+    "DatabaseWrapper",
     "DueCursor",
     "EnvelopeIdGenerator",
     "EventPublisher",
@@ -447,6 +448,25 @@ class TimerScheduler(Protocol):
         causation_id: str | None = None,
     ) -> EnvelopeId:
         """Cancel the timer if it has not fired yet (a no-op otherwise); returns the id."""
+        ...
+
+
+class DatabaseWrapper(Protocol):
+    """A wrapper around a host's DB-API connection, such as Django's ``django.db.connection``:
+    what ``schedule_in_transaction`` reads of it to write through the connection it wraps."""
+
+    @property
+    def vendor(self) -> str:
+        """The database it is on (``sqlite``, ``postgresql``)."""
+        ...
+
+    @property
+    def connection(self) -> object:
+        """The DB-API connection it wraps (None before it connected)."""
+        ...
+
+    def ensure_connection(self) -> None:
+        """Connect if not connected yet."""
         ...
 
 

@@ -154,6 +154,46 @@ class TestDelivery:
         assert stored is not None and stored.state is TimerState.REACHED
 
 
+class TestForgetting:
+    async def test_a_cancelled_timer_backing_off_is_forgotten_not_waited_for(self) -> None:
+        """Cancelled during its backoff, a failing timer leaves the worker idle after the
+        retry time instead of waking it for a retry that cannot come."""
+        handler = Recorder(failing={"order-1"})
+        clock = FakeClock(T0)
+        settings = HandlerSettings(retry_delay_s=1.0, jitter=0.0)
+        async with Timer(
+            MemoryTimerStore(), handler=handler, handler_settings=settings, clock=clock
+        ) as timer:
+            await timer.schedule("shop-1", "order-1", T0)
+            await timer.wait_until_idle()
+            await timer.cancel("shop-1", "order-1")
+            clock.advance(1.0)
+            await timer.wait_until_idle(timeout=5)
+            passes = timer.health().passes
+            clock.advance(1.0)
+            await timer.wait_until_idle(timeout=5)
+            assert timer.health().passes - passes <= 1
+        assert len(handler.calls) == 1
+
+    async def test_a_quarantined_timer_cancelled_meanwhile_leaves_the_list(self) -> None:
+        """Within a minute of its cancel, a quarantined timer is no longer listed."""
+        handler = Recorder(failing={"order-1"})
+        clock = FakeClock(T0)
+        settings = HandlerSettings(max_attempts=1)
+        async with Timer(
+            MemoryTimerStore(), handler=handler, handler_settings=settings, clock=clock
+        ) as timer:
+            await timer.schedule("shop-1", "order-1", T0)
+            await timer.wait_until_idle()
+            assert len(timer.quarantined) == 1
+            await timer.cancel("shop-1", "order-1")
+            clock.advance(61)
+            await timer.wait_until_idle()
+            clock.advance(5)
+            await timer.wait_until_idle()
+            assert timer.quarantined == []
+
+
 class TestConfiguration:
     def test_a_timer_needs_a_publisher_or_a_handler_not_both(self) -> None:
         """Neither or both is refused at once."""

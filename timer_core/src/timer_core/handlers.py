@@ -198,6 +198,9 @@ class HandlerWorker:
         self._marking: dict[TimerKey, datetime] = {}  # handled, not marked yet: key -> due_at
         self._failing: dict[TimerKey, _Failing] = {}
         self._cursor: DueCursor | None = None
+        self._drain_started = 0.0
+        self._drain_seen: set[TimerKey] = set()
+        self._next_quarantine_check = 0.0
         self._starved = False
         self._executor: ThreadPoolExecutor | None = None
         self.last_pass_at: float | None = None
@@ -309,36 +312,61 @@ class HandlerWorker:
         """One page of due timers handed out; whether to look again at once."""
         started = self._clock.monotonic()
         free = self._settings.max_concurrency - len(self._running)
-        if free <= 0:
-            self._starved = True
+        self._starved = free <= 0
+        if self._starved:
             return False
+        if self._cursor is None:  # a drain from the first due timer begins
+            self._drain_started = started
+            self._drain_seen.clear()
         now = self._clock.now()
         # No more than there are places for: a page read beyond them would be read again.
         limit = min(self._batch_size, free)
         page = await self._store.find_due(now, limit, after=self._cursor)
         full = len(page) == limit
-        chosen: list[TimerEntry] = []
-        left: list[TimerEntry] = []
-        for entry in page:
-            if len(chosen) == free:
-                left.append(entry)
-            elif self._eligible(entry):
-                chosen.append(entry)
-        if left:
-            self._starved = True
-            last = chosen[-1] if chosen else None
-            self._cursor = None if last is None else _cursor_of(last)
-            if self._store.claim_lease_s is not None:
-                await self._store.release_claims(left)
-        else:
-            self._starved = False
-            self._cursor = _cursor_of(page[-1]) if full else None
+        chosen = [entry for entry in page if self._eligible(entry)]
+        if self._failing:
+            self._drain_seen.update(entry.key for entry in page)
+        self._cursor = _cursor_of(page[-1]) if full else None
+        if not full and self._failing:
+            self._forget_settled_backoffs()
         if chosen:
             self._start(chosen, now)
         self.last_pass_at = self._clock.monotonic()
         self.passes += 1
         self._instrumentation.poll_completed(self.last_pass_at - started, len(chosen))
-        return full and not left
+        return full
+
+    def _forget_settled_backoffs(self) -> None:
+        """At the end of a drain: drop backoffs that were over when it began and whose timer
+        it did not find (cancelled, rescheduled or fired elsewhere), so no retry is waited
+        for that will never come."""
+        gone = [
+            key
+            for key, record in self._failing.items()
+            if record.quarantined_at is None
+            and record.retry_at <= self._drain_started
+            and key not in self._drain_seen
+        ]
+        for key in gone:
+            del self._failing[key]
+
+    async def _forget_stale_quarantine(self) -> None:
+        """Once a minute: drop quarantined timers cancelled, fired or rescheduled meanwhile."""
+        now = self._clock.monotonic()
+        if now < self._next_quarantine_check:
+            return
+        self._next_quarantine_check = now + 60.0
+        stale = []
+        for key, record in self._failing.items():
+            if record.quarantined_at is None:
+                continue
+            current = await self._store.get(key.tenant_id, key.service_call_id)
+            if current is None or not current.is_scheduled or current.due_at != record.entry.due_at:
+                stale.append(key)
+        for key in stale:
+            self._failing.pop(key, None)
+        if stale:
+            self._instrumentation.quarantine_size(len(self.quarantined))
 
     def _eligible(self, entry: TimerEntry) -> bool:
         key = entry.key
@@ -505,6 +533,11 @@ class HandlerWorker:
             if retry_in is not None:
                 delay = min(delay, retry_in)
         await self._purge_expired()
+        if self._failing:
+            try:
+                await self._forget_stale_quarantine()
+            except StoreError as exc:
+                log.warning("could not check the quarantined timers (%s)", exc)
         self._wake_at = now + timedelta(seconds=delay)
         self._sleep_until = self._clock.monotonic() + delay
         self._asleep.set()

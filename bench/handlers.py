@@ -7,8 +7,10 @@ SQLite: ``--jobs`` timers due now are stored in a fresh file (not timed), then e
 ``Timer(SqliteTimerStore(...), handler=noop)`` (``batch_size`` 1000, 1000 calls at once) runs
 until every timer is marked ``Reached``, or the yardstick does the same work by hand on the
 same schema: select 1000 due rows, call the no-op with each, mark them in one transaction,
-again until none is due. Rounds alternate the two; the figure is the median of the rounds'
-ratios (Timer's rate / the yardstick's).
+again until none is due; and, to tell the store's share of the gap from the handler
+path's, the same loop through the store's API (``find_due``, call, ``mark_reached``).
+Rounds alternate their order; the figure is the median of the rounds' ratios (Timer's rate /
+the yardstick's).
 
 ``--postgres`` also runs, alternated on one throwaway server, Timer's handler path on
 ``PostgresTimerStore`` and pgqueuer's no-op execution (``bench/compare/peers.py`` in the
@@ -47,6 +49,7 @@ from timer_core import (  # noqa: E402
     Timer,
     TimerEntry,
     TimerStore,
+    floor_ms,
 )
 
 BATCH = 1000
@@ -131,29 +134,59 @@ async def sqlite_yardstick(path: Path, jobs: int) -> float:
     return jobs / (time.perf_counter() - started)
 
 
+async def store_loop(store: TimerStore, jobs: int) -> float:
+    """The yardstick's loop through the store's own API (find_due, call, mark_reached): what
+    of the gap is the store's, not the handler path's."""
+    started = time.perf_counter()
+    done = 0
+    async with store:
+        while page := await store.find_due(datetime.now(UTC), BATCH):
+            reached_at = floor_ms(datetime.now(UTC))
+            for entry in page:
+                await noop(entry)  # type: ignore[arg-type]
+            await store.mark_reached([entry.reach(reached_at) for entry in page])
+            done += len(page)
+    assert done == jobs, (done, jobs)
+    return jobs / (time.perf_counter() - started)
+
+
+def _remove(directory: Path, name: str) -> None:
+    """The database file and its WAL and shared-memory files."""
+    for leftover in directory.glob(f"{name}*"):
+        leftover.unlink()
+
+
 async def sqlite_rounds(rounds: int, jobs: int) -> dict[str, Any]:
-    timer_rates, raw_rates = [], []
+    rates: dict[str, list[float]] = {"timer": [], "raw": [], "store": []}
+    order = ["timer", "raw", "store"]
     with tempfile.TemporaryDirectory() as tmp:
         for n in range(rounds):
-            for which in ("timer", "raw") if n % 2 == 0 else ("raw", "timer"):
+            for which in order if n % 2 == 0 else order[::-1]:
                 path = Path(tmp) / f"{which}-{n}.db"
                 await seed(SqliteTimerStore(path), jobs)
                 if which == "timer":
-                    timer_rates.append(await timer_round(SqliteTimerStore(path), jobs))
+                    rate = await timer_round(SqliteTimerStore(path), jobs)
+                elif which == "raw":
+                    rate = await sqlite_yardstick(path, jobs)
                 else:
-                    raw_rates.append(await sqlite_yardstick(path, jobs))
-                path.unlink()
+                    rate = await store_loop(SqliteTimerStore(path), jobs)
+                rates[which].append(rate)
+                _remove(Path(tmp), f"{which}-{n}.db")
             print(
-                f"sqlite round {n + 1}: timer {timer_rates[-1]:,.0f}/s, "
-                f"raw {raw_rates[-1]:,.0f}/s, ratio {timer_rates[-1] / raw_rates[-1]:.2f}",
+                f"sqlite round {n + 1}: timer {rates['timer'][-1]:,.0f}/s, "
+                f"raw {rates['raw'][-1]:,.0f}/s, store loop {rates['store'][-1]:,.0f}/s, "
+                f"ratio {rates['timer'][-1] / rates['raw'][-1]:.2f}",
                 flush=True,
             )
-    ratios = [t / r for t, r in zip(timer_rates, raw_rates, strict=True)]
+    ratios = [t / r for t, r in zip(rates["timer"], rates["raw"], strict=True)]
+    store_ratios = [t / r for t, r in zip(rates["store"], rates["raw"], strict=True)]
     return {
-        "timer_per_s": [round(r) for r in timer_rates],
-        "raw_per_s": [round(r) for r in raw_rates],
+        "timer_per_s": [round(r) for r in rates["timer"]],
+        "raw_per_s": [round(r) for r in rates["raw"]],
+        "store_loop_per_s": [round(r) for r in rates["store"]],
         "ratios": [round(r, 3) for r in ratios],
         "median_ratio": round(statistics.median(ratios), 3),
+        "store_loop_median_ratio": round(statistics.median(store_ratios), 3),
     }
 
 

@@ -191,14 +191,14 @@ async def sqlite_rounds(rounds: int, jobs: int) -> dict[str, Any]:
 
 
 async def postgres_rounds(rounds: int, jobs: int) -> dict[str, Any]:
-    from run import _peer, make_peer_env  # bench/compare's: the peers' own virtualenv
+    from run import POSTGRES, _peer, make_peer_env  # bench/compare's: the peers' own venv
 
     from tests.pg import start_cluster
 
     timer_rates, pgqueuer_rates = [], []
     with tempfile.TemporaryDirectory() as tmp:
         python = make_peer_env(Path(tmp) / "peers")
-        cluster = start_cluster(Path(tmp) / "pg")
+        cluster = start_cluster(Path(tmp) / "pg", POSTGRES)
         try:
             for n in range(rounds):
                 for which in ("timer", "pgqueuer") if n % 2 == 0 else ("pgqueuer", "timer"):

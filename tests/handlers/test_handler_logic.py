@@ -10,6 +10,7 @@ import pytest
 
 from timer_adapters_memory import FakeClock, MemoryTimerStore
 from timer_core import (
+    BatchObserver,
     ConfigurationError,
     DueTimeReached,
     HandlerFailed,
@@ -19,6 +20,7 @@ from timer_core import (
     Timer,
     TimerEntry,
     TimerState,
+    TraceContext,
     ValidationError,
 )
 
@@ -152,6 +154,48 @@ class TestDelivery:
                 await asyncio.sleep(0.01)
         assert calls == 2
         assert stored is not None and stored.state is TimerState.REACHED
+
+
+class Tracing(Instrumentation):
+    """Puts a span's trace context on each firing, as the OpenTelemetry instrumentation does,
+    and records what its observer is told."""
+
+    def __init__(self) -> None:
+        self.results: list[object] = []
+        self.finished = 0
+
+    def firing_started(self, envelopes: list[Event]) -> BatchObserver:
+        span = TraceContext("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")
+        envelopes[:] = [envelope.with_trace_context(span) for envelope in envelopes]
+        tracer = self
+
+        class Observer(BatchObserver):
+            def published(self, results: object) -> None:
+                tracer.results.append(list(results))  # type: ignore[call-overload]
+
+            def finished(self, error: BaseException | None = None) -> None:
+                tracer.finished += 1
+
+        return Observer()
+
+
+class TestInstrumentation:
+    async def test_the_handler_gets_the_firing_span_and_the_observer_its_results(self) -> None:
+        """The envelope the instrumentation traced is the one handed over; the batch's
+        observer sees one result per call (None for success), then its end."""
+        handler = Recorder(failing={"order-2"})
+        tracing = Tracing()
+        async with Timer(
+            MemoryTimerStore(), handler=handler, clock=FakeClock(T0), instrumentation=tracing
+        ) as timer:
+            await timer.schedule("shop-1", "order-1", T0)
+            await timer.schedule("shop-1", "order-2", T0)
+            await timer.wait_until_idle()
+        assert {c.trace_context.span_id for c in handler.calls} == {"b7ad6b7169203331"}  # type: ignore[union-attr]
+        results = [result for batch in tracing.results for result in batch]  # type: ignore[attr-defined]
+        assert results.count(None) == 1
+        assert [type(r) for r in results if r is not None] == [HandlerFailed]
+        assert tracing.finished == len(tracing.results)
 
 
 class TestForgetting:

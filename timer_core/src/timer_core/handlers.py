@@ -50,6 +50,7 @@ _Call: TypeAlias = Callable[[MessageEnvelope[DueTimeReached]], Coroutine[Any, An
 # time may be one of them, and looking past them would claim timers: the worker looks this
 # often instead. Other stores are asked for the first timer past them.
 _MASKED_POLL_S = 0.02
+_QUARANTINED_POLL_S = 0.25
 _MARK_BATCH = 1000
 
 
@@ -552,8 +553,13 @@ class HandlerWorker:
         if not held:
             return await self._store.next_due_at()
         if self._store.claim_lease_s is not None:
-            # Looking past held timers would claim timers not due: poll instead.
-            return now + timedelta(seconds=_MASKED_POLL_S)
+            # Looking past held timers would claim timers not due: poll instead, less often
+            # when only quarantined timers are held (the broker path's masked poll).
+            quarantined_only = not (self._running or self._marking) and all(
+                record.quarantined_at is not None for record in self._failing.values()
+            )
+            poll = _QUARANTINED_POLL_S if quarantined_only else _MASKED_POLL_S
+            return now + timedelta(seconds=poll)
         horizon = now + timedelta(seconds=self._interval)
         for entry in await self._store.find_due(horizon, held + 1):
             if self._eligible(entry):

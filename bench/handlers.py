@@ -198,6 +198,7 @@ async def postgres_rounds(rounds: int, jobs: int) -> dict[str, Any]:
     timer_rates, pgqueuer_rates = [], []
     with tempfile.TemporaryDirectory() as tmp:
         python = make_peer_env(Path(tmp) / "peers")
+        (Path(tmp) / "pg").mkdir()
         cluster = start_cluster(Path(tmp) / "pg", POSTGRES)
         try:
             for n in range(rounds):
@@ -259,9 +260,10 @@ def main() -> None:
         "note": args.note,
         "sqlite": asyncio.run(sqlite_rounds(args.rounds, args.jobs)),
     }
+    RESULTS.write_text(json.dumps(results, indent=2) + "\n")  # kept if PostgreSQL fails
     if args.postgres:
         results["postgres"] = asyncio.run(postgres_rounds(args.rounds, args.jobs))
-    RESULTS.write_text(json.dumps(results, indent=2) + "\n")
+        RESULTS.write_text(json.dumps(results, indent=2) + "\n")
     print(json.dumps(results, indent=2))
 
 

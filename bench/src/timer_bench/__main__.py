@@ -23,6 +23,7 @@ SCENARIOS = {
     "otel": ("otel", "what OpenTelemetry costs the fire path"),
     "fairness": ("fairness", "a quiet tenant's lateness during another tenant's storm"),
     "command-order": ("command_order", "the SQLite store's writes with command positions"),
+    "handlers": ("handlers", "Timer calling a no-op handler, against a hand-written loop"),
 }
 
 

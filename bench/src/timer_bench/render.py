@@ -444,6 +444,40 @@ def command_order_block(document: dict[str, Any]) -> str:
     )
 
 
+def handlers_block(document: dict[str, Any]) -> str:
+    settings, sqlite = document["settings"], document["sqlite"]
+    rows = [
+        (what, per_s(sqlite[side]["median_per_s"]), spread(sqlite[side]["per_s"], per_s), ratio)
+        for what, side, ratio in (
+            ("hand-written loop (yardstick)", "raw", "1"),
+            (
+                "the same loop on the store's API",
+                "store_loop",
+                times(sqlite["store_loop"]["vs_raw"]),
+            ),
+            ("`Timer(store, handler=noop)`", "timer", times(sqlite["timer"]["vs_raw"])),
+        )
+    ]
+    parts = [
+        f"Run: `python -m timer_bench handlers` on {document['date']}: "
+        f"{settings['jobs']:,} due timers to a no-op handler on SQLite "
+        f"({settings['sqlite']}), batches of {settings['batch']:,}, "
+        f"{settings['rounds']} alternated rounds, median of the per-round ratios.",
+        markdown_table("loop | timers/s | rounds | vs the yardstick", rows, "lrrr"),
+    ]
+    if "transcribed" in document:
+        parts.append(f"Transcribed {document['transcribed']}.")
+    if "postgres" in document:
+        pg = document["postgres"]
+        parts.append(
+            f"PostgreSQL, same rounds: Timer's handler path "
+            f"{per_s(pg['timer']['median_per_s'])}, pgqueuer's no-op execution "
+            f"{per_s(pg['pgqueuer']['median_per_s'])} "
+            f"({times(pg['timer']['vs_pgqueuer'])} of pgqueuer's rate)."
+        )
+    return "\n\n".join([*parts, machine_line(document)])
+
+
 BLOCKS: dict[str, Callable[[dict[str, Any]], str]] = {
     "e2e": e2e_block,
     "scale-out": scale_out_block,
@@ -456,6 +490,7 @@ BLOCKS: dict[str, Callable[[dict[str, Any]], str]] = {
     "store": store_block,
     "publish": publish_block,
     "command-order": command_order_block,
+    "handlers": handlers_block,
 }
 
 

@@ -289,10 +289,11 @@ class DueEventConsumer(AsyncResource):
         Raises :class:`TimerError` when the events stream or (with provisioning off) the
         consumer does not exist or the consumer's configuration cannot be changed to this
         one, :class:`~timer_adapters_nats.BrokerUnavailable` when JetStream does not answer, and
-        :class:`~timer_core.errors.NotRunning` when the connection is not started. With provisioning off, a
-        consumer of another account (the per-tenant account recipe, whose tenants may pull
-        from their consumer but have no JetStream API) is checked by a first pull instead of
-        its info; the consumer's ack wait is then taken to be ``settings.ack_wait_s``.
+        :class:`~timer_core.errors.NotRunning` when the connection is not started. With
+        provisioning off, a consumer of another account (the per-tenant account recipe, whose
+        tenants may pull from their consumer but have no JetStream API) is checked by a first
+        pull instead of its info; the consumer's ack wait is then taken to be
+        ``settings.ack_wait_s``.
         """
         if self._puller is not None:
             return

@@ -18,6 +18,7 @@ from timer_core import (
     PublishError,
     TimerEntry,
 )
+from timer_service.census import Census
 
 __all__ = [
     "COUNTED_AS",
@@ -157,6 +158,29 @@ class PrometheusInstrumentation(Instrumentation):
             "Timers stored and still Scheduled (refreshed every few seconds).",
             registry=self.registry,
         )
+        self.due = Gauge(
+            "timer_timers_due",
+            "Pending timers by when they are due (the census, refreshed every "
+            "TIMER_CENSUS_INTERVAL): overdue, within 1m, 1h, 1d, or later; each counted up "
+            "to timer_census_cap (a value at the cap means at least that many).",
+            ["due"],
+            registry=self.registry,
+        )
+        self.oldest_overdue = Gauge(
+            "timer_oldest_overdue_seconds",
+            "How long the oldest pending timer has been overdue (0 when none is; the census).",
+            registry=self.registry,
+        )
+        self.census_cap = Gauge(
+            "timer_census_cap",
+            "The count at which each census bucket stops (TIMER_CENSUS_CAP).",
+            registry=self.registry,
+        )
+        self.census_duration = Gauge(
+            "timer_census_duration_seconds",
+            "How long the last census took (its queries, end to end).",
+            registry=self.registry,
+        )
         self.instances = Gauge(
             "timer_instances_sharing",
             "Instances sharing the tenants, this one included: those it heard on the "
@@ -178,6 +202,14 @@ class PrometheusInstrumentation(Instrumentation):
         )
         for outcome in ("stored", "ignored", "stale", "rejected"):
             self.commands.labels(outcome)
+
+    def census_taken(self, census: Census) -> None:
+        """Set the census gauges from one reading."""
+        for bucket, count in census.counts.items():
+            self.due.labels(bucket).set(count)
+        self.oldest_overdue.set(census.oldest_overdue_s)
+        self.census_cap.set(census.cap)
+        self.census_duration.set(census.duration_s)
 
     def command_handled(self, envelope: MessageEnvelope[Command], outcome: str) -> None:
         self.commands.labels(COUNTED_AS[outcome]).inc()

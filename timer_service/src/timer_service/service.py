@@ -10,8 +10,9 @@ from types import TracebackType
 from typing import Protocol, Self, runtime_checkable
 
 from timer_adapters_nats import NatsBroker
-from timer_core import ComponentFailed, Instrumentation, StoreError, Timer, redact_url
+from timer_core import ComponentFailed, Instrumentation, StoreError, Timer, TimerCensus, redact_url
 from timer_service.access import HttpAccess
+from timer_service.census import Census, take_census
 from timer_service.http import HealthEndpoint
 from timer_service.metrics import PrometheusInstrumentation
 from timer_service.settings import Settings
@@ -32,6 +33,13 @@ class PendingGauge(Protocol):
     """Telemetry with a gauge of pending timers of its own (OpenTelemetry's)."""
 
     def set_pending(self, count: int) -> None: ...
+
+
+@runtime_checkable
+class CensusGauges(Protocol):
+    """Telemetry with census gauges of its own (OpenTelemetry's)."""
+
+    def set_census(self, census: Census) -> None: ...
 
 
 @runtime_checkable
@@ -97,6 +105,8 @@ class TimerService:
         # when (loop time).
         self._broker_fault: str | None = None
         self._broker_fault_since = 0.0
+        #: The latest census of pending timers (None before the first, or without one).
+        self.census: Census | None = None
 
     @property
     def broker_url(self) -> str:
@@ -173,10 +183,11 @@ class TimerService:
         stops on its own; leaving ``async with`` then shuts the rest down cleanly.
         """
         maintenance = asyncio.create_task(self._maintenance(), name="maintenance")
+        census = asyncio.create_task(self._census(), name="census")
         stopping = asyncio.create_task(stop.wait(), name="stop")
         failing = asyncio.create_task(self.timer.wait(), name="timer")
         watching = asyncio.create_task(self._watch_broker(), name="broker state")
-        tasks = (maintenance, stopping, failing, watching)
+        tasks = (maintenance, census, stopping, failing, watching)
         try:
             await asyncio.wait({stopping, failing, watching}, return_when=asyncio.FIRST_COMPLETED)
         finally:
@@ -251,3 +262,27 @@ class TimerService:
             except StoreError as exc:
                 log.warning("could not count pending timers: %s", exc)
             await asyncio.sleep(_PENDING_REFRESH_S)
+
+    async def take_census(self) -> Census | None:
+        """Take the census of pending timers now and report it; None when the store cannot."""
+        store = self.timer.store
+        if not isinstance(store, TimerCensus):
+            return None
+        census = await take_census(store, self.timer.clock.now(), cap=self.settings.census_cap)
+        self.census = census
+        self.instrumentation.census_taken(census)
+        if isinstance(self.telemetry, CensusGauges):
+            self.telemetry.set_census(census)
+        return census
+
+    async def _census(self) -> None:
+        """Take the census every ``TIMER_CENSUS_INTERVAL`` (never, at 0)."""
+        interval = self.settings.census_interval_s
+        if not interval or not isinstance(self.timer.store, TimerCensus):
+            return
+        while True:
+            try:
+                await self.take_census()
+            except StoreError as exc:
+                log.warning("could not take the census of pending timers: %s", exc)
+            await asyncio.sleep(interval)

@@ -9,10 +9,11 @@ import logging
 from types import TracebackType
 from typing import Protocol, Self, runtime_checkable
 
-from timer_adapters_nats import NatsBroker
+from timer_adapters_nats import NatsBroker, TimerClient
 from timer_core import ComponentFailed, Instrumentation, StoreError, Timer, TimerCensus, redact_url
 from timer_service.access import HttpAccess
 from timer_service.census import Census, take_census
+from timer_service.console import Console
 from timer_service.http import HealthEndpoint
 from timer_service.metrics import PrometheusInstrumentation
 from timer_service.settings import Settings
@@ -92,21 +93,38 @@ class TimerService:
         self.instrumentation = instrumentation
         #: What the parts report to: ``instrumentation``, or OpenTelemetry's around it.
         self.telemetry = instrumentation if telemetry is None else telemetry
+        access = HttpAccess.from_settings(settings)
+        #: The latest census of pending timers (None before the first, or without one).
+        self.census: Census | None = None
+        #: The operator's web console (``TIMER_CONSOLE``), or None.
+        self.console: Console | None = None
+        if settings.console:
+            self.console = Console(
+                store=timer.store,
+                quarantine=timer,
+                clock=timer.clock,
+                access=access,
+                port=lambda: self.http.port,
+                census=lambda: self.census if settings.census_interval_s else None,
+                census_cap=settings.census_cap,
+                dead_letters=broker.dead_letters(),
+                commands=TimerClient(broker),
+                tenants=settings.console_tenants,
+            )
         self.http = HealthEndpoint(
             settings.http_host,
             settings.http_port,
             instrumentation.registry,
             self.health,
             quarantine=timer,
-            access=HttpAccess.from_settings(settings),
+            access=access,
+            app=self.console,
         )
         self._running = contextlib.AsyncExitStack()
         # What of the broker state is missing and not recreated (None: all there), and since
         # when (loop time).
         self._broker_fault: str | None = None
         self._broker_fault_since = 0.0
-        #: The latest census of pending timers (None before the first, or without one).
-        self.census: Census | None = None
 
     @property
     def broker_url(self) -> str:

@@ -97,6 +97,8 @@ class HealthEndpoint:
         self._access = access if access is not None else HttpAccess(None, host)
         self._app = app
         self._server: asyncio.Server | None = None
+        # Open connections: a browser keeps idle ones, which closing ends (not cancels).
+        self._connections: set[asyncio.StreamWriter] = set()
 
     @property
     def port(self) -> int:
@@ -111,10 +113,13 @@ class HealthEndpoint:
     async def aclose(self) -> None:
         if self._server is not None:
             self._server.close()
+            for writer in list(self._connections):
+                writer.close()
             await self._server.wait_closed()
             self._server = None
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._connections.add(writer)
         try:
             head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=5.0)
             peer = writer.get_extra_info("peername")
@@ -151,6 +156,7 @@ class HealthEndpoint:
         except Exception:
             log.exception("health endpoint failed to answer")
         finally:
+            self._connections.discard(writer)
             writer.close()
 
     def _route(self, request: HttpRequest) -> tuple[int, str, bytes]:

@@ -72,6 +72,11 @@ _PAGE_HEADERS = [
     ("Cache-Control", "no-store"),
 ]
 _CSS = importlib.resources.files(__package__).joinpath("console.css").read_bytes()
+# A clock face: the browser asks for an icon, and a missing one is a console error.
+_ICON = (
+    b'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 16 16"><circle cx="8" cy="8" r="7" '
+    b'fill="#12263a"/><path d="M8 3v5l3 2" stroke="#fff" stroke-width="1.5" fill="none"/></svg>'
+)
 #: Rows on a page of a tenant's timers, and rows read at most to fill one when filtering
 #: fired timers (which no index orders by due time): the page's cost stays bounded.
 PAGE_SIZE = 50
@@ -147,6 +152,8 @@ class Console:
         path = request.path.rstrip("/") or "/"
         if path == "/console/static/console.css":
             return 200, "text/css; charset=utf-8", _CSS, [("Cache-Control", "max-age=3600")]
+        if path == "/console/static/icon.svg":
+            return 200, "image/svg+xml", _ICON, [("Cache-Control", "max-age=86400")]
         params = {k: v[0] for k, v in parse_qs(request.query).items()}
         if request.method == "POST":
             form_data = {k: v[0] for k, v in parse_qs(body.decode("utf-8", "replace")).items()}

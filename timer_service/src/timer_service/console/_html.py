@@ -158,6 +158,7 @@ def layout(
         '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
         f"<title>{esc(title)} · Timer console</title>"
+        '<link rel="icon" href="/console/static/icon.svg" type="image/svg+xml">'
         '<link rel="stylesheet" href="/console/static/console.css"></head><body>'
         '<a class="skip" href="#main">Skip to content</a>'
         '<header><p class="brand"><a href="/console">Timer console</a></p>'

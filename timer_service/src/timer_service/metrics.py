@@ -18,7 +18,7 @@ from timer_core import (
     PublishError,
     TimerEntry,
 )
-from timer_service.census import Census
+from timer_service.census import BUCKETS, Census
 
 __all__ = [
     "COUNTED_AS",
@@ -202,6 +202,8 @@ class PrometheusInstrumentation(Instrumentation):
         )
         for outcome in ("stored", "ignored", "stale", "rejected"):
             self.commands.labels(outcome)
+        for bucket, _, _ in BUCKETS:
+            self.due.labels(bucket)
 
     def census_taken(self, census: Census) -> None:
         """Set the census gauges from one reading."""

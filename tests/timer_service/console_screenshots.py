@@ -27,7 +27,6 @@ async def take(out: Path) -> None:
     executable = shutil.which("chromium")
     if executable is None:
         raise SystemExit("needs chromium (apt-get install chromium)")
-    out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as profile, chromium(executable, Path(profile)) as browser:
         async with console_rig() as console, browser.tab() as tab:
             await tab.open(console.base + "/console/sign-in")
@@ -44,4 +43,6 @@ async def take(out: Path) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(take(Path(sys.argv[1] if len(sys.argv) > 1 else "docs/images")))
+    folder = Path(sys.argv[1] if len(sys.argv) > 1 else "docs/images")
+    folder.mkdir(parents=True, exist_ok=True)
+    asyncio.run(take(folder))

@@ -3,9 +3,14 @@ actions (sign-in with the token, CSRF token, Origin and Host), on a real worker'
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
+import attrs
+import nats
 import pytest
 
 from tests.timer_service.console_rig import (
@@ -16,6 +21,8 @@ from tests.timer_service.console_rig import (
     console_rig,
     fetch,
 )
+from tests.timer_service.test_otel import Telemetry, running_service, settings_for
+from timer_adapters_nats import TimerClient
 from timer_service.console._html import esc, table
 from timer_service.settings import Settings, SettingsError
 
@@ -265,3 +272,49 @@ class TestConsoleSettings:
         assert not Settings.from_environment({}).console
         with pytest.raises(SettingsError, match="TIMER_CONSOLE_TENANTS"):
             Settings.from_environment({"TIMER_CONSOLE_TENANTS": "ok, not ok"})
+
+
+class TestInTheService:
+    async def test_the_service_serves_the_console_with_its_dead_letters(
+        self, tmp_path: Path, nats_url: str
+    ) -> None:
+        """With TIMER_CONSOLE on, the running service serves /console on its HTTP port,
+        shows a command its source dead-lettered with the reason, scheduled timers in
+        their tenant, and the census on /metrics; without a session, Replay is refused."""
+        settings = attrs.evolve(
+            settings_for(tmp_path, nats_url), console=True, http_token=TOKEN, census_interval_s=1.0
+        )
+        async with running_service(settings, Telemetry()) as service:
+            await service.http.start()
+            try:
+                port = service.http.port
+                async with TimerClient.connect(nats_url) as client:
+                    await client.schedule("shop", "order-1", datetime.now(UTC) + timedelta(hours=2))
+                nc = await nats.connect(nats_url)
+                try:
+                    await nc.jetstream().publish("timer.commands.shop", b"not json")
+                finally:
+                    await nc.close()
+                deadline = asyncio.get_running_loop().time() + 30
+                while True:
+                    letters = await fetch(port, "/console/dead-letters")
+                    tenant = await fetch(port, "/console/tenant?tenant=shop")
+                    if "order-1" in tenant.body and "not json" in letters.body:
+                        break
+                    assert asyncio.get_running_loop().time() < deadline, letters.body
+                    await asyncio.sleep(0.1)
+                seq = re.search(r"<td>(\d+)</td><td>shop</td>", letters.body)
+                assert seq is not None, letters.body
+                refused = await fetch(
+                    port,
+                    "/console/actions/replay",
+                    method="POST",
+                    headers={"Origin": f"http://127.0.0.1:{port}"},
+                    form={"seq": seq.group(1)},
+                )
+                assert refused.status == 401
+                await service.take_census()
+                metrics = await fetch(port, "/metrics")
+                assert 'timer_timers_due{due="1d"} 1.0' in metrics.body
+            finally:
+                await service.http.aclose()

@@ -107,8 +107,8 @@ class TimerService:
                 port=lambda: self.http.port,
                 census=lambda: self.census if settings.census_interval_s else None,
                 census_cap=settings.census_cap,
-                dead_letters=broker.dead_letters(),
-                commands=TimerClient(broker),
+                dead_letters=broker.dead_letters,
+                commands=lambda: TimerClient(broker),
                 tenants=settings.console_tenants,
             )
         self.http = HealthEndpoint(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.resources
 import logging
 import time
@@ -103,8 +104,9 @@ class Console:
 
     Reads through a store with the :class:`~timer_core.ports.TimerCensus` and
     :class:`~timer_core.ports.TimerLookup` capabilities, the worker's quarantine, and the
-    dead-letter stream; acts by retrying quarantined timers, replaying dead letters and
-    cancelling timers (through ``commands``, the broker, when given; else the store).
+    dead-letter stream (``dead_letters`` makes its reader on first use); acts by retrying
+    quarantined timers, replaying dead letters and cancelling timers (through the client
+    ``commands`` makes, on the broker, when given; else the store).
     ``tenants`` limits everything it shows and does to those tenants.
     """
 
@@ -120,8 +122,8 @@ class Console:
         port: Callable[[], int],
         census: Callable[[], Census | None] | None = None,
         census_cap: int = 100_000,
-        dead_letters: DeadLetters | None = None,
-        commands: TimerScheduler | None = None,
+        dead_letters: Callable[[], DeadLetters] | None = None,
+        commands: Callable[[], TimerScheduler] | None = None,
         tenants: Sequence[str] | None = None,
     ) -> None:
         if not isinstance(store, TimerCensus) or not isinstance(store, TimerLookup):
@@ -136,8 +138,8 @@ class Console:
         self._port = port
         self._census_of = census
         self._census_cap = census_cap
-        self._dead_letters = dead_letters
-        self._commands = commands
+        self._dead_letters_of = dead_letters
+        self._commands_of = commands
         self._scope = None if tenants is None else frozenset(TenantId(t) for t in tenants)
         self.sessions = Sessions()
         self._own_census: tuple[float, Census] | None = None
@@ -181,6 +183,15 @@ class Console:
             page.status, page.error = 400, str(exc)
             html = Html("")
         return page.status, _HTML, page.render(html), list(_PAGE_HEADERS)
+
+    @functools.cached_property
+    def _dead_letters(self) -> DeadLetters | None:
+        # Made on first use: the broker connection they need is not up when the console is.
+        return None if self._dead_letters_of is None else self._dead_letters_of()
+
+    @functools.cached_property
+    def _commands(self) -> TimerScheduler | None:
+        return None if self._commands_of is None else self._commands_of()
 
     # -- scope ----------------------------------------------------------------------------------
 

@@ -291,19 +291,19 @@ class OtelInstrumentation(Instrumentation):
         )
         meter.create_observable_gauge(
             "timer.oldest_overdue",
-            callbacks=[self._observe_oldest_overdue],
+            callbacks=[self._from_census(lambda census: census.oldest_overdue_s)],
             unit="s",
             description="How long the oldest pending timer has been overdue (0 when none is).",
         )
         meter.create_observable_gauge(
             "timer.census.cap",
-            callbacks=[self._observe_census_cap],
+            callbacks=[self._from_census(lambda census: census.cap)],
             unit="{timer}",
             description="The count at which each census bucket stops (TIMER_CENSUS_CAP).",
         )
         meter.create_observable_gauge(
             "timer.census.duration",
-            callbacks=[self._observe_census_duration],
+            callbacks=[self._from_census(lambda census: census.duration_s)],
             unit="s",
             description="How long the last census took.",
         )
@@ -353,17 +353,16 @@ class OtelInstrumentation(Instrumentation):
             return ()
         return [Observation(count, {"due": bucket}) for bucket, count in census.counts.items()]
 
-    def _observe_oldest_overdue(self, options: CallbackOptions) -> Iterable[Observation]:
-        census = self._gauges.census
-        return () if census is None else (Observation(census.oldest_overdue_s),)
+    def _from_census(
+        self, value: Callable[[Census], float]
+    ) -> Callable[[CallbackOptions], Iterable[Observation]]:
+        """A gauge callback observing ``value`` of the latest census (nothing before one)."""
 
-    def _observe_census_cap(self, options: CallbackOptions) -> Iterable[Observation]:
-        census = self._gauges.census
-        return () if census is None else (Observation(census.cap),)
+        def observe(options: CallbackOptions) -> Iterable[Observation]:
+            census = self._gauges.census
+            return () if census is None else (Observation(value(census)),)
 
-    def _observe_census_duration(self, options: CallbackOptions) -> Iterable[Observation]:
-        census = self._gauges.census
-        return () if census is None else (Observation(census.duration_s),)
+        return observe
 
     def _observe_quarantined(self, options: CallbackOptions) -> Iterable[Observation]:
         quarantined = self._gauges.quarantined

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import importlib.resources
 import logging
@@ -19,6 +20,7 @@ from timer_core import (
     InvalidTimestamp,
     QuarantinedTimer,
     ServiceCallId,
+    StoreError,
     TenantId,
     TimerCensus,
     TimerEntry,
@@ -86,6 +88,7 @@ SCAN_LIMIT = 2000
 TOP_TENANTS_SCANNED = 1000
 TENANT_CAP = 1000
 _TOP = 10
+_TENANTS_FRESH_S = 30.0
 _NOTICES = {
     "signed-in": "Signed in: actions are allowed for this session.",
     "signed-out": "Signed out.",
@@ -144,6 +147,7 @@ class Console:
         self.sessions = Sessions()
         self._own_census: tuple[float, Census] | None = None
         self._tenants_cache: tuple[float, tuple[list[Any], bool]] | None = None
+        self._tenants_refresh: asyncio.Task[None] | None = None
 
     # -- dispatch -------------------------------------------------------------------------------
 
@@ -219,8 +223,19 @@ class Console:
         return self._own_census[1]
 
     async def _tenant_rows(self) -> tuple[list[Any], bool]:
-        now = time.monotonic()
-        if self._tenants_cache is None or now - self._tenants_cache[0] > 30.0:
+        """The tenant ranking: read once when first asked for, then again in the background
+        when older than 30 s, so a page never waits for it but the first one."""
+        if self._tenants_cache is None:
+            await self._read_tenant_rows()
+        elif time.monotonic() - self._tenants_cache[0] > _TENANTS_FRESH_S and (
+            self._tenants_refresh is None or self._tenants_refresh.done()
+        ):
+            self._tenants_refresh = asyncio.create_task(self._read_tenant_rows())
+        assert self._tenants_cache is not None
+        return self._tenants_cache[1]
+
+    async def _read_tenant_rows(self) -> None:
+        try:
             rows = await tenant_census(
                 self._lookup,
                 self._clock.now(),
@@ -228,8 +243,12 @@ class Console:
                 cap=TENANT_CAP,
                 only=None if self._scope is None else sorted(self._scope),
             )
-            self._tenants_cache = (now, rows)
-        return self._tenants_cache[1]
+        except StoreError as exc:
+            if self._tenants_cache is None:
+                raise
+            log.warning("console: could not read the tenant ranking again: %s", exc)
+            return
+        self._tenants_cache = (time.monotonic(), rows)
 
     async def _overview(self, page: Page) -> Html:
         now = self._clock.now()

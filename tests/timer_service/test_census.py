@@ -12,6 +12,7 @@ from timer_adapters_memory import MemoryTimerStore
 from timer_core import ServiceCallId, TenantId, TimerEntry
 from timer_service.census import take_census, tenant_census
 from timer_service.metrics import PrometheusInstrumentation
+from timer_service.service import pending_count_pace
 from timer_service.settings import Settings, SettingsError
 
 NOW = datetime(2030, 1, 1, 12, tzinfo=UTC)
@@ -124,3 +125,13 @@ class TestCensusSettings:
         """An interval below one second (but not 0) is refused naming the variable."""
         with pytest.raises(SettingsError, match="TIMER_CENSUS_INTERVAL"):
             Settings.from_environment({"TIMER_CENSUS_INTERVAL": "200ms"})
+
+
+class TestPendingCountPace:
+    def test_a_cheap_count_runs_every_five_seconds(self) -> None:
+        """A count that takes milliseconds is repeated every 5 s, as before."""
+        assert pending_count_pace(0.004) == 5.0
+
+    def test_a_costly_count_takes_one_percent_of_the_time(self) -> None:
+        """A count that took 2.9 s (10M timers on SQLite) waits 290 s for the next."""
+        assert pending_count_pace(2.9) == pytest.approx(290.0)

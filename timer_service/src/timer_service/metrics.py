@@ -155,7 +155,8 @@ class PrometheusInstrumentation(Instrumentation):
         )
         self.pending = Gauge(
             "timer_timers_pending",
-            "Timers stored and still Scheduled (refreshed every few seconds).",
+            "Timers stored and still Scheduled (refreshed every few seconds, less often when "
+            "counting them takes longer than 1% of the time).",
             registry=self.registry,
         )
         self.due = Gauge(

@@ -418,10 +418,13 @@ class Console:
         found: list[TimerEntry] = []
         cursor = ServiceCallId(after) if after else None
         scanned = 0
+        # Small reads first (all states: one page's worth), larger while few rows match.
+        size = PAGE_SIZE + 1
         while scanned < SCAN_LIMIT:
             chunk = await self._store.list_for_tenant(
-                tenant, limit=min(500, SCAN_LIMIT - scanned), after=cursor
+                tenant, limit=min(size, SCAN_LIMIT - scanned), after=cursor
             )
+            size = min(4 * size, 1000)
             if not chunk:
                 return found, None, scanned
             for entry in chunk:

@@ -493,3 +493,19 @@ class TestCensusPlans:
         plan = list(nodes(explain_and_undo(storm, census.FIND_BY_CORRELATION_ID, params)["Plan"]))
         assert "Seq Scan" not in {n["Node Type"] for n in plan}
         assert any(n.get("Index Name") == "ix_timer_schedules_tenant_correlation" for n in plan)
+
+    async def test_tenant_scan_reads_its_window_of_the_primary_key(self, storm: sa.Engine) -> None:
+        """Paging through a tenant's fired timers reads at most the window's keys."""
+        params = {
+            "tenant": "tenant-7",
+            "after": "",
+            "scan": 300,
+            "state": "Reached",
+            "due_from": "-infinity",
+            "due_until": "infinity",
+            "limit": 50,
+        }
+        plan = list(nodes(explain_and_undo(storm, census.SCAN_TENANT, params)["Plan"]))
+        assert "Seq Scan" not in {n["Node Type"] for n in plan}
+        (walk,) = [n for n in plan if n.get("Index Name") == "timer_schedules_pkey"]
+        assert walk["Actual Rows"] <= 300

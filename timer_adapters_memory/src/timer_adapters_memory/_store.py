@@ -548,6 +548,39 @@ class MemoryTimerStore(TimerStore):
                 found.append(storage.timers[TimerKey(tenant_id, call)])
             return found
 
+    async def scan_tenant(
+        self,
+        tenant_id: TenantId,
+        *,
+        state: TimerState | None,
+        due_from: datetime | None,
+        due_until: datetime | None,
+        limit: int,
+        scan: int,
+        after: ServiceCallId | None = None,
+    ) -> tuple[list[TimerEntry], ServiceCallId | None]:
+        tenant_id = TenantId(tenant_id)
+        await asyncio.sleep(0)
+        with self._storage.lock:
+            storage = self._check("scan_tenant")
+            keys = sorted(
+                key.service_call_id
+                for key in storage.timers
+                if key.tenant_id == tenant_id and (after is None or key.service_call_id > after)
+            )
+            read = [storage.timers[TimerKey(tenant_id, call)] for call in keys[: max(scan, 0)]]
+        found: list[TimerEntry] = []
+        for entry in read:
+            if (
+                (state is None or entry.state is state)
+                and (due_from is None or entry.due_at >= due_from)
+                and (due_until is None or entry.due_at <= due_until)
+            ):
+                found.append(entry)
+                if len(found) == limit:
+                    return found, entry.service_call_id
+        return found, (read[-1].service_call_id if len(read) == scan and read else None)
+
     async def find_by_correlation_id(
         self, correlation_id: CorrelationId, *, limit: int
     ) -> list[TimerEntry]:

@@ -22,6 +22,7 @@ from timer_core import (
     TenantId,
     TimerEntry,
     TimerRecord,
+    TimerState,
     require_utc,
 )
 
@@ -31,6 +32,8 @@ __all__ = [
     "FIND_BY_CORRELATION_ID",
     "OLDEST_DUE",
     "PENDING_TENANTS",
+    "SCAN_TENANT",
+    "SCAN_TENANT_WINDOW",
     "SCHEDULED_FOR_TENANT",
     "PostgresCensus",
 ]
@@ -94,6 +97,27 @@ WHERE tenant_id = :tenant AND state = 'Scheduled'
   AND due_at >= CAST(:due_from AS timestamptz) AND due_at <= CAST(:due_until AS timestamptz)
   AND (due_at, service_call_id) > (CAST(:after_due AS timestamptz), :after_call)
 ORDER BY tenant_id, due_at, service_call_id LIMIT :limit
+"""
+)
+# The next :scan keys of the tenant after :after (primary key order) are the window; of them,
+# those in :state (NULL: either) due within the range, up to :limit.
+SCAN_TENANT = sa.text(
+    f"""
+SELECT {_COLUMNS} FROM (
+    SELECT * FROM timer_schedules WHERE tenant_id = :tenant AND service_call_id > :after
+    ORDER BY tenant_id, service_call_id LIMIT :scan
+) AS window_ WHERE (CAST(:state AS text) IS NULL OR state = :state)
+  AND due_at >= CAST(:due_from AS timestamptz) AND due_at <= CAST(:due_until AS timestamptz)
+ORDER BY service_call_id LIMIT :limit
+"""
+)
+SCAN_TENANT_WINDOW = sa.text(
+    """
+SELECT count(*), max(service_call_id) FROM (
+    SELECT service_call_id FROM timer_schedules
+    WHERE tenant_id = :tenant AND service_call_id > :after
+    ORDER BY tenant_id, service_call_id LIMIT :scan
+) AS window_
 """
 )
 # No index starts with the correlation id (one would cost every write): each tenant is a
@@ -208,6 +232,42 @@ class PostgresCensus:
             lambda conn: conn.execute(SCHEDULED_FOR_TENANT, params).all(),
         )
         return [self._entry_of(row) for row in rows]
+
+    async def scan_tenant(
+        self,
+        tenant_id: TenantId,
+        *,
+        state: TimerState | None,
+        due_from: datetime | None,
+        due_until: datetime | None,
+        limit: int,
+        scan: int,
+        after: ServiceCallId | None = None,
+    ) -> tuple[list[TimerEntry], ServiceCallId | None]:
+        window: dict[str, Any] = {
+            "tenant": TenantId(tenant_id),
+            "after": "" if after is None else ServiceCallId(after),
+            "scan": max(scan, 0),
+        }
+        params = window | {
+            "state": None if state is None else TimerState(state).value,
+            "due_from": _bound(due_from, _EARLIEST),
+            "due_until": _bound(due_until, _LATEST),
+            "limit": max(limit, 0),
+        }
+
+        def read(conn: sa.Connection) -> tuple[list[Any], Any]:
+            rows = list(conn.execute(SCAN_TENANT, params).all())
+            if limit > 0 and len(rows) == limit:
+                return rows, None
+            return rows, conn.execute(SCAN_TENANT_WINDOW, window).one()
+
+        rows, counted = await self._run("page through a tenant's timers", read)
+        found = [self._entry_of(row) for row in rows]
+        if counted is None:
+            return found, found[-1].service_call_id
+        read_keys, last = counted
+        return found, (ServiceCallId(last) if read_keys == scan and last is not None else None)
 
     async def find_by_correlation_id(
         self, correlation_id: CorrelationId, *, limit: int

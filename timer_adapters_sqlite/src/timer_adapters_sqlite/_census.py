@@ -25,6 +25,7 @@ from timer_core import (
     TenantId,
     TimerEntry,
     TimerRecord,
+    TimerState,
     format_timestamp,
     require_utc,
 )
@@ -34,6 +35,8 @@ __all__ = [
     "COUNT_TENANT_DUE",
     "FIND_BY_CORRELATION_ID",
     "PENDING_TENANTS",
+    "SCAN_TENANT",
+    "SCAN_TENANT_WINDOW",
     "SCHEDULED_FOR_TENANT",
     "SqliteCensus",
 ]
@@ -78,6 +81,22 @@ SELECT {COLUMNS} FROM {TABLE} INDEXED BY idx_timer_schedules_tenant_due
 WHERE tenant_id = ?1 AND state = 'Scheduled' AND due_at >= ?2 AND due_at <= ?3
   AND (due_at, service_call_id) > (?4, ?5)
 ORDER BY due_at, service_call_id LIMIT ?6
+"""
+# The next ?3 keys of the tenant after ?2 (primary key order) are the window; of them, those
+# in state ?4 (NULL: either) due within [?5, ?6], up to ?7. Only those become rows.
+SCAN_TENANT = f"""
+SELECT {COLUMNS} FROM (
+    SELECT * FROM {TABLE} WHERE tenant_id = ?1 AND service_call_id > ?2
+    ORDER BY service_call_id LIMIT ?3
+) WHERE (?4 IS NULL OR state = ?4) AND due_at >= ?5 AND due_at <= ?6
+ORDER BY service_call_id LIMIT ?7
+"""
+# How many keys the window held and its last one, from the primary key alone.
+SCAN_TENANT_WINDOW = f"""
+SELECT count(*), max(service_call_id) FROM (
+    SELECT service_call_id FROM {TABLE} WHERE tenant_id = ?1 AND service_call_id > ?2
+    ORDER BY service_call_id LIMIT ?3
+)
 """
 FIND_BY_CORRELATION_ID = f"""
 SELECT {COLUMNS} FROM {TABLE} INDEXED BY idx_timer_schedules_correlation_id
@@ -167,6 +186,40 @@ class SqliteCensus:
         def find(connection: sa.Connection) -> list[TimerEntry]:
             rows = driver_of(connection).execute(SCHEDULED_FOR_TENANT, args).fetchall()
             return [entry_from_row(row) for row in rows]
+
+        return await self._read(find)
+
+    async def scan_tenant(
+        self,
+        tenant_id: TenantId,
+        *,
+        state: TimerState | None,
+        due_from: datetime | None,
+        due_until: datetime | None,
+        limit: int,
+        scan: int,
+        after: ServiceCallId | None = None,
+    ) -> tuple[list[TimerEntry], ServiceCallId | None]:
+        window = (
+            TenantId(tenant_id),
+            _LOWEST if after is None else ServiceCallId(after),
+            max(scan, 0),
+        )
+        args = (
+            *window,
+            None if state is None else TimerState(state).value,
+            _bound(due_from, _LOWEST),
+            _bound(due_until, _HIGHEST),
+            max(limit, 0),
+        )
+
+        def find(connection: sa.Connection) -> tuple[list[TimerEntry], ServiceCallId | None]:
+            driver = driver_of(connection)
+            found = [entry_from_row(row) for row in driver.execute(SCAN_TENANT, args)]
+            if limit > 0 and len(found) == limit:
+                return found, found[-1].service_call_id
+            read, last = driver.execute(SCAN_TENANT_WINDOW, window).fetchone()
+            return found, (ServiceCallId(last) if read == scan and last is not None else None)
 
         return await self._read(find)
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import attrs
 
-from timer_core._entry import TimerEntry
+from timer_core._entry import TimerEntry, TimerState
 from timer_core._ids import CorrelationId, ServiceCallId, TenantId
 
 if TYPE_CHECKING:  # ports re-exports this module's names
@@ -103,6 +103,26 @@ class TimerLookup(Protocol):
         """Up to ``limit`` of the tenant's ``Scheduled`` timers with
         ``due_from <= due_at <= due_until`` (``None``: open), in ``(due_at,
         service_call_id)`` order, strictly after ``after`` (keyset pagination)."""
+        ...
+
+    async def scan_tenant(
+        self,
+        tenant_id: TenantId,
+        *,
+        state: TimerState | None,
+        due_from: datetime | None,
+        due_until: datetime | None,
+        limit: int,
+        scan: int,
+        after: ServiceCallId | None = None,
+    ) -> tuple[list[TimerEntry], ServiceCallId | None]:
+        """Among the tenant's next ``scan`` timers in ``service_call_id`` order after
+        ``after`` (keyset), up to ``limit`` in ``state`` (None: either) with ``due_from <=
+        due_at <= due_until`` (None: open), in that order; and the key to go on after: the
+        last one returned when ``limit`` were found, else the last one read, None when the
+        tenant's timers ran out. The primary key bounds the read to ``scan`` rows, however
+        few match: the way to page through fired timers, which no index orders by due time.
+        """
         ...
 
     async def find_by_correlation_id(

@@ -9,7 +9,7 @@ import pytest
 import pytest_asyncio
 
 from timer_core._census import TimerCensus, TimerLookup
-from timer_core._entry import TimerKey
+from timer_core._entry import TimerKey, TimerState
 from timer_core._ids import CorrelationId, ServiceCallId, TenantId
 from timer_core.ports import DueCursor, PositionedOperation, TimerStore
 from timer_core.testing._store_contract import A, B, at, entry, keys
@@ -123,3 +123,25 @@ class TimerCensusContract:
         unknown = await store.timer_record(TenantId("tenant-z"), ServiceCallId("x"))
         assert unknown.entry is None
         assert unknown.cancelled_at is None
+
+    async def test_scan_tenant_filters_a_bounded_window(self, store: Any) -> None:
+        """A scan reads at most its window of keys, returns the matches in key order, and
+        says where to go on: after the last match when the page filled, after the window
+        when it did not, nowhere at the tenant's end."""
+        timers = [entry("tenant-a", f"a{i}", i) for i in range(10)]
+        await store.apply([*timers, entry("tenant-b", "b0", 1)])
+        await store.mark_reached(
+            [t.reach(at(20)) for t in timers if int(t.service_call_id[1:]) % 3 == 0]
+        )
+        fired, after = await store.scan_tenant(
+            A, state=TimerState.REACHED, due_from=None, due_until=None, limit=2, scan=100
+        )
+        assert (keys(fired), after) == ([("tenant-a", "a0"), ("tenant-a", "a3")], "a3")
+        window, after = await store.scan_tenant(
+            A, state=TimerState.REACHED, due_from=None, due_until=None, limit=5, scan=2, after="a3"
+        )
+        assert (keys(window), after) == ([], "a5")
+        rest, after = await store.scan_tenant(
+            A, state=None, due_from=at(8), due_until=None, limit=5, scan=100, after="a5"
+        )
+        assert (keys(rest), after) == ([("tenant-a", "a8"), ("tenant-a", "a9")], None)

@@ -339,12 +339,20 @@ class Console:
                 last = entries[-1]
                 next_after = f"{format_timestamp(last.due_at)}|{last.service_call_id}"
         else:
-            entries, next_after, scanned = await self._scan_tenant(
-                tenant, state, due_from, due_until, after
+            entries, next_key = await self._lookup.scan_tenant(
+                tenant,
+                state=TimerState.REACHED if state == "reached" else None,
+                due_from=due_from,
+                due_until=due_until,
+                limit=PAGE_SIZE,
+                scan=SCAN_LIMIT,
+                after=ServiceCallId(after) if after else None,
             )
+            next_after = next_key
             scanned_note = (
-                f"Fired timers are read in service call id order and filtered: this page "
-                f"looked at {scanned} timer(s)."
+                f"These come in service call id order; a page looks at {SCAN_LIMIT} timers at "
+                "most (no index orders fired timers by due time), so one may show fewer than "
+                f"{PAGE_SIZE} and the next carry on."
             )
         quarantined = {q.entry.key for q in self._quarantine.quarantined}
         rows = [
@@ -405,40 +413,6 @@ class Console:
                 pager,
             ]
         )
-
-    async def _scan_tenant(
-        self,
-        tenant: TenantId,
-        state: str,
-        due_from: datetime | None,
-        due_until: datetime | None,
-        after: str | None,
-    ) -> tuple[list[TimerEntry], str | None, int]:
-        """A page of the tenant's timers in key order, filtered, reading at most SCAN_LIMIT."""
-        found: list[TimerEntry] = []
-        cursor = ServiceCallId(after) if after else None
-        scanned = 0
-        # Small reads first (all states: one page's worth), larger while few rows match.
-        size = PAGE_SIZE + 1
-        while scanned < SCAN_LIMIT:
-            chunk = await self._store.list_for_tenant(
-                tenant, limit=min(size, SCAN_LIMIT - scanned), after=cursor
-            )
-            size = min(4 * size, 1000)
-            if not chunk:
-                return found, None, scanned
-            for entry in chunk:
-                scanned += 1
-                cursor = entry.service_call_id
-                if (
-                    (state == "all" or entry.state is TimerState.REACHED)
-                    and (due_from is None or entry.due_at >= due_from)
-                    and (due_until is None or entry.due_at <= due_until)
-                ):
-                    found.append(entry)
-                    if len(found) == PAGE_SIZE:
-                        return found, cursor, scanned
-        return found, cursor, scanned
 
     async def _timer(self, page: Page) -> Html:
         tenant = TenantId(page.params.get("tenant", ""))

@@ -323,7 +323,13 @@ async def serve_and_measure(store: TimerStore, count: int, pg_pid: int | None) -
 
 
 def machine() -> dict[str, Any]:
+    import subprocess
+
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
+    ).stdout.strip()
     return {
+        "commit": commit,
         "python": platform.python_version(),
         "cpus": os.cpu_count(),
         "platform": platform.platform(),

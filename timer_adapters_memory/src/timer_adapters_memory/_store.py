@@ -23,8 +23,10 @@ from timer_core import (
     StoreUnavailable,
     SystemClock,
     TenantId,
+    TimerCensus,
     TimerEntry,
     TimerKey,
+    TimerLookup,
     TimerOperation,
     TimerRecord,
     TimerState,
@@ -113,7 +115,7 @@ class _Storage:
             del self.tenant_index[entry.tenant_id]
 
 
-class MemoryTimerStore(TimerStore):
+class MemoryTimerStore(TimerStore, TimerCensus, TimerLookup):
     """An in-memory, thread-safe :class:`~timer_core.ports.TimerStore`.
 
     It keeps every promise of the port (it passes :class:`timer_core.testing.TimerStoreContract`)
@@ -504,10 +506,13 @@ class MemoryTimerStore(TimerStore):
             )
             return max(0, min(cap, high - low))
 
-    async def oldest_scheduled_due_at(self) -> datetime | None:
+    async def oldest_scheduled_due_at(self, tenant_id: TenantId | None = None) -> datetime | None:
         await asyncio.sleep(0)
         with self._storage.lock:
             storage = self._check("oldest_scheduled_due_at")
+            if tenant_id is not None:
+                mine = storage.tenant_index.get(TenantId(tenant_id))
+                return mine[0][0] if mine else None
             return storage.due_index[0].due_at if storage.due_index else None
 
     async def pending_tenants(

@@ -20,7 +20,9 @@ from timer_core import (
     PendingTenant,
     ServiceCallId,
     TenantId,
+    TimerCensus,
     TimerEntry,
+    TimerLookup,
     TimerRecord,
     TimerState,
     require_utc,
@@ -35,6 +37,7 @@ __all__ = [
     "SCAN_TENANT",
     "SCAN_TENANT_WINDOW",
     "SCHEDULED_FOR_TENANT",
+    "TENANT_OLDEST_DUE",
     "PostgresCensus",
 ]
 
@@ -71,6 +74,9 @@ SELECT count(*) FROM (
 )
 # Every Scheduled timer, claimed or not (next_due_at leaves out what others hold).
 OLDEST_DUE = sa.text("SELECT min(due_at) FROM timer_schedules WHERE state = 'Scheduled'")
+TENANT_OLDEST_DUE = sa.text(
+    "SELECT min(due_at) FROM timer_schedules WHERE tenant_id = :tenant AND state = 'Scheduled'"
+)
 # A loose scan of ix_timer_schedules_tenant_due: each step seeks the first entry of the next
 # tenant, which is also that tenant's earliest due timer.
 PENDING_TENANTS = sa.text(
@@ -156,7 +162,7 @@ def _bound(value: datetime | None, open_end: str) -> datetime | str:
     return open_end if value is None else require_utc(value)
 
 
-class PostgresCensus:
+class PostgresCensus(TimerCensus, TimerLookup):
     """``TimerCensus`` and ``TimerLookup`` for :class:`PostgresTimerStore` (its threads)."""
 
     async def _run(
@@ -190,9 +196,12 @@ class PostgresCensus:
             )
         )
 
-    async def oldest_scheduled_due_at(self) -> datetime | None:
+    async def oldest_scheduled_due_at(self, tenant_id: TenantId | None = None) -> datetime | None:
+        statement, params = OLDEST_DUE, {}
+        if tenant_id is not None:
+            statement, params = TENANT_OLDEST_DUE, {"tenant": TenantId(tenant_id)}
         value = await self._run(
-            "read the oldest due time", lambda conn: conn.execute(OLDEST_DUE).scalar()
+            "read the oldest due time", lambda conn: conn.execute(statement, params).scalar()
         )
         return None if value is None else require_utc(value)
 

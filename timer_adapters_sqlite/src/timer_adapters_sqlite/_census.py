@@ -23,7 +23,9 @@ from timer_core import (
     PendingTenant,
     ServiceCallId,
     TenantId,
+    TimerCensus,
     TimerEntry,
+    TimerLookup,
     TimerRecord,
     TimerState,
     format_timestamp,
@@ -38,6 +40,7 @@ __all__ = [
     "SCAN_TENANT",
     "SCAN_TENANT_WINDOW",
     "SCHEDULED_FOR_TENANT",
+    "TENANT_OLDEST_DUE",
     "SqliteCensus",
 ]
 
@@ -59,6 +62,10 @@ SELECT count(*) FROM (
     SELECT 1 FROM {TABLE} INDEXED BY idx_timer_schedules_tenant_due
     WHERE tenant_id = ?4 AND state = 'Scheduled' AND due_at > ?1 AND due_at <= ?2 LIMIT ?3
 )
+"""
+TENANT_OLDEST_DUE = f"""
+SELECT min(due_at) FROM {TABLE} INDEXED BY idx_timer_schedules_tenant_due
+WHERE tenant_id = ? AND state = 'Scheduled'
 """
 # The tenants with pending timers after ?1, by a loose scan of the tenant-first partial index
 # (one seek per tenant), with each one's earliest due time (one more seek), up to ?2 tenants.
@@ -115,7 +122,7 @@ def _bound(value: datetime | None, open_end: str) -> str:
     return open_end if value is None else format_timestamp(require_utc(value))
 
 
-class SqliteCensus:
+class SqliteCensus(TimerCensus, TimerLookup):
     """``TimerCensus`` and ``TimerLookup`` for :class:`SqliteTimerStore` (its reader thread)."""
 
     async def _read(self, fn: Callable[[sa.Connection], T]) -> T:
@@ -139,9 +146,14 @@ class SqliteCensus:
 
         return await self._read(count)
 
-    async def oldest_scheduled_due_at(self) -> datetime | None:
+    async def oldest_scheduled_due_at(self, tenant_id: TenantId | None = None) -> datetime | None:
+        args: tuple[str, ...]
+        sql, args = NEXT_DUE_AT, ()
+        if tenant_id is not None:
+            sql, args = TENANT_OLDEST_DUE, (TenantId(tenant_id),)
+
         def oldest(connection: sa.Connection) -> datetime | None:
-            (due_at,) = driver_of(connection).execute(NEXT_DUE_AT).fetchone()
+            (due_at,) = driver_of(connection).execute(sql, args).fetchone()
             return None if due_at is None else read_timestamp(due_at)
 
         return await self._read(oldest)

@@ -2,15 +2,17 @@
 the look-ups a console needs (a tenant's pending timers by due time, a correlation id across
 tenants, one timer's stored record).
 
-A store offers them by implementing the protocols (:func:`isinstance` tells); each method is
-served by an index, at a cost bounded by its arguments, not by the number of stored timers.
+A store offers one by deriving from it besides :class:`~timer_core.ports.TimerStore`
+(:func:`isinstance` tells); each method is served by an index, at a cost bounded by its
+arguments, not by the number of stored timers.
 """
 
 from __future__ import annotations
 
+import abc
 from collections.abc import Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING
 
 import attrs
 
@@ -49,14 +51,15 @@ class TimerRecord:
     cancel_position: int | None = None
 
 
-@runtime_checkable
-class TimerCensus(Protocol):
-    """A store that counts its pending timers by due time, at a bounded cost.
+class TimerCensus(abc.ABC):
+    """A store that counts its pending timers by due time, at a bounded cost (a capability a
+    :class:`~timer_core.ports.TimerStore` may have).
 
     The service's census (metrics ``timer_timers_due`` and ``timer_oldest_overdue_seconds``)
     and its console use it; a store without it gets neither.
     """
 
+    @abc.abstractmethod
     async def count_scheduled_due(
         self,
         *,
@@ -72,25 +75,25 @@ class TimerCensus(Protocol):
         Served by a range of the due index: the cost grows with ``min(cap, matches)``, never
         with the table.
         """
-        ...
 
-    async def oldest_scheduled_due_at(self) -> datetime | None:
-        """The earliest ``due_at`` of any ``Scheduled`` timer, claimed by an instance or not
-        (one index seek), or None when none is pending."""
-        ...
+    @abc.abstractmethod
+    async def oldest_scheduled_due_at(self, tenant_id: TenantId | None = None) -> datetime | None:
+        """The earliest ``due_at`` of any ``Scheduled`` timer (of ``tenant_id``'s, if given),
+        claimed by an instance or not (one index seek), or None when none is pending."""
 
+    @abc.abstractmethod
     async def pending_tenants(
         self, *, limit: int, after: TenantId | None = None
     ) -> Sequence[PendingTenant]:
         """Up to ``limit`` tenants with ``Scheduled`` timers, in tenant order after ``after``,
         each with its earliest due time: a few index seeks per tenant returned."""
-        ...
 
 
-@runtime_checkable
-class TimerLookup(Protocol):
-    """A store that finds timers the ways an operator asks for them, each through an index."""
+class TimerLookup(abc.ABC):
+    """A store that finds timers the ways an operator asks for them, each through an index
+    (a capability a :class:`~timer_core.ports.TimerStore` may have)."""
 
+    @abc.abstractmethod
     async def scheduled_for_tenant(
         self,
         tenant_id: TenantId,
@@ -103,8 +106,8 @@ class TimerLookup(Protocol):
         """Up to ``limit`` of the tenant's ``Scheduled`` timers with
         ``due_from <= due_at <= due_until`` (``None``: open), in ``(due_at,
         service_call_id)`` order, strictly after ``after`` (keyset pagination)."""
-        ...
 
+    @abc.abstractmethod
     async def scan_tenant(
         self,
         tenant_id: TenantId,
@@ -123,18 +126,17 @@ class TimerLookup(Protocol):
         tenant's timers ran out. The primary key bounds the read to ``scan`` rows, however
         few match: the way to page through fired timers, which no index orders by due time.
         """
-        ...
 
+    @abc.abstractmethod
     async def find_by_correlation_id(
         self, correlation_id: CorrelationId, *, limit: int
     ) -> list[TimerEntry]:
         """Up to ``limit`` timers of any tenant scheduled with this correlation id, in key
         order."""
-        ...
 
+    @abc.abstractmethod
     async def timer_record(
         self, tenant_id: TenantId, service_call_id: ServiceCallId
     ) -> TimerRecord:
         """What the store keeps of this key: the timer, its command position, its
         tombstone."""
-        ...

@@ -8,16 +8,14 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from datetime import datetime, timedelta
-from typing import Protocol
 
 import attrs
 
-from timer_core import PendingTenant, TenantId, TimerCensus, TimerLookup
+from timer_core import PendingTenant, TenantId, TimerCensus
 
 __all__ = [
     "BUCKETS",
     "Census",
-    "InspectableStore",
     "TenantCensus",
     "take_census",
     "tenant_census",
@@ -88,12 +86,8 @@ class TenantCensus:
         return max(0.0, (now - self.earliest_due_at).total_seconds())
 
 
-class InspectableStore(TimerCensus, TimerLookup, Protocol):
-    """A store with both operator capabilities: what the console needs."""
-
-
 async def tenant_census(
-    store: InspectableStore,
+    store: TimerCensus,
     now: datetime,
     *,
     tenants: int,
@@ -106,8 +100,9 @@ async def tenant_census(
     if only is not None:
         found: list[PendingTenant] = []
         for tenant in sorted(only)[:tenants]:
-            first = await store.scheduled_for_tenant(tenant, due_from=None, due_until=None, limit=1)
-            found += [PendingTenant(tenant, entry.due_at) for entry in first]
+            earliest = await store.oldest_scheduled_due_at(tenant)
+            if earliest is not None:
+                found.append(PendingTenant(tenant, earliest))
         more = len(only) > tenants
     else:
         found = list(await store.pending_tenants(limit=tenants + 1))

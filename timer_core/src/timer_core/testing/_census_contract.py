@@ -71,10 +71,13 @@ class TimerCensusContract:
         assert counted == 1
 
     async def test_oldest_scheduled_due_at(self, store: Any) -> None:
-        """The oldest pending due time is the earliest Scheduled one, None with none."""
+        """The oldest pending due time is the earliest Scheduled one (of a tenant's, given
+        one), None with none."""
         assert await store.oldest_scheduled_due_at() is None
         await store.apply([entry("tenant-a", "a0", 7), entry("tenant-b", "b0", 3)])
         assert await store.oldest_scheduled_due_at() == at(3)
+        assert await store.oldest_scheduled_due_at(A) == at(7)
+        assert await store.oldest_scheduled_due_at(TenantId("tenant-z")) is None
 
     async def test_pending_tenants_in_order_with_earliest_due(self, store: Any) -> None:
         """Tenants with pending timers come in tenant order, each with its earliest due time."""

@@ -34,7 +34,7 @@ from timer_core import (
     parse_timestamp,
 )
 from timer_service.access import HttpAccess, HttpRequest, Refusal
-from timer_service.census import BUCKETS, Census, InspectableStore, take_census, tenant_census
+from timer_service.census import BUCKETS, Census, take_census, tenant_census
 from timer_service.console._guard import (
     COOKIE,
     Sessions,
@@ -134,7 +134,8 @@ class Console:
                 f"the console needs a store with TimerCensus and TimerLookup: {store!r}"
             )
         self._store = store
-        self._lookup: InspectableStore = store
+        self._census_store: TimerCensus = store
+        self._lookup: TimerLookup = store
         self._quarantine = quarantine
         self._clock = clock
         self._access = access
@@ -218,7 +219,7 @@ class Console:
                 return reading
         now = time.monotonic()
         if self._own_census is None or now - self._own_census[0] > 5.0:
-            reading = await take_census(self._lookup, self._clock.now(), cap=self._census_cap)
+            reading = await take_census(self._census_store, self._clock.now(), cap=self._census_cap)
             self._own_census = (now, reading)
         return self._own_census[1]
 
@@ -237,7 +238,7 @@ class Console:
     async def _read_tenant_rows(self) -> None:
         try:
             rows = await tenant_census(
-                self._lookup,
+                self._census_store,
                 self._clock.now(),
                 tenants=TOP_TENANTS_SCANNED,
                 cap=TENANT_CAP,

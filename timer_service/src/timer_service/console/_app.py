@@ -595,21 +595,13 @@ class Console:
             )
             for q in items
         ]
-        intro = Html(
-            '<p class="muted">A timer whose DueTimeReached kept failing to publish while others '
-            "went out. It stays pending and is left out of every pass until retried; this "
-            "instance's record (another instance keeps its own).</p>"
+        intro = (
+            "A timer whose DueTimeReached kept failing to publish while others went out. It "
+            "stays pending and is left out of every pass until retried; this instance's record "
+            "(another instance keeps its own)."
         )
-        return join(
-            [
-                intro,
-                table(
-                    "Quarantined timers",
-                    ["Timer", "Due", "Failures", "Last error", "Since", "Actions"],
-                    rows,
-                ),
-            ]
-        )
+        headers = ["Timer", "Due", "Failures", "Last error", "Since", "Actions"]
+        return _listing(intro, table("Quarantined timers", headers, rows))
 
     async def _dead_letter_page(self, page: Page) -> Html:
         page.title = "Dead letters"
@@ -639,21 +631,13 @@ class Console:
             )
             for letter in letters
         ]
-        intro = Html(
-            '<p class="muted">Commands the service refused (undecodable, over quota), with '
-            "why. Replay sends one back to its tenant's command subject, unchanged; fix its "
-            "cause first (<code>timer-service dlq replay --data</code> sends a fixed one).</p>"
+        intro = (
+            "Commands the service refused (undecodable, over quota), with why. Replay sends one "
+            "back to its tenant's command subject, unchanged; fix its cause first "
+            "(timer-service dlq replay --data sends a fixed one)."
         )
-        return join(
-            [
-                intro,
-                table(
-                    "Dead letters, oldest first",
-                    ["Seq", "Tenant", "Time", "Reason", "Command", "Actions"],
-                    rows,
-                ),
-            ]
-        )
+        headers = ["Seq", "Tenant", "Time", "Reason", "Command", "Actions"]
+        return _listing(intro, table("Dead letters, oldest first", headers, rows))
 
     async def _sign_in_page(self, page: Page) -> Html:
         page.title = "Sign in"
@@ -857,6 +841,11 @@ def _state_of(entry: TimerEntry, now: datetime, quarantined: bool) -> str:
 def _preview(data: bytes) -> str:
     text = data.decode("utf-8", errors="replace")
     return text if len(text) <= 200 else text[:200] + "…"
+
+
+def _listing(intro: str, listed: Html) -> Html:
+    """A list page: one muted paragraph saying what it lists, then the table."""
+    return Html(f'<p class="muted">{esc(intro)}</p>{listed}')
 
 
 def _search_forms(tenant: str = "", call: str = "", correlation: str = "") -> Html:

@@ -318,3 +318,28 @@ class TestInTheService:
                 assert 'timer_timers_due{due="1d"} 1.0' in metrics.body
             finally:
                 await service.http.aclose()
+
+
+class TestBehindATlsProxy:
+    async def test_an_https_origin_of_the_same_host_may_act(self, console: ConsoleRig) -> None:
+        """Behind a proxy that terminates TLS the browser's Origin is https://<host>: the
+        sign-in and the actions accept it, and still refuse another host's."""
+        host = f"127.0.0.1:{console.port}"
+        answer = await fetch(
+            console.port,
+            "/console/sign-in",
+            method="POST",
+            headers={"Origin": f"https://{host}"},
+            form={"token": TOKEN},
+        )
+        assert answer.status == 303
+        cookie = (answer.header("set-cookie") or "").split(";")[0]
+        page = await fetch(console.port, "/console/quarantine", headers={"Cookie": cookie})
+        match = re.search(r'name="csrf" value="([0-9a-f]+)"', page.body)
+        assert match is not None
+        other = await retry(
+            console, {"Origin": "https://evil.example", "Cookie": cookie}, match.group(1)
+        )
+        assert other.status == 403
+        same = await retry(console, {"Origin": f"https://{host}", "Cookie": cookie}, match.group(1))
+        assert same.status == 303

@@ -144,7 +144,18 @@ def action_refusal(
         if name not in ("content-type", "authorization")
     }
     headers["authorization"] = f"Bearer {access.token}"
+    if _same_origin(request):
+        # Behind a proxy that terminates TLS the page's origin is https://<host>.
+        headers["origin"] = f"http://{(request.header('host') or '').lower()}"
     return access.check(attrs.evolve(request, headers=headers), port, what=f"console: {what}")
+
+
+def _same_origin(request: HttpRequest) -> bool:
+    """Whether the browser says the request comes from a page of this very host (over HTTP,
+    or HTTPS through a proxy that terminates TLS)."""
+    origin = (request.header("origin") or "").lower()
+    host = (request.header("host") or "").lower()
+    return bool(host) and origin in (f"http://{host}", f"https://{host}")
 
 
 def _logged(request: HttpRequest, refusal: Refusal) -> Refusal:
@@ -166,9 +177,7 @@ def sign_in_refusal(
     """Why a sign-in fails: no token configured, a cross-site form, or the wrong token."""
     if access.token is None:
         return Refusal(403, "the console is read-only: TIMER_HTTP_TOKEN is not set")
-    origin = request.header("origin")
-    host = (request.header("host") or "").lower()
-    if origin is None or origin.lower() != f"http://{host}":
+    if not _same_origin(request):
         return _logged(request, Refusal(403, "sign in from the console's own page"))
     refusal = page_refusal(access, request, port)
     if refusal is not None:

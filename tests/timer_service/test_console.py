@@ -116,6 +116,16 @@ class TestPages:
         assert answer.status == 400
         assert 'role="alert"' in answer.body
 
+    async def test_a_database_down_is_a_clear_503(self, console: ConsoleRig) -> None:
+        """With the store unavailable a page answers 503 saying so, not a dropped connection."""
+        console.rig.store.set_unavailable(True)
+        try:
+            answer = await fetch(console.port, "/console/tenant?tenant=tenant-a")
+        finally:
+            console.rig.store.set_unavailable(False)
+        assert answer.status == 503
+        assert "did not answer" in answer.body
+
     async def test_a_foreign_host_is_refused(self, console: ConsoleRig) -> None:
         """A page asked for under another Host (a rebound DNS name) is refused."""
         answer = await fetch(console.port, "/console", headers={"Host": "evil.example:80"})

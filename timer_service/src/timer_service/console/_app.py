@@ -12,7 +12,9 @@ from datetime import datetime
 from typing import Any
 from urllib.parse import parse_qs, urlencode
 
-from timer_adapters_nats import DeadLetter, DeadLetters
+import nats.errors
+
+from timer_adapters_nats import BrokerUnavailable, DeadLetter, DeadLetters
 from timer_core import (
     Clock,
     CorrelationId,
@@ -32,6 +34,7 @@ from timer_core import (
     ValidationError,
     format_timestamp,
     parse_timestamp,
+    redact_url,
 )
 from timer_service.access import HttpAccess, HttpRequest, Refusal
 from timer_service.census import BUCKETS, Census, take_census, tenant_census
@@ -186,6 +189,11 @@ class Console:
             return _see_other(redirect.location)
         except ValidationError as exc:
             page.status, page.error = 400, str(exc)
+            html = Html("")
+        except (StoreError, BrokerUnavailable, nats.errors.Error) as exc:
+            reason = redact_url(str(exc))  # a driver's message may carry a URL's password
+            log.warning("console: %s %s failed: %s", request.method, request.path, reason)
+            page.status, page.error = 503, f"the database or the broker did not answer: {reason}"
             html = Html("")
         return page.status, _HTML, page.render(html), list(_PAGE_HEADERS)
 

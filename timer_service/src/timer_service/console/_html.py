@@ -80,9 +80,11 @@ def table(caption: str, headers: Sequence[str], rows: Iterable[Sequence[object]]
     if not body:
         body = [f'<tr><td colspan="{len(headers)}" class="muted">None.</td></tr>']
     head = "".join(f'<th scope="col">{esc(h)}</th>' for h in headers)
+    # Four columns and more keep readable cells on a phone: the region scrolls sideways.
+    wide = ' class="wide"' if len(headers) >= 4 else ""
     return Html(
         f'<div class="scroll" role="region" aria-label="{esc(caption)}" tabindex="0">'
-        f"<table><caption>{esc(caption)}</caption><thead><tr>{head}</tr></thead>"
+        f'<table{wide}><caption>{esc(caption)}</caption><thead><tr>{head}</tr></thead>'
         f"<tbody>{''.join(body)}</tbody></table></div>"
     )
 

@@ -23,6 +23,11 @@ SCENARIOS = {
     "otel": ("otel", "what OpenTelemetry costs the fire path"),
     "fairness": ("fairness", "a quiet tenant's lateness during another tenant's storm"),
     "command-order": ("command_order", "the SQLite store's writes with command positions"),
+    "console-sqlite": ("console", "the console's pages and the census at 10M timers on SQLite"),
+    "console-postgres": (
+        "console",
+        "the console's pages and the census at 10M timers on PostgreSQL",
+    ),
 }
 
 

@@ -1,4 +1,5 @@
-"""The operator's console and the census at ``--timers`` (default 10,000,000) stored timers.
+"""The operator's console and the census at ``--timers`` (default 10,000,000) stored timers,
+on SQLite (``console-sqlite``) or PostgreSQL (``console-postgres``).
 
 The timers are written by bulk SQL straight into the store's own schema (made by its
 migrations; secondary indexes dropped, the rows inserted in key order by one ``INSERT ...
@@ -9,20 +10,18 @@ shared by three timers.
 
 Measured, with the console served by the same ``HealthEndpoint`` and ``Console`` as
 ``timer-service run`` (no broker: the dead-letter page is left out) and asked for by a client
-thread over loopback HTTP:
+thread over loopback HTTP: each page's response time, 100 requests after 3 warm-ups (and the
+overview's first, cold answer, which reads the tenant ranking); the census (``take_census``
+at the default ``TIMER_CENSUS_CAP``) in alternated rounds with the store's full
+``count_scheduled`` (the pending gauge's count) as the yardstick: wall and CPU time (this
+process's, plus PostgreSQL's backends'), and the share of one core it takes at the default
+``TIMER_CENSUS_INTERVAL``.
 
-- each page's response time, 100 requests after 3 warm-ups, p50 / p99 / max (the overview's
-  first, cold answer too, which reads the tenant ranking);
-- the census (``take_census`` at the default ``TIMER_CENSUS_CAP``) in alternated rounds with
-  the store's full ``count_scheduled`` (the pending gauge's count) as the yardstick: wall
-  time, and CPU time (this process's, plus PostgreSQL's backends' on PostgreSQL), and the
-  CPU share it takes of one core at the default ``TIMER_CENSUS_INTERVAL`` (30 s).
+    flock /tmp/timer-bench.lock uv run python -m timer_bench console-sqlite
+    flock /tmp/timer-bench.lock uv run python -m timer_bench console-postgres
+    uv run python -m timer_bench console-sqlite --quick      # 100,000 timers
 
-    flock /tmp/timer-bench.lock uv run --all-packages python bench/console.py --store sqlite
-    flock /tmp/timer-bench.lock uv run --all-packages python bench/console.py --store postgres
-    uv run --all-packages python bench/console.py --timers 100000        # a quick one
-
-``--db PATH`` keeps (and reuses) the SQLite file. Writes ``bench/results/console-<store>.json``.
+``--db PATH`` keeps (and reuses) the SQLite file.
 """
 
 from __future__ import annotations
@@ -31,24 +30,17 @@ import argparse
 import asyncio
 import contextlib
 import http.client
-import json
-import os
-import platform
-import shutil
-import statistics
-import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from prometheus_client import CollectorRegistry
 
+from timer_bench import kit
+from timer_bench.procs import postgres, postgres_version
 from timer_core import QuarantinedTimer, SystemClock, TimerKey, TimerStore
 from timer_service.access import HttpAccess
 from timer_service.census import take_census
@@ -170,11 +162,6 @@ class _NoQuarantine:
         return 0
 
 
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q * len(ordered)) - 1))]
-
-
 def get(port: int, path: str) -> tuple[int, float, int]:
     """One GET on a fresh connection (as the endpoint answers one request per connection):
     status, seconds, body bytes."""
@@ -203,15 +190,10 @@ async def measure_pages(port: int, pages: dict[str, str]) -> dict[str, Any]:
 
     cold_status, cold_s, _ = await asyncio.to_thread(get, port, "/console")
     assert cold_status == 200
-    results["overview (cold: reads the tenant ranking)"] = {"seconds": cold_s}
+    results["overview (cold: reads the tenant ranking)"] = {"seconds": round(cold_s, 3)}
     for name, path in pages.items():
         times = await asyncio.to_thread(run, path)
-        results[name] = {
-            "path": path,
-            "p50_ms": statistics.median(times) * 1000,
-            "p99_ms": percentile(times, 0.99) * 1000,
-            "max_ms": max(times) * 1000,
-        }
+        results[name] = {"path": path, **kit.percentiles([t * 1000 for t in times])}
     return results
 
 
@@ -258,12 +240,12 @@ async def measure_census(
         "interval_s": interval_s,
         "counts": last.counts,
         "oldest_overdue_s": last.oldest_overdue_s,
-        "census_wall_ms_median": statistics.median(census_wall) * 1000,
-        "census_cpu_ms_median": statistics.median(census_cpu) * 1000,
-        "census_core_share_at_interval": statistics.median(census_cpu) / interval_s,
-        "full_count_wall_ms_median": statistics.median(count_wall) * 1000,
-        "full_count_cpu_ms_median": statistics.median(count_cpu) * 1000,
-        "census_to_full_count_wall_ratio_median": statistics.median(ratios),
+        "census_wall_ms_median": kit.median(census_wall) * 1000,
+        "census_cpu_ms_median": kit.median(census_cpu) * 1000,
+        "census_core_share_at_interval": kit.median(census_cpu) / interval_s,
+        "full_count_wall_ms_median": kit.median(count_wall) * 1000,
+        "full_count_cpu_ms_median": kit.median(count_cpu) * 1000,
+        "census_to_full_count_wall_ratio_median": kit.median(ratios),
         "rounds": ROUNDS,
     }
 
@@ -322,83 +304,46 @@ async def serve_and_measure(store: TimerStore, count: int, pg_pid: int | None) -
             await endpoint.aclose()
 
 
-def machine() -> dict[str, Any]:
-    import subprocess
-
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
-    ).stdout.strip()
-    return {
-        "commit": commit,
-        "python": platform.python_version(),
-        "cpus": os.cpu_count(),
-        "platform": platform.platform(),
-        "load_avg_at_start": os.getloadavg(),
-        "shared": "yes: other developers' work ran on the same 2 cores",
-    }
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--store", choices=("sqlite", "postgres"), default="sqlite")
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--quick", action="store_true", help="100,000 timers")
     parser.add_argument("--timers", type=int, default=10_000_000)
     parser.add_argument("--db", type=Path, help="SQLite file to keep and reuse")
-    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
-    args = parser.parse_args(argv)
+
+
+def main(args: argparse.Namespace) -> int:
+    kind = args.scenario.removeprefix("console-")
+    timers = 100_000 if args.quick else args.timers
     now_s = round(time.time(), 3)
-    started = time.perf_counter()
-    result: dict[str, Any] = {"store": args.store, "timers": args.timers, "machine": machine()}
-    root = Path(tempfile.mkdtemp(prefix="timer-console-bench-"))
-    try:
-        if args.store == "sqlite":
+    document: dict[str, Any] = {"date": kit.today(), "store": kind, "timers": timers}
+    with tempfile.TemporaryDirectory(prefix="timer-console-bench-") as root:
+        started = time.perf_counter()
+        if kind == "sqlite":
             from timer_adapters_sqlite import SqliteTimerStore
 
-            path = args.db or root / "timer.db"
-            if not path.exists():
-                load_sqlite(path, args.timers, now_s)
+            document["machine"] = kit.machine()
+            path = args.db or Path(root) / "timer.db"
+            if path.exists():
+                kit.progress(f"reusing {path} (its timers are due relative to its loading)")
+                document["reused_load_s"] = None  # unknown here: say so in the results
             else:
-                print(f"reusing {path} (its timers were due relative to when it was loaded)")
-            result["load_s"] = time.perf_counter() - started
-            result["database_bytes"] = path.stat().st_size
-            print(f"loaded in {result['load_s']:.0f} s; measuring", flush=True)
-            result |= asyncio.run(
-                serve_and_measure(
-                    SqliteTimerStore(path, pragmas={"cache_size": -32768}), args.timers, None
-                )
-            )
+                kit.progress(f"loading {timers:,} timers into {path}")
+                load_sqlite(path, timers, now_s)
+            document["load_s"] = round(time.perf_counter() - started, 1)
+            document["database_bytes"] = path.stat().st_size
+            kit.progress("measuring")
+            store: TimerStore = SqliteTimerStore(path, pragmas={"cache_size": -32768})
+            document |= asyncio.run(serve_and_measure(store, timers, None))
         else:
-            from tests.pg import start_cluster
             from timer_adapters_postgres import PostgresTimerStore
 
-            # Its own temporary folder: the server's user must reach it (start_cluster
-            # hands it over), which a root-only parent would prevent.
-            pg_root = Path(tempfile.mkdtemp(prefix="timer-console-bench-pg-"))
-            pg = start_cluster(pg_root, {"shared_buffers": "1GB"})
-            try:
-                url = pg.create_database("console")
-                load_postgres(url, pg.conninfo("console"), args.timers, now_s)
-                result["load_s"] = time.perf_counter() - started
-                print(f"loaded in {result['load_s']:.0f} s; measuring", flush=True)
-                result |= asyncio.run(
-                    serve_and_measure(
-                        PostgresTimerStore(url, owner_id="bench", listen=False),
-                        args.timers,
-                        pg.process.pid,
-                    )
-                )
-            finally:
-                pg.stop()
-                shutil.rmtree(pg_root, ignore_errors=True)
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
-    args.out.mkdir(parents=True, exist_ok=True)
-    target = args.out / f"console-{args.store}.json"
-    target.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps({k: v for k, v in result.items() if k != "machine"}, indent=2))
-    print(f"written to {target}")
+            document["machine"] = kit.machine(postgres=postgres_version())
+            with postgres({"shared_buffers": "1GB"}) as cluster:
+                url = cluster.create_database("console")
+                kit.progress(f"loading {timers:,} timers into PostgreSQL")
+                load_postgres(url, cluster.conninfo("console"), timers, now_s)
+                document["load_s"] = round(time.perf_counter() - started, 1)
+                kit.progress("measuring")
+                store = PostgresTimerStore(url, owner_id="bench", listen=False)
+                document |= asyncio.run(serve_and_measure(store, timers, cluster.process.pid))
+    kit.write_result(document, args.output)
     return 0
-
-
-if __name__ == "__main__":
-    threading.current_thread().name = "bench"
-    sys.exit(main())

@@ -84,7 +84,7 @@ def table(caption: str, headers: Sequence[str], rows: Iterable[Sequence[object]]
     wide = ' class="wide"' if len(headers) >= 4 else ""
     return Html(
         f'<div class="scroll" role="region" aria-label="{esc(caption)}" tabindex="0">'
-        f'<table{wide}><caption>{esc(caption)}</caption><thead><tr>{head}</tr></thead>'
+        f"<table{wide}><caption>{esc(caption)}</caption><thead><tr>{head}</tr></thead>"
         f"<tbody>{''.join(body)}</tbody></table></div>"
     )
 

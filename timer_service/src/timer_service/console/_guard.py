@@ -144,9 +144,6 @@ def action_refusal(
         if name not in ("content-type", "authorization")
     }
     headers["authorization"] = f"Bearer {access.token}"
-    if _same_origin(request):
-        # Behind a proxy that terminates TLS the page's origin is https://<host>.
-        headers["origin"] = f"http://{(request.header('host') or '').lower()}"
     return access.check(attrs.evolve(request, headers=headers), port, what=f"console: {what}")
 
 

@@ -1,7 +1,7 @@
 """Take the console's screenshots for the docs: ``uv run python -m
 tests.timer_service.console_screenshots docs/images`` (needs the distribution's chromium).
 
-The same rig and browser driver as the browser tests: a worker with one quarantined timer,
+The same rig and browser facade as the browser tests: a worker with one quarantined timer,
 signed in so the action buttons show, at 1280 and 390 px.
 """
 
@@ -13,8 +13,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from tests.timer_service.browser import chromium
-from tests.timer_service.console_rig import POISON, TOKEN, console_rig
+from tests.docs.browser import chromium
+from tests.timer_service.console_browser import open_page, sign_in
+from tests.timer_service.console_rig import POISON, console_rig
 
 SHOTS = [
     ("overview", "/console"),
@@ -27,18 +28,18 @@ async def take(out: Path) -> None:
     executable = shutil.which("chromium")
     if executable is None:
         raise SystemExit("needs chromium (apt-get install chromium)")
-    with tempfile.TemporaryDirectory() as profile, chromium(executable, Path(profile)) as browser:
-        async with console_rig() as console, browser.tab() as tab:
-            await tab.open(console.base + "/console/sign-in")
-            await tab.type_into("#f-token", TOKEN)
-            async with tab.loading():
-                await tab.press("Enter")
+    with (
+        tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as profile,
+        chromium(executable, Path(profile)) as browser,
+    ):
+        async with console_rig() as console:
             for width, height in ((1280, 800), (390, 844)):
-                await tab.viewport(width, height)
+                page = await open_page(browser, width, height)
+                await sign_in(page, console)
                 for name, path in SHOTS:
-                    await tab.open(console.base + path)
+                    await page.open(console.base + path)
                     target = out / f"console-{name}-{width}.png"
-                    target.write_bytes(await tab.screenshot())
+                    target.write_bytes(await page.screenshot())
                     print(target)
 
 

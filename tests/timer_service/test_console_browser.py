@@ -1,5 +1,6 @@
 """The console in a real browser: the distribution's headless Chromium, driven over the
-DevTools protocol, against the console of a real worker holding a quarantined timer."""
+DevTools protocol (the docs tests' driver, ``tests/docs/browser.py``), against the console of
+a real worker holding a quarantined timer."""
 
 from __future__ import annotations
 
@@ -7,8 +8,9 @@ from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
-from tests.timer_service.browser import Browser, Tab, chromium
-from tests.timer_service.console_rig import POISON, TOKEN, ConsoleRig, console_rig
+from tests.docs.browser import Chromium, chromium
+from tests.timer_service.console_browser import open_page, sign_in
+from tests.timer_service.console_rig import POISON, ConsoleRig, console_rig
 from tests.tools import require_tool
 
 pytestmark = pytest.mark.os_tool
@@ -26,7 +28,7 @@ PAGES = [
 
 
 @pytest.fixture(scope="module")
-def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Browser]:
+def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Chromium]:
     """Chromium from the distribution on a fresh profile, stopped by its pid afterwards."""
     executable = require_tool("chromium", "apt-get install chromium")
     with chromium(executable, tmp_path_factory.mktemp("chromium-profile")) as running:
@@ -39,75 +41,61 @@ async def console() -> AsyncIterator[ConsoleRig]:
         yield rig
 
 
-@pytest.fixture
-async def tab(browser: Browser) -> AsyncIterator[Tab]:
-    async with browser.tab() as opened:
-        yield opened
-
-
-async def sign_in(tab: Tab, console: ConsoleRig) -> None:
-    """Sign in through the sign-in form, typing the token and pressing Enter."""
-    await tab.open(console.base + "/console/sign-in")
-    await tab.type_into("#f-token", TOKEN)
-    async with tab.loading():
-        await tab.press("Enter")
-    assert "Signed in" in await tab.text(".notice")
-
-
 class TestConsoleInChromium:
     @pytest.mark.parametrize("width", [1280, 390])
     async def test_pages_load_without_errors_and_fit(
-        self, console: ConsoleRig, tab: Tab, width: int
+        self, console: ConsoleRig, browser: Chromium, width: int
     ) -> None:
         """Every page loads with no console error, and at 390 px nothing is wider than
         the screen (tables scroll inside their own region)."""
-        await tab.viewport(width, 900)
+        page = await open_page(browser, width)
         for path in PAGES:
-            await tab.open(console.base + path)
-            assert await tab.evaluate("document.querySelector('h1') !== null"), path
-            overflow = await tab.evaluate("document.documentElement.scrollWidth")
+            await page.open(console.base + path)
+            assert await page.evaluate("document.querySelector('h1') !== null"), path
+            overflow = await page.evaluate("document.documentElement.scrollWidth")
             assert overflow <= width, f"{path} is {overflow} px wide at {width} px"
-        assert tab.errors == []
+        assert page.errors == []
 
-    async def test_a_search_finds_the_timer(self, console: ConsoleRig, tab: Tab) -> None:
+    async def test_a_search_finds_the_timer(self, console: ConsoleRig, browser: Chromium) -> None:
         """Typing a tenant and a service call id into the overview's search form and
         pressing Enter opens that timer's page."""
-        await tab.open(console.base + "/console")
-        await tab.type_into("#f-tenant", "tenant-a")
-        await tab.type_into("#f-call", POISON)
-        async with tab.loading():
-            await tab.press("Enter")
-        assert await tab.text("h1") == f"Timer tenant-a / {POISON}"
-        assert "Quarantined" in await tab.text(".facts")
-        assert tab.errors == []
+        page = await open_page(browser)
+        await page.open(console.base + "/console")
+        await page.type_into("#f-tenant", "tenant-a")
+        await page.type_into("#f-call", POISON)
+        await page.after_navigation(page.press("Enter"))
+        assert await page.text("h1") == f"Timer tenant-a / {POISON}"
+        assert "Quarantined" in await page.text(".facts")
+        assert page.errors == []
 
     async def test_a_quarantined_timer_is_retried_and_then_fires(
-        self, console: ConsoleRig, tab: Tab
+        self, console: ConsoleRig, browser: Chromium
     ) -> None:
         """Signed in, an operator reaches Retry with the keyboard on the quarantined
         timer's page; once the worker's next passes ran, the page shows it fired."""
-        await sign_in(tab, console)
+        page = await open_page(browser)
+        await sign_in(page, console)
         console.rig.bus.fail_when(None)  # the cause is fixed; now retry it
-        await tab.open(f"{console.base}/console/timer?tenant=tenant-a&call={POISON}")
-        await tab.tab_to("form[action='/console/actions/retry'] button")
-        async with tab.loading():
-            await tab.press("Enter")
-        assert "Put back" in await tab.text(".notice")
+        await page.open(f"{console.base}/console/timer?tenant=tenant-a&call={POISON}")
+        await page.tab_to("form[action='/console/actions/retry'] button")
+        await page.after_navigation(page.press("Enter"))
+        assert "Put back" in await page.text(".notice")
         assert console.rig.worker.quarantined == []
         await console.rig.run_until(80)
-        await tab.open(f"{console.base}/console/timer?tenant=tenant-a&call={POISON}")
-        assert await tab.text(".state") == "Fired"
+        await page.open(f"{console.base}/console/timer?tenant=tenant-a&call={POISON}")
+        assert await page.text(".state") == "Fired"
         assert console.rig.attempts(POISON) > 0
-        assert tab.errors == []
+        assert page.errors == []
 
     async def test_an_action_without_the_token_is_refused(
-        self, console: ConsoleRig, tab: Tab
+        self, console: ConsoleRig, browser: Chromium
     ) -> None:
         """A retry form posted from the console's own page without signing in (no session,
         no CSRF token) is refused, and the timer stays quarantined."""
-        await tab.open(console.base + "/console/quarantine")
-        async with tab.loading():
-            await tab.evaluate(
+        page = await open_page(browser)
+        await page.open(console.base + "/console/quarantine")
+        await page.after_navigation(
+            page.evaluate(
                 "(() => { const f = document.createElement('form'); f.method = 'post';"
                 " f.action = '/console/actions/retry';"
                 f" for (const [k, v] of [['tenant', 'tenant-a'], ['call', '{POISON}']]) {{"
@@ -115,6 +103,7 @@ class TestConsoleInChromium:
                 " i.value = v; f.appendChild(i); }"
                 " document.body.appendChild(f); f.submit(); })()"
             )
-        assert await tab.text("h1") == "Refused"
-        assert "sign in" in (await tab.text(".error")).lower()
+        )
+        assert await page.text("h1") == "Refused"
+        assert "sign in" in (await page.text(".error")).lower()
         assert len(console.rig.worker.quarantined) == 1

@@ -12,6 +12,7 @@ from timer_core import DueTimeReached, MessageEnvelope, TimerStore
 from timer_core.testing import (
     EventPublisherContract,
     PublisherHarness,
+    TimerCensusContract,
     TimerStoreContract,
     TimerStoreLeaseContract,
 )
@@ -24,6 +25,14 @@ class TestMemoryTimerStoreContract(TimerStoreContract):
     def make_store(self) -> Callable[[], TimerStore]:
         storage = MemoryTimerStore()
         return lambda: MemoryTimerStore(shared_with=storage)
+
+
+class TestMemoryTimerCensusContract(TimerCensusContract):
+    """MemoryTimerStore keeps the promises of the census and look-up capabilities."""
+
+    @pytest.fixture
+    def make_store(self) -> Callable[[], TimerStore]:
+        return MemoryTimerStore
 
 
 class TestMemoryTimerStoreLeaseContract(TimerStoreLeaseContract):

@@ -26,6 +26,7 @@ import sqlalchemy as sa
 import sqlalchemy.exc
 import sqlalchemy.orm
 
+from timer_adapters_postgres._census import PostgresCensus
 from timer_adapters_postgres._errors import is_retryable, translate_error
 from timer_adapters_postgres._host_connection import (
     HostConnection,
@@ -679,7 +680,7 @@ def _sqlalchemy_url(url: str) -> sa.URL:
     return parsed.set(drivername="postgresql+psycopg")
 
 
-class PostgresTimerStore(TimerStore):
+class PostgresTimerStore(TimerStore, PostgresCensus):
     """:class:`~timer_core.ports.TimerStore` on PostgreSQL, for one or several instances.
 
     :meth:`find_due` *claims* what it returns: each timer is leased to this store's
@@ -1319,6 +1320,9 @@ class PostgresTimerStore(TimerStore):
                 "count scheduled timers", lambda conn: conn.execute(statement).scalar_one()
             )
         )
+
+    def _entry_of(self, row: Any) -> TimerEntry:
+        return _entry(row)
 
     async def _entries(self, action: str, statement: sa.Select[Any]) -> list[TimerEntry]:
         rows = await self._run(action, lambda conn: conn.execute(statement).all())

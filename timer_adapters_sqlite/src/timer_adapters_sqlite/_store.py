@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 
 import sqlalchemy as sa
 
+from timer_adapters_sqlite._census import SqliteCensus
 from timer_adapters_sqlite._errors import translate_error
 from timer_adapters_sqlite._paths import database_path, require_directory
 from timer_adapters_sqlite._rows import as_ops, entry_from_row, read_timestamp, write_timestamp
@@ -67,7 +68,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-class SqliteTimerStore(TimerStore):
+class SqliteTimerStore(TimerStore, SqliteCensus):
     """A :class:`~timer_core.ports.TimerStore` on a SQLite file, through SQLAlchemy.
 
     ``mode="standalone"`` (default): the timer owns the file. ``mode="shared"``: the file is

@@ -17,6 +17,7 @@ from typing import NamedTuple, Protocol, Self, runtime_checkable
 
 import attrs
 
+from timer_core._census import PendingTenant, TimerCensus, TimerLookup, TimerRecord
 from timer_core._entry import TimerEntry, TimerKey
 from timer_core._ids import CorrelationId, EnvelopeId, ServiceCallId, TenantId
 from timer_core._messages import Command, DueTimeReached, MessageEnvelope
@@ -33,10 +34,14 @@ __all__ = [
     "DueCursor",
     "EnvelopeIdGenerator",
     "EventPublisher",
+    "PendingTenant",
     "RemoteScheduleCallback",
     "PositionedOperation",
     "SystemClock",
+    "TimerCensus",
+    "TimerLookup",
     "TimerOperation",
+    "TimerRecord",
     "TimerScheduler",
     "TimerStore",
     "Uuid7EnvelopeIds",

@@ -26,6 +26,7 @@ import sqlalchemy as sa
 import sqlalchemy.exc
 import sqlalchemy.orm
 
+from timer_adapters_postgres._clock import DatabaseClock
 from timer_adapters_postgres._errors import is_retryable, translate_error
 from timer_adapters_postgres._host_connection import (
     HostConnection,
@@ -213,6 +214,7 @@ _PEER_GONE_S = 3.5
 # ... and another instance's tenant whose earliest timer waits this much longer than this
 # instance's own earliest is claimed as if it were its own (the other is behind).
 _HELP_BEHIND = timedelta(seconds=1)
+_READ_CLOCK = "SELECT clock_timestamp() AS now"
 _ANNOUNCE_SQL = "SELECT pg_notify(%(channel)s, %(payload)s)"
 
 
@@ -687,7 +689,9 @@ class PostgresTimerStore(TimerStore):
     an instance that dies leaves its claims to be taken over when the lease runs out.
     :meth:`mark_reached` is fenced: it only marks a claimed timer while this store's claim is
     the latest one. Lease expiry is judged by the database clock (``now()``), the one clock
-    every instance shares; due times are judged by the ``now`` the core passes in.
+    every instance shares; due times are judged by the ``now`` the core passes in, which
+    :meth:`shared_clock` reads from the same database clock (see
+    :class:`~timer_core.ports.SharedClockStore`).
 
     Scheduling sends ``NOTIFY`` on ``notify_channel`` with the due time; every started store
     (``listen=True``) ``LISTEN``\\ s and calls ``on_remote_schedule(due_at)`` for timers
@@ -709,6 +713,7 @@ class PostgresTimerStore(TimerStore):
         connect_timeout_s: float = 5.0,
         statement_timeout_s: float | None = 30.0,
         migrate: bool = True,
+        clock_skew_warning_s: float | None = 1.0,
     ) -> None:
         """Configure the store; nothing connects before :meth:`start`.
 
@@ -718,7 +723,9 @@ class PostgresTimerStore(TimerStore):
         registered are announced (None: all); later ones are found by the poll anyway.
         ``migrate=False`` refuses a database whose schema is not already current.
         ``pool_size`` connections read and write; claims and marks take two more of their own
-        (used from the event loop), and ``listen=True`` one for ``LISTEN``.
+        (used from the event loop), the database clock one more, and ``listen=True`` one for
+        ``LISTEN``. ``clock_skew_warning_s``: a WARNING is logged while this host's wall clock
+        is further than this off the database's (None: never; see :meth:`shared_clock`).
         """
         if lease_s <= 0:
             raise ValueError("lease_s must be positive")
@@ -755,6 +762,12 @@ class PostgresTimerStore(TimerStore):
         self._sharing: tuple[str, ...] | None = None
         self._lifecycle = asyncio.Lock()
         self._claims: dict[TimerKey, _Claim] = {}
+        self._clock_lane: StatementLane | None = None
+        self._clock = DatabaseClock(
+            self._read_clock,
+            skew_warning_s=clock_skew_warning_s,
+            where=f"PostgreSQL {self._url.host or 'local'}:{self._url.port or 5432}",
+        )
 
     @property
     def owner_id(self) -> str:
@@ -765,6 +778,19 @@ class PostgresTimerStore(TimerStore):
     def claim_lease_s(self) -> float:
         """How long a timer returned by :meth:`find_due` stays claimed by this store."""
         return self._lease_s
+
+    def shared_clock(self) -> DatabaseClock:
+        """The database's clock (``clock_timestamp()``), read at :meth:`start` and every 2 s
+        after on a connection of its own: ``now`` is never ahead of the database, whatever
+        this host's wall clock says, and its ``skew_s`` is how far this host's is off."""
+        return self._clock
+
+    async def _read_clock(self) -> datetime:
+        lane = self._clock_lane
+        if lane is None:
+            raise StoreUnavailable("the PostgreSQL timer store is not started (or closed)")
+        (row,) = await lane.fetch("read the database clock", _READ_CLOCK, {})
+        return require_utc(row.now, "the database clock")
 
     @property
     def listener(self) -> ScheduleListener | None:
@@ -803,9 +829,14 @@ class PostgresTimerStore(TimerStore):
                         connect_timeout_s=self._connect_timeout_s,
                     )
                     await listener.start()
+                self._clock_lane = self._lane()
+                await self._clock.start()
             except BaseException:
                 executor.shutdown(wait=False)
                 engine.dispose()
+                if listener is not None:
+                    await listener.aclose()
+                await self._close_clock()
                 raise
             self._engine = engine
             self._autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
@@ -827,6 +858,7 @@ class PostgresTimerStore(TimerStore):
                 announcing.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await announcing
+            await self._close_clock()
             listener, self._listener = self._listener, None
             engine, self._engine, self._autocommit = self._engine, None, None
             lanes = [lane for lane in (self._claiming, self._marking) if lane is not None]
@@ -843,6 +875,12 @@ class PostgresTimerStore(TimerStore):
             self._claims.clear()
             self._tenants = None
             self._sharing = None
+
+    async def _close_clock(self) -> None:
+        await self._clock.aclose()
+        lane, self._clock_lane = self._clock_lane, None
+        if lane is not None:
+            await lane.aclose()
 
     async def _announce(self) -> None:
         """Say on the ``LISTEN`` channel that this instance is there, every _PEER_EVERY_S."""

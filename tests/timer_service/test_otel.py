@@ -276,6 +276,7 @@ class TestMetrics:
         otel.set_pending(4)
         otel.set_instances(2)
         otel.broker_state_recreated("consumer")
+        otel.set_clock_skew(lambda: 0.25)
         otel.poll_completed(0.01, 1)
         otel.worker_error(RuntimeError("store down"))
         data = telemetry.metrics.get_metrics_data()

@@ -173,6 +173,7 @@ class _Gauges:
     instances: int | None = None
     quarantined: int | None = None
     last_poll: float | None = None
+    clock_skew: Callable[[], float | None] | None = None
 
 
 class OtelInstrumentation(Instrumentation):
@@ -185,10 +186,11 @@ class OtelInstrumentation(Instrumentation):
     (attribute ``outcome``), ``timer.schedules.processed``, ``timer.publish.failures``,
     ``timer.quarantined``, ``timer.worker.errors``, ``timer.polling.duration`` and
     ``timer.firing.lateness`` (histograms, seconds), ``timer.timers.pending``,
-    ``timer.instances.sharing``, ``timer.timers.quarantined`` and
+    ``timer.instances.sharing``, ``timer.timers.quarantined``, ``timer.clock.skew`` and
     ``timer.last_poll.timestamp`` (gauges; set the first two with :meth:`set_pending` and
-    :meth:`set_instances`). ``timer.firing.lateness`` records one fired timer in
-    ``lateness_sample`` (see the module docstring); the rest count every timer.
+    :meth:`set_instances`, the skew's source with :meth:`set_clock_skew`).
+    ``timer.firing.lateness`` records one fired timer in ``lateness_sample`` (see the module
+    docstring); the rest count every timer.
     """
 
     def __init__(
@@ -276,6 +278,15 @@ class OtelInstrumentation(Instrumentation):
             description="Timers quarantined now (left out of every pass until retried).",
         )
         meter.create_observable_gauge(
+            "timer.clock.skew",
+            callbacks=[self._observe_clock_skew],
+            unit="s",
+            description=(
+                "This host's wall clock minus the clock that decides due times (PostgreSQL's); "
+                "positive: the host is ahead."
+            ),
+        )
+        meter.create_observable_gauge(
             "timer.last_poll.timestamp",
             callbacks=[self._observe_last_poll],
             unit="s",
@@ -310,6 +321,16 @@ class OtelInstrumentation(Instrumentation):
     def _observe_instances(self, options: CallbackOptions) -> Iterable[Observation]:
         instances = self._gauges.instances
         return () if instances is None else (Observation(instances),)
+
+    def set_clock_skew(self, read: Callable[[], float | None]) -> None:
+        """Report the clock skew (seconds, host minus the deciding clock) that ``read()``
+        gives when the gauge is observed (None: nothing to report)."""
+        self._gauges.clock_skew = read
+
+    def _observe_clock_skew(self, options: CallbackOptions) -> Iterable[Observation]:
+        read = self._gauges.clock_skew
+        skew = None if read is None else read()
+        return () if skew is None else (Observation(skew),)
 
     def _observe_quarantined(self, options: CallbackOptions) -> Iterable[Observation]:
         quarantined = self._gauges.quarantined

@@ -663,6 +663,23 @@ def _scheduled_as_batch() -> None:
         log.debug("could not run the PostgreSQL store's threads as SCHED_BATCH", exc_info=True)
 
 
+# Raises synchronous_commit from off to on for the session; any other level (local,
+# remote_write, on, remote_apply) already waits for the local WAL flush and is kept.
+_SYNCHRONOUS_COMMIT = (
+    "SELECT set_config('synchronous_commit', 'on', false) "
+    "WHERE current_setting('synchronous_commit') = 'off'"
+)
+
+
+def _commit_synchronously(dbapi_connection: Any, _record: object) -> None:
+    autocommit = dbapi_connection.autocommit
+    dbapi_connection.autocommit = True  # a SELECT must not leave a transaction open
+    try:
+        dbapi_connection.execute(_SYNCHRONOUS_COMMIT)
+    finally:
+        dbapi_connection.autocommit = autocommit
+
+
 def _default_owner_id() -> str:
     return f"{socket.gethostname()[:160]}-{os.getpid()}-{secrets.token_hex(4)}"
 
@@ -911,7 +928,7 @@ class PostgresTimerStore(TimerStore):
         )
 
     def _create_engine(self) -> sa.Engine:
-        return sa.create_engine(
+        engine = sa.create_engine(
             self._url,
             pool_size=self._pool_size,
             max_overflow=0,
@@ -923,6 +940,11 @@ class PostgresTimerStore(TimerStore):
                 "application_name": "timer",
             },
         )
+        # The pool's connections store the commands the service then acknowledges: their
+        # commits wait for the WAL flush whatever the server's default (the marks' and
+        # claims' lanes keep it: a lost mark or claim only means a duplicate publish).
+        sa.event.listen(engine, "connect", _commit_synchronously)
+        return engine
 
     def _prepare_schema(self, engine: sa.Engine) -> None:
         try:

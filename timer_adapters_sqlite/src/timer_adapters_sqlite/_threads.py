@@ -23,7 +23,7 @@ import sqlalchemy as sa
 
 from timer_adapters_sqlite._errors import translate_error
 from timer_adapters_sqlite._rows import Op
-from timer_adapters_sqlite._schema import StoreMode, migrate_connection
+from timer_adapters_sqlite._schema import StoreMode, Synchronous, migrate_connection
 from timer_adapters_sqlite._writes import write_ops
 from timer_core import CommandOutcome, StoreError, StoreUnavailable
 
@@ -50,6 +50,10 @@ class CallJob:
     shares_commit: bool = False
     """A write that may share its transaction with the like jobs queued right beside it (a
     drain's marks): one commit for them all, or each alone again if one of them fails."""
+    synced: bool = True
+    """Committed at the store's ``synchronous`` level; False: at ``NORMAL`` whatever that
+    is, for writes whose loss in a power cut costs no promise (marks, purges: see
+    docs/design.md, "What a sync buys")."""
 
 
 @attrs.define(slots=True)
@@ -281,9 +285,18 @@ class Writer(_ConnectionThread):
 
     _role = "writer"
 
-    def __init__(self, engine: sa.Engine, where: str, max_group_operations: int) -> None:
+    def __init__(
+        self,
+        engine: sa.Engine,
+        where: str,
+        max_group_operations: int,
+        synchronous: Synchronous = "FULL",
+    ) -> None:
         super().__init__(engine, where)
         self._max_ops = max_group_operations
+        self._synchronous: Synchronous = synchronous
+        # The connection's synchronous level now (the engine opens it at ``synchronous``).
+        self._level: str = synchronous
         self._driver: sqlite3.Connection | None = None
         self._checkpointer = _Checkpointer(engine, where)
         self.transactions = 0
@@ -370,6 +383,7 @@ class Writer(_ConnectionThread):
             connection = self._engine.connect()
             self._connection = connection
             driver = self._driver = driver_of(connection)
+            self._level = self._synchronous
             driver.execute(f"PRAGMA wal_autocheckpoint = {_WRITER_AUTOCHECKPOINT_PAGES}")
             driver.execute(f"PRAGMA journal_size_limit = {_WAL_SIZE_LIMIT_BYTES}")
             if job.migrate:
@@ -391,6 +405,7 @@ class Writer(_ConnectionThread):
         if connection is None or driver is None:
             return job.future, None, self._not_open()
         try:
+            self._sync_at(driver, synced=job.synced)
             driver.execute("BEGIN IMMEDIATE")
             try:
                 result = job.fn(connection)
@@ -417,6 +432,7 @@ class Writer(_ConnectionThread):
             closed = self._not_open()
             return [(job.future, None, closed) for job in calls]
         try:
+            self._sync_at(driver, synced=any(job.synced for job in calls))
             driver.execute("BEGIN IMMEDIATE")
             try:
                 outcomes = [job.fn(connection) for job in calls]
@@ -467,7 +483,9 @@ class Writer(_ConnectionThread):
             return job.future, None, self._error(exc)
 
     def _apply_ops(self, driver: sqlite3.Connection, ops: list[Op]) -> list[CommandOutcome]:
-        """Apply ``ops`` in order in one transaction of their own."""
+        """Apply ``ops`` in order in one transaction of their own, synced at the store's level:
+        the caller acknowledges commands once this returns."""
+        self._sync_at(driver, synced=True)
         driver.execute("BEGIN IMMEDIATE")
         try:
             outcomes = write_ops(driver.cursor(), ops)
@@ -478,6 +496,19 @@ class Writer(_ConnectionThread):
         self.transactions += 1
         self._checkpointer.poke()
         return outcomes
+
+    def _sync_at(self, driver: sqlite3.Connection, *, synced: bool) -> None:
+        """Set the connection's ``synchronous`` for the next commit, when it differs.
+
+        In WAL mode ``FULL`` syncs the log at every commit and ``NORMAL`` leaves it to the
+        next checkpoint. The log is written in order, so a synced commit makes every commit
+        before it durable too: marks committed at ``NORMAL`` between two synced commands
+        are covered by the next one.
+        """
+        level = self._synchronous if synced else "NORMAL"
+        if level != self._level:
+            driver.execute(f"PRAGMA synchronous = {level}")
+            self._level = level
 
     def _rollback(self, driver: sqlite3.Connection) -> None:
         if driver.in_transaction:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from datetime import UTC, datetime, timedelta
 
 import nats
 import pytest
@@ -19,6 +18,7 @@ from tests.scale_out.test_scale_out import (
     metric,
     quantiles,
     read_events,
+    spread_schedules,
     states,
     wait_until_true,
 )
@@ -26,7 +26,6 @@ from tests.timer_service.process import ServiceProcess, http_get
 from tests.tools import require_tool
 from timer_adapters_nats import TimerClient
 from timer_adapters_nats.embedded import NatsServerProcess
-from timer_core import floor_ms
 
 pytestmark = pytest.mark.os_tool
 
@@ -126,19 +125,7 @@ class TestSkewedInstance:
         try:
             js = nc.jetstream(timeout=10)
             client = TimerClient(nc, publish_window=256)
-            first_due = floor_ms(datetime.now(UTC) + timedelta(seconds=FIRST_DUE_S))
-            envelopes = [
-                client.schedule_envelope(
-                    f"tenant-{n % TENANTS}",
-                    f"call-{n}",
-                    first_due + timedelta(milliseconds=int(SPREAD_S * 1000 * n / TIMERS)),
-                )
-                for n in range(TIMERS)
-            ]
-            due_by_key = {
-                (e.payload.tenant_id, e.payload.service_call_id): e.payload.due_at
-                for e in envelopes
-            }
+            envelopes, due_by_key = spread_schedules(client, TIMERS, TENANTS, FIRST_DUE_S, SPREAD_S)
             started = time.monotonic()
             assert await client.send_many(envelopes) == [None] * TIMERS
 

@@ -108,6 +108,20 @@ class TestSkew:
         assert clock.skew_s == pytest.approx(3.0, abs=1e-6)
         assert clock.round_trip_s == pytest.approx(0.020)
 
+    def test_the_quickest_recent_reading_gives_the_skew(self) -> None:
+        """A reading stretched by a slow round trip does not replace the skew a quick one
+        measured; once the quick one is old enough, the latest readings decide."""
+        clock, _ = _clock()
+        host = T0.timestamp() + 3.0
+        clock.observe(0.0, T0, 0.002, host + 0.001)  # 2 ms: +3.000
+        clock.observe(2.0, T0 + timedelta(seconds=2), 2.4, host + 2.4)  # 400 ms: +3.200
+        assert clock.skew_s == pytest.approx(3.0, abs=1e-6)
+        for second in range(15):
+            at = 4.0 + 2 * second
+            clock.observe(at, T0 + timedelta(seconds=at), at + 0.1, host + at + 0.1)
+        assert clock.skew_s == pytest.approx(3.05, abs=1e-6)
+        assert clock.round_trip_s == pytest.approx(0.1)
+
     def test_a_warning_past_the_threshold_then_back_within(
         self, caplog: pytest.LogCaptureFixture
     ) -> None:

@@ -20,6 +20,7 @@ Sleeps stay on the monotonic clock; the host's wall clock is read only to measur
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import math
@@ -40,6 +41,11 @@ log = logging.getLogger(__name__)
 DRIFT = 500e-6
 #: While the skew stays past the warning threshold, it is logged again this often.
 _WARN_AGAIN_S = 600.0
+#: The skew shown is that of the quickest of this many latest readings (its error is at most
+#: half its round trip, and a busy host or database stretches some round trips a lot).
+_SKEW_READINGS = 15
+#: Readings taken back to back at start, so the first skew shown is a good one.
+_FIRST_READINGS = 3
 
 DatabaseReading = Callable[[], Awaitable[datetime]]
 """Reads the database's clock once (``SELECT clock_timestamp()``): an aware datetime."""
@@ -81,6 +87,9 @@ class DatabaseClock:
         self._anchor_mono = 0.0
         self._skew_s: float | None = None
         self._round_trip_s: float | None = None
+        self._readings: collections.deque[tuple[float, float]] = collections.deque(
+            maxlen=_SKEW_READINGS
+        )
         self._warned_at: float | None = None
         self._refreshing: asyncio.Task[None] | None = None
 
@@ -111,13 +120,14 @@ class DatabaseClock:
 
     @property
     def skew_s(self) -> float | None:
-        """This host's wall clock minus the database's, in seconds, as last measured (the
-        midpoint of the round trip; None before the first reading). Positive: host ahead."""
+        """This host's wall clock minus the database's, in seconds (None before the first
+        reading), from the quickest of the latest readings (every 2 s; the database read at
+        the middle of the round trip). Positive: the host is ahead."""
         return self._skew_s
 
     @property
     def round_trip_s(self) -> float | None:
-        """How long the last reading took: the most :attr:`skew_s` can be off by, halved."""
+        """How long the reading behind :attr:`skew_s` took: twice the most it can be off."""
         return self._round_trip_s
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -126,7 +136,8 @@ class DatabaseClock:
         """Read the database's clock (errors raised), then keep refreshing it. Idempotent."""
         if self._refreshing is not None:
             return
-        await self.refresh()
+        for _ in range(_FIRST_READINGS):
+            await self.refresh()
         self._refreshing = asyncio.create_task(self._refresh_forever(), name="timer-db-clock")
 
     async def aclose(self) -> None:
@@ -158,10 +169,12 @@ class DatabaseClock:
             if lower < kept <= upper:
                 lower = kept
         self._anchor, self._anchor_mono = lower, received
-        self._round_trip_s = round_trip
         # The database read its clock about halfway through the round trip: compare the
         # host's wall clock then.
-        self._skew_s = (host_wall - round_trip / 2) - (database - _EPOCH).total_seconds()
+        skew = (host_wall - round_trip / 2) - (database - _EPOCH).total_seconds()
+        self._readings.append((round_trip, skew))
+        # The quickest; of equally quick ones the latest.
+        self._round_trip_s, self._skew_s = min(reversed(self._readings), key=_round_trip)
         self._judge_skew(received)
 
     # -- inside ------------------------------------------------------------------------------
@@ -211,6 +224,10 @@ class DatabaseClock:
 
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def _round_trip(reading: tuple[float, float]) -> float:
+    return reading[0]
 
 
 def _seconds(value: float) -> timedelta:

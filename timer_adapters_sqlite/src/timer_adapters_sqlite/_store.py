@@ -75,8 +75,9 @@ class SqliteTimerStore(TimerStore):
     table then references it with ``ON DELETE CASCADE``, so deleting a service call deletes
     its timer. ``synchronous="FULL"`` (default) syncs every commit that stores commands
     (:meth:`apply`) to disk before it returns, so an acknowledged timer survives a power
-    loss; marks of fired timers and purges are committed at ``NORMAL`` (a lost mark only
-    fires the timer again, with the same envelope id). ``"NORMAL"`` commits everything
+    loss (a thread of its own syncs the log for all commits made meanwhile, so the writer
+    never waits for the disk); marks of fired timers and purges return unsynced (a lost
+    mark only fires the timer again, with the same envelope id). ``"NORMAL"`` commits everything
     unsynced: with WAL the database is never corrupted and every commit survives a crash of
     the process, but a power loss or an OS crash may lose the last commits, acknowledged
     commands included.

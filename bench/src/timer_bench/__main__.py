@@ -24,6 +24,7 @@ SCENARIOS = {
     "fairness": ("fairness", "a quiet tenant's lateness during another tenant's storm"),
     "command-order": ("command_order", "the SQLite store's writes with command positions"),
     "handlers": ("handlers", "Timer calling a no-op handler, against a hand-written loop"),
+    "durability": ("durability", "synced command commits at the defaults beside the old ones"),
 }
 
 

@@ -23,7 +23,7 @@ from tests.scale_out.conftest import ServiceFactory, report
 from tests.timer_service.process import ServiceProcess, http_get
 from timer_adapters_nats import NatsBroker, NatsSettings, TimerClient
 from timer_adapters_nats.embedded import NatsServerProcess
-from timer_core import decode_event, floor_ms
+from timer_core import MessageEnvelope, ScheduleTimer, decode_event, floor_ms
 
 TIMERS = 10_000
 TENANTS = 20
@@ -128,6 +128,27 @@ async def read_events(js: JetStreamContext, expected: int) -> list[Fired]:
     return fired
 
 
+def spread_schedules(
+    client: TimerClient, count: int, tenants: int, first_due_s: float, spread_s: float
+) -> tuple[list[MessageEnvelope[ScheduleTimer]], dict[tuple[str, str], datetime]]:
+    """``count`` ScheduleTimer envelopes over ``tenants`` tenants, the first due
+    ``first_due_s`` from now and the rest spread evenly over ``spread_s``; and each key's
+    due time."""
+    first_due = floor_ms(datetime.now(UTC) + timedelta(seconds=first_due_s))
+    envelopes = [
+        client.schedule_envelope(
+            f"tenant-{n % tenants}",
+            f"call-{n}",
+            first_due + timedelta(milliseconds=int(spread_s * 1000 * n / count)),
+        )
+        for n in range(count)
+    ]
+    due_by_key = {
+        (e.payload.tenant_id, e.payload.service_call_id): e.payload.due_at for e in envelopes
+    }
+    return envelopes, due_by_key
+
+
 def states(conninfo: str) -> dict[str, int]:
     """How many timers the database holds per state."""
     with psycopg.connect(conninfo, connect_timeout=5) as conn:
@@ -215,19 +236,7 @@ class TestScaleOut:
             js = nc.jetstream(timeout=10)
             client = TimerClient(nc, publish_window=512)
             started = time.monotonic()
-            first_due = floor_ms(datetime.now(UTC) + timedelta(seconds=FIRST_DUE_S))
-            envelopes = [
-                client.schedule_envelope(
-                    f"tenant-{n % TENANTS}",
-                    f"call-{n}",
-                    first_due + timedelta(milliseconds=int(SPREAD_S * 1000 * n / TIMERS)),
-                )
-                for n in range(TIMERS)
-            ]
-            due_by_key: dict[tuple[str, str], datetime] = {
-                (e.payload.tenant_id, e.payload.service_call_id): e.payload.due_at
-                for e in envelopes
-            }
+            envelopes, due_by_key = spread_schedules(client, TIMERS, TENANTS, FIRST_DUE_S, SPREAD_S)
             for chunk in range(0, TIMERS, 1000):
                 results = await client.send_many(envelopes[chunk : chunk + 1000])
                 assert results == [None] * len(results)

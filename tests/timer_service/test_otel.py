@@ -278,6 +278,7 @@ class TestMetrics:
         otel.set_instances(2)
         otel.broker_state_recreated("consumer")
         otel.set_census(Census(now, {"overdue": 1}, 10, now, 0.001))
+        otel.set_clock_skew(lambda: 0.25)
         otel.poll_completed(0.01, 1)
         otel.worker_error(RuntimeError("store down"))
         data = telemetry.metrics.get_metrics_data()

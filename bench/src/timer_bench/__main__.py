@@ -29,6 +29,7 @@ SCENARIOS = {
         "console",
         "the console's pages and the census at 10M timers on PostgreSQL",
     ),
+    "durability": ("durability", "synced command commits at the defaults beside the old ones"),
 }
 
 

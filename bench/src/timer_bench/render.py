@@ -521,6 +521,36 @@ def console_block(document: dict[str, Any]) -> str:
     return "\n\n".join([*parts, machine_line(document, "postgres")])
 
 
+def durability_block(document: dict[str, Any]) -> str:
+    titles = {
+        "sqlite": "SQLite (old: `synchronous=NORMAL`; new: the default)",
+        "postgres": "PostgreSQL, server `synchronous_commit=off` (old: inherited)",
+    }
+    tables = []
+    for store, measures in document["results"].items():
+        rows = [
+            (
+                name,
+                per_s(kit.median(r["old"])),
+                per_s(kit.median(r["new"])),
+                f"**{times(r['new_vs_old'])}** ({' / '.join(times(x) for x in r['rounds'])})",
+            )
+            for name, r in measures.items()
+        ]
+        header = f"{titles[store]} | old (median) | new (median) | new / old, median (rounds)"
+        tables.append(markdown_table(header, rows, "lrrr"))
+    settings = document["settings"]
+    return "\n\n".join(
+        [
+            f"Run: `python -m timer_bench durability` on {document['date']}: "
+            f"{settings['timers']:,} timers a measure (the one-by-one rows a fiftieth), "
+            f"{settings['rounds']} alternated rounds, old and new on fresh databases.",
+            *tables,
+            machine_line(document, "postgres"),
+        ]
+    )
+
+
 BLOCKS: dict[str, Callable[[dict[str, Any]], str]] = {
     "e2e": e2e_block,
     "scale-out": scale_out_block,
@@ -536,6 +566,7 @@ BLOCKS: dict[str, Callable[[dict[str, Any]], str]] = {
     "handlers": handlers_block,
     "console-sqlite": console_block,
     "console-postgres": console_block,
+    "durability": durability_block,
 }
 
 

@@ -27,6 +27,7 @@ import sqlalchemy.exc
 import sqlalchemy.orm
 
 from timer_adapters_postgres._census import PostgresCensus
+from timer_adapters_postgres._clock import DatabaseClock
 from timer_adapters_postgres._errors import is_retryable, translate_error
 from timer_adapters_postgres._host_connection import (
     HostConnection,
@@ -214,6 +215,7 @@ _PEER_GONE_S = 3.5
 # ... and another instance's tenant whose earliest timer waits this much longer than this
 # instance's own earliest is claimed as if it were its own (the other is behind).
 _HELP_BEHIND = timedelta(seconds=1)
+_READ_CLOCK = "SELECT clock_timestamp() AS now"
 _ANNOUNCE_SQL = "SELECT pg_notify(%(channel)s, %(payload)s)"
 
 
@@ -662,6 +664,23 @@ def _scheduled_as_batch() -> None:
         log.debug("could not run the PostgreSQL store's threads as SCHED_BATCH", exc_info=True)
 
 
+# Raises synchronous_commit from off to on for the session; any other level (local,
+# remote_write, on, remote_apply) already waits for the local WAL flush and is kept.
+_SYNCHRONOUS_COMMIT = (
+    "SELECT set_config('synchronous_commit', 'on', false) "
+    "WHERE current_setting('synchronous_commit') = 'off'"
+)
+
+
+def _commit_synchronously(dbapi_connection: Any, _record: object) -> None:
+    autocommit = dbapi_connection.autocommit
+    dbapi_connection.autocommit = True  # a SELECT must not leave a transaction open
+    try:
+        dbapi_connection.execute(_SYNCHRONOUS_COMMIT)
+    finally:
+        dbapi_connection.autocommit = autocommit
+
+
 def _default_owner_id() -> str:
     return f"{socket.gethostname()[:160]}-{os.getpid()}-{secrets.token_hex(4)}"
 
@@ -688,7 +707,9 @@ class PostgresTimerStore(TimerStore, PostgresCensus):
     an instance that dies leaves its claims to be taken over when the lease runs out.
     :meth:`mark_reached` is fenced: it only marks a claimed timer while this store's claim is
     the latest one. Lease expiry is judged by the database clock (``now()``), the one clock
-    every instance shares; due times are judged by the ``now`` the core passes in.
+    every instance shares; due times are judged by the ``now`` the core passes in, which
+    :meth:`shared_clock` reads from the same database clock (see
+    :class:`~timer_core.ports.SharedClockStore`).
 
     Scheduling sends ``NOTIFY`` on ``notify_channel`` with the due time; every started store
     (``listen=True``) ``LISTEN``\\ s and calls ``on_remote_schedule(due_at)`` for timers
@@ -710,6 +731,7 @@ class PostgresTimerStore(TimerStore, PostgresCensus):
         connect_timeout_s: float = 5.0,
         statement_timeout_s: float | None = 30.0,
         migrate: bool = True,
+        clock_skew_warning_s: float | None = 1.0,
     ) -> None:
         """Configure the store; nothing connects before :meth:`start`.
 
@@ -719,7 +741,9 @@ class PostgresTimerStore(TimerStore, PostgresCensus):
         registered are announced (None: all); later ones are found by the poll anyway.
         ``migrate=False`` refuses a database whose schema is not already current.
         ``pool_size`` connections read and write; claims and marks take two more of their own
-        (used from the event loop), and ``listen=True`` one for ``LISTEN``.
+        (used from the event loop), the database clock one more, and ``listen=True`` one for
+        ``LISTEN``. ``clock_skew_warning_s``: a WARNING is logged while this host's wall clock
+        is further than this off the database's (None: never; see :meth:`shared_clock`).
         """
         if lease_s <= 0:
             raise ValueError("lease_s must be positive")
@@ -756,6 +780,12 @@ class PostgresTimerStore(TimerStore, PostgresCensus):
         self._sharing: tuple[str, ...] | None = None
         self._lifecycle = asyncio.Lock()
         self._claims: dict[TimerKey, _Claim] = {}
+        self._clock_lane: StatementLane | None = None
+        self._clock = DatabaseClock(
+            self._read_clock,
+            skew_warning_s=clock_skew_warning_s,
+            where=f"PostgreSQL {self._url.host or 'local'}:{self._url.port or 5432}",
+        )
 
     @property
     def owner_id(self) -> str:
@@ -766,6 +796,19 @@ class PostgresTimerStore(TimerStore, PostgresCensus):
     def claim_lease_s(self) -> float:
         """How long a timer returned by :meth:`find_due` stays claimed by this store."""
         return self._lease_s
+
+    def shared_clock(self) -> DatabaseClock:
+        """The database's clock (``clock_timestamp()``), read at :meth:`start` and every 2 s
+        after on a connection of its own: ``now`` is never ahead of the database, whatever
+        this host's wall clock says, and its ``skew_s`` is how far this host's is off."""
+        return self._clock
+
+    async def _read_clock(self) -> datetime:
+        lane = self._clock_lane
+        if lane is None:
+            raise StoreUnavailable("the PostgreSQL timer store is not started (or closed)")
+        (row,) = await lane.fetch("read the database clock", _READ_CLOCK, {})
+        return require_utc(row.now, "the database clock")
 
     @property
     def listener(self) -> ScheduleListener | None:
@@ -804,9 +847,14 @@ class PostgresTimerStore(TimerStore, PostgresCensus):
                         connect_timeout_s=self._connect_timeout_s,
                     )
                     await listener.start()
+                self._clock_lane = self._lane()
+                await self._clock.start()
             except BaseException:
                 executor.shutdown(wait=False)
                 engine.dispose()
+                if listener is not None:
+                    await listener.aclose()
+                await self._close_clock()
                 raise
             self._engine = engine
             self._autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
@@ -828,6 +876,7 @@ class PostgresTimerStore(TimerStore, PostgresCensus):
                 announcing.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await announcing
+            await self._close_clock()
             listener, self._listener = self._listener, None
             engine, self._engine, self._autocommit = self._engine, None, None
             lanes = [lane for lane in (self._claiming, self._marking) if lane is not None]
@@ -844,6 +893,12 @@ class PostgresTimerStore(TimerStore, PostgresCensus):
             self._claims.clear()
             self._tenants = None
             self._sharing = None
+
+    async def _close_clock(self) -> None:
+        await self._clock.aclose()
+        lane, self._clock_lane = self._clock_lane, None
+        if lane is not None:
+            await lane.aclose()
 
     async def _announce(self) -> None:
         """Say on the ``LISTEN`` channel that this instance is there, every _PEER_EVERY_S."""
@@ -874,7 +929,7 @@ class PostgresTimerStore(TimerStore, PostgresCensus):
         )
 
     def _create_engine(self) -> sa.Engine:
-        return sa.create_engine(
+        engine = sa.create_engine(
             self._url,
             pool_size=self._pool_size,
             max_overflow=0,
@@ -886,6 +941,11 @@ class PostgresTimerStore(TimerStore, PostgresCensus):
                 "application_name": "timer",
             },
         )
+        # The pool's connections store the commands the service then acknowledges: their
+        # commits wait for the WAL flush whatever the server's default (the marks' and
+        # claims' lanes keep it: a lost mark or claim only means a duplicate publish).
+        sa.event.listen(engine, "connect", _commit_synchronously)
+        return engine
 
     def _prepare_schema(self, engine: sa.Engine) -> None:
         try:

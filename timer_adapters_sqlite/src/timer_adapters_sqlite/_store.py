@@ -74,9 +74,14 @@ class SqliteTimerStore(TimerStore, SqliteCensus):
     ``mode="standalone"`` (default): the timer owns the file. ``mode="shared"``: the file is
     the host's and already holds ``service_calls(tenant_id, service_call_id)``; the timer
     table then references it with ``ON DELETE CASCADE``, so deleting a service call deletes
-    its timer. ``synchronous="NORMAL"`` (default) with WAL never corrupts the database and
-    keeps every commit across a crash of the process, but a power loss may lose the last
-    commits; ``"FULL"`` syncs every commit to disk at a cost in write throughput.
+    its timer. ``synchronous="FULL"`` (default) syncs every commit that stores commands
+    (:meth:`apply`) to disk before it returns, so an acknowledged timer survives a power
+    loss (a thread of its own syncs the log for all commits made meanwhile, so the writer
+    never waits for the disk); marks of fired timers and purges return unsynced (a lost
+    mark only fires the timer again, with the same envelope id). ``"NORMAL"`` commits everything
+    unsynced: with WAL the database is never corrupted and every commit survives a crash of
+    the process, but a power loss or an OS crash may lose the last commits, acknowledged
+    commands included.
     ``busy_timeout_ms`` is how long a write waits for another process's lock before it
     raises :class:`~timer_core.errors.StoreUnavailable`. ``pragmas`` are extra per-connection
     pragmas (``cache_size``, ``max_page_count``, ...). ``max_group_operations`` bounds how
@@ -101,7 +106,7 @@ class SqliteTimerStore(TimerStore, SqliteCensus):
         path: str | os.PathLike[str],
         *,
         mode: StoreMode = "standalone",
-        synchronous: Synchronous = "NORMAL",
+        synchronous: Synchronous = "FULL",
         busy_timeout_ms: int = 5000,
         pragmas: Mapping[str, int | str] | None = None,
         max_group_operations: int = 10_000,
@@ -189,7 +194,7 @@ class SqliteTimerStore(TimerStore, SqliteCensus):
                 busy_timeout_ms=self._busy_timeout_ms,
                 pragmas=self._pragmas,
             )
-            writer = Writer(engine, self.path, self._max_group_operations)
+            writer = Writer(engine, self.path, self._max_group_operations, self._synchronous)
             writer.start()
             reader = Reader(engine, self.path)
             reader.start()
@@ -267,10 +272,12 @@ class SqliteTimerStore(TimerStore, SqliteCensus):
             raise StoreUnavailable(f"the timer store on {self.path} is not started or closed")
         return writer
 
-    async def _write(self, fn: Callable[[sa.Connection], T], *, shares_commit: bool = False) -> T:
+    async def _write(
+        self, fn: Callable[[sa.Connection], T], *, shares_commit: bool = False, synced: bool = True
+    ) -> T:
         writer = self._running_writer()
         future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
-        writer.submit(CallJob(fn, future, shares_commit))
+        writer.submit(CallJob(fn, future, shares_commit, synced))
         return await future
 
     async def _read(self, fn: Callable[[sa.Connection], T]) -> T:
@@ -324,7 +331,9 @@ class SqliteTimerStore(TimerStore, SqliteCensus):
             return driver.executemany(MARK_REACHED, params).rowcount
 
         # Marks queued together (a drain's next batch behind this one) share one commit.
-        return await self._write(mark, shares_commit=True)
+        # Unsynced (NORMAL): lost in a power cut, a mark only makes the timer fire again,
+        # with the same envelope id (docs/design.md, "What a sync buys").
+        return await self._write(mark, shares_commit=True, synced=False)
 
     async def purge_reached(self, reached_before: datetime, limit: int) -> int:
         before = format_timestamp(require_utc(reached_before, "reached_before"))
@@ -339,7 +348,7 @@ class SqliteTimerStore(TimerStore, SqliteCensus):
                 deleted += connection.execute(PURGE_TOMBSTONES, rest).rowcount
             return deleted
 
-        return await self._write(purge)
+        return await self._write(purge, synced=False)  # lost, it is done again
 
     # -- reads -----------------------------------------------------------------------------
 

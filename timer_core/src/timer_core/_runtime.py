@@ -33,6 +33,7 @@ from timer_core.ports import (
     CommandSource,
     EnvelopeIdGenerator,
     EventPublisher,
+    SharedClockStore,
     SystemClock,
     TimerStore,
 )
@@ -104,7 +105,10 @@ class Timer:
     The constructor does no I/O and validates the worker's settings at once
     (:class:`~timer_core.errors.ValidationError`): ``polling_interval`` is the longest the
     worker sleeps without looking (seconds), ``batch_size`` the most timers fired per store
-    round trip, ``retention`` how long fired timers are kept (None: forever).
+    round trip, ``retention`` how long fired timers are kept (None: forever). ``clock``
+    decides when timers are due and stamps ``reachedAt``: by default the clock of a store
+    shared by several instances (:class:`~timer_core.ports.SharedClockStore`: PostgreSQL's
+    database clock), else this host's (:class:`~timer_core.ports.SystemClock`).
     ``max_pending_per_tenant`` caps each tenant's ``Scheduled`` timers for commands from
     ``commands`` (None: no cap): a ``ScheduleTimer`` over it is refused and dead-lettered by
     the source (see :func:`~timer_core.handle_commands`). A Timer runs once; make a new one
@@ -157,7 +161,7 @@ class Timer:
         self._store = store
         self._publisher = publisher
         self._commands = commands
-        self._clock: Clock = clock or SystemClock()
+        self._clock: Clock = clock or _deciding_clock(store)
         self._instrumentation = instrumentation
         if max_pending_per_tenant is not None and max_pending_per_tenant < 1:
             raise ValidationError(
@@ -466,6 +470,14 @@ def _require(value: object, kind: type, name: str, expected: str) -> None:
 
 def _shown(value: object) -> str:
     return f"{type(value).__name__} {value!r}"[:200]
+
+
+def _deciding_clock(store: TimerStore) -> Clock:
+    """The clock that decides when none is given: the one the store's instances share (the
+    database's), else this host's."""
+    if isinstance(store, SharedClockStore):
+        return store.shared_clock()
+    return SystemClock()
 
 
 async def _close_all(resources: Sequence[AsyncResource], errors: list[BaseException]) -> None:

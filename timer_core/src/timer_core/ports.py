@@ -37,6 +37,7 @@ __all__ = [
     "PendingTenant",
     "RemoteScheduleCallback",
     "PositionedOperation",
+    "SharedClockStore",
     "SystemClock",
     "TimerCensus",
     "TimerLookup",
@@ -501,6 +502,21 @@ class SystemClock:
 
     async def sleep(self, seconds: float) -> None:
         await asyncio.sleep(max(0.0, seconds))
+
+
+@runtime_checkable
+class SharedClockStore(Protocol):
+    """A store whose storage keeps the clock every instance sharing it decides by.
+
+    With instances sharing one database, each judging ``due_at <= now`` by its own wall
+    clock, the one whose clock runs ahead fires everything early; the database's clock is
+    the one they all share. :class:`~timer_core.Timer` made without a ``clock`` uses
+    :meth:`shared_clock` for due times and ``reachedAt`` (PostgreSQL's store offers one).
+    """
+
+    def shared_clock(self) -> Clock:
+        """The storage's clock (ready once the store is started): ``now`` never ahead of it."""
+        ...
 
 
 class EnvelopeIdGenerator(Protocol):

@@ -196,6 +196,13 @@ class PrometheusInstrumentation(Instrumentation):
             ["what"],
             registry=self.registry,
         )
+        self.clock_skew = Gauge(
+            "timer_clock_skew_seconds",
+            "This host's wall clock minus the clock that decides due times (PostgreSQL's), "
+            "as last measured (every 2 s); positive: the host is ahead. 0 where the host's "
+            "own clock decides (SQLite).",
+            registry=self.registry,
+        )
         self.last_poll = Gauge(
             "timer_last_poll_timestamp_seconds",
             "Unix time of the last completed worker pass.",

@@ -175,6 +175,7 @@ class _Gauges:
     quarantined: int | None = None
     last_poll: float | None = None
     census: Census | None = None
+    clock_skew: Callable[[], float | None] | None = None
 
 
 class OtelInstrumentation(Instrumentation):
@@ -192,6 +193,9 @@ class OtelInstrumentation(Instrumentation):
     ``timer.oldest_overdue``, ``timer.census.cap``, ``timer.census.duration`` (gauges; set
     the first two with :meth:`set_pending` and :meth:`set_instances`, the census ones with
     :meth:`set_census`).
+    ``timer.instances.sharing``, ``timer.timers.quarantined``, ``timer.clock.skew`` and
+    ``timer.last_poll.timestamp`` (gauges; set the first two with :meth:`set_pending` and
+    :meth:`set_instances`, the skew's source with :meth:`set_clock_skew`).
     ``timer.firing.lateness`` records one fired timer in ``lateness_sample`` (see the module
     docstring); the rest count every timer.
     """
@@ -308,6 +312,15 @@ class OtelInstrumentation(Instrumentation):
             description="How long the last census took.",
         )
         meter.create_observable_gauge(
+            "timer.clock.skew",
+            callbacks=[self._observe_clock_skew],
+            unit="s",
+            description=(
+                "This host's wall clock minus the clock that decides due times (PostgreSQL's); "
+                "positive: the host is ahead."
+            ),
+        )
+        meter.create_observable_gauge(
             "timer.last_poll.timestamp",
             callbacks=[self._observe_last_poll],
             unit="s",
@@ -363,6 +376,16 @@ class OtelInstrumentation(Instrumentation):
             return () if census is None else (Observation(value(census)),)
 
         return observe
+
+    def set_clock_skew(self, read: Callable[[], float | None]) -> None:
+        """Report the clock skew (seconds, host minus the deciding clock) that ``read()``
+        gives when the gauge is observed (None: nothing to report)."""
+        self._gauges.clock_skew = read
+
+    def _observe_clock_skew(self, options: CallbackOptions) -> Iterable[Observation]:
+        read = self._gauges.clock_skew
+        skew = None if read is None else read()
+        return () if skew is None else (Observation(skew),)
 
     def _observe_quarantined(self, options: CallbackOptions) -> Iterable[Observation]:
         quarantined = self._gauges.quarantined

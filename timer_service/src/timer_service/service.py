@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from types import TracebackType
 from typing import Protocol, Self, runtime_checkable
 
@@ -85,6 +86,25 @@ def pending_count_pace(duration_s: float) -> float:
     return max(_PENDING_REFRESH_S, _PENDING_COST_SHARE_INVERSE * duration_s)
 
 
+@runtime_checkable
+class MeasuresSkew(Protocol):
+    """A clock that decides for every instance sharing a database and measures how far this
+    host's wall clock is off it (PostgreSQL's :class:`~timer_adapters_postgres.DatabaseClock`)."""
+
+    @property
+    def source(self) -> str: ...
+
+    @property
+    def skew_s(self) -> float | None: ...
+
+
+@runtime_checkable
+class ClockSkewGauge(Protocol):
+    """Telemetry with a clock-skew gauge of its own (OpenTelemetry's)."""
+
+    def set_clock_skew(self, read: Callable[[], float | None]) -> None: ...
+
+
 class StartupError(RuntimeError):
     """The service could not start; ``str()`` is one line naming the variable or path."""
 
@@ -145,11 +165,37 @@ class TimerService:
         # when (loop time).
         self._broker_fault: str | None = None
         self._broker_fault_since = 0.0
+        clock = timer.clock
+        if isinstance(clock, MeasuresSkew):
+            instrumentation.clock_skew.set_function(lambda: clock.skew_s or 0.0)
+            if isinstance(self.telemetry, ClockSkewGauge):
+                self.telemetry.set_clock_skew(lambda: clock.skew_s)
 
     @property
     def broker_url(self) -> str:
         """The broker's URL (the embedded server's, when the service runs one)."""
         return self.broker.settings.url
+
+    @property
+    def clock(self) -> str:
+        """Which clock decides when timers are due: ``database`` or ``host``."""
+        clock = self.timer.clock
+        return clock.source if isinstance(clock, MeasuresSkew) else "host"
+
+    @property
+    def clock_skew_s(self) -> float | None:
+        """This host's wall clock minus the deciding clock, as last measured (None: the
+        host's own clock decides)."""
+        clock = self.timer.clock
+        return clock.skew_s if isinstance(clock, MeasuresSkew) else None
+
+    def describe_clock(self) -> str:
+        """Which clock decides, in words, for the start-up log."""
+        skew = self.clock_skew_s
+        if self.clock == "host":
+            return "this host's (one instance on SQLite)"
+        measured = "" if skew is None else f", this host's is {skew:+.3f} s off it"
+        return f"the {self.clock}'s (shared by every instance{measured})"
 
     async def __aenter__(self) -> Self:
         settings = self.settings
@@ -206,9 +252,12 @@ class TimerService:
             and connected
             and fault is None
         )
+        skew = self.clock_skew_s
         details: dict[str, object] = {
             "last_poll_age_s": None if age is None else round(age, 3),
             "broker_connected": connected,
+            "clock": self.clock,
+            "clock_skew_s": None if skew is None else round(skew, 4),
         }
         if fault is not None:
             details["broker_state"] = fault

@@ -83,7 +83,10 @@ class Settings:
     ack_wait_s: float = 3.0
     max_pending_per_tenant: int | None = None
     instance_id: str | None = None
-    sqlite_synchronous: Literal["NORMAL", "FULL"] = "NORMAL"
+    sqlite_synchronous: Literal["NORMAL", "FULL"] = "FULL"
+    clock_skew_warning_s: float = 1.0
+    """A WARNING is logged while this host's wall clock is further than this off the
+    database's (PostgreSQL; the database's clock decides)."""
     log_level: str = "INFO"
     log_format: Literal["text", "json"] = "text"
     broker_tls_ca_file: Path | None = None
@@ -392,6 +395,7 @@ ENVIRONMENT: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     ),
     "TIMER_INSTANCE_ID": ("instance_id", _instance_id),
     "TIMER_SQLITE_SYNCHRONOUS": ("sqlite_synchronous", _choice("NORMAL", "FULL")),
+    "TIMER_CLOCK_SKEW_WARNING": ("clock_skew_warning_s", _positive_duration),
     "TIMER_LOG_LEVEL": ("log_level", _choice("DEBUG", "INFO", "WARNING", "ERROR")),
     "TIMER_LOG_FORMAT": ("log_format", _choice("text", "json", lower=True)),
     "TIMER_BROKER_TLS_CA_FILE": ("broker_tls_ca_file", _file),

@@ -3,6 +3,10 @@ server on 127.0.0.1.
 
 Each server gets a free port and a fresh store directory, and is stopped by its pid at
 teardown even when the test failed.
+
+``TESTS_NO_SKIP=all`` makes a run with a skipped (or xfailed) test fail;
+``TESTS_NO_SKIP=except-os-tool`` lets only ``os_tool`` tests skip (their tool is missing).
+``.ci/run`` sets them.
 """
 
 from __future__ import annotations
@@ -21,6 +25,39 @@ from tests.pg import PostgresCluster, start_cluster
 from timer_adapters_nats.embedded import NatsServerProcess
 
 NatsServerFactory = Callable[..., NatsServerProcess]
+
+NO_SKIP_SETTING = "TESTS_NO_SKIP"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Refuse an unknown ``TESTS_NO_SKIP`` before running anything."""
+    mode = os.environ.get(NO_SKIP_SETTING, "")
+    if mode not in ("", "all", "except-os-tool"):
+        raise pytest.UsageError(f"{NO_SKIP_SETTING}={mode!r}: expected 'all' or 'except-os-tool'")
+
+
+def _forbidden_skips(config: pytest.Config) -> list[pytest.TestReport]:
+    mode = os.environ.get(NO_SKIP_SETTING, "")
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if not mode or reporter is None:
+        return []
+    reports = [*reporter.stats.get("skipped", []), *reporter.stats.get("xfailed", [])]
+    return [r for r in reports if mode == "all" or "os_tool" not in r.keywords]
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Under ``TESTS_NO_SKIP``, a forbidden skip fails the run."""
+    if exitstatus == pytest.ExitCode.OK and _forbidden_skips(session.config):
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    """Name the skips that failed the run."""
+    skips = _forbidden_skips(config)
+    if skips:
+        terminalreporter.section(f"{NO_SKIP_SETTING}: skips fail this run", red=True)
+        for report in skips:
+            terminalreporter.write_line(f"SKIPPED {report.nodeid}")
 
 
 @pytest.fixture

@@ -15,12 +15,13 @@ import itertools
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests import figures
 from tests.pg import PostgresCluster, start_cluster
 from timer_adapters_nats.embedded import NatsServerProcess
 
@@ -51,8 +52,23 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item,
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """Scenario figures reported by the test go with its report (to the xdist controller)."""
+    report = yield
+    figures.attach(report)
+    return report
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    figures.receive(report)
+
+
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
-    """Name the skips that failed the run."""
+    """The scenario suites' figures; the skips that failed the run."""
+    figures.summarize(terminalreporter)
     skips = _forbidden_skips(config)
     if skips:
         terminalreporter.section(f"{NO_SKIP_SETTING}: skips fail this run", red=True)
@@ -154,3 +170,19 @@ def fresh_postgres_url(postgres_cluster: PostgresCluster) -> Iterator[str]:
         yield url
     finally:
         postgres_cluster.drop_database(name)
+
+
+#: The heavy scenario folders, in two chains of about equal length (one xdist group each).
+_HEAVY_GROUPS = {"chaos": "chaos", "scale_out": "scale-out+bench", "bench": "scale-out+bench"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Groups for ``--dist loadgroup`` (pyproject's addopts): each module runs whole on one
+    worker (its module fixtures made once, its tests in their order), and the heavy scenario
+    suites run one after another in two chains, so no more than two share the cores."""
+    tests = Path(__file__).parent
+    for item in items:
+        path = item.path.relative_to(tests) if item.path.is_relative_to(tests) else item.path
+        group = _HEAVY_GROUPS.get(path.parts[0], path.as_posix())
+        item.add_marker(pytest.mark.xdist_group(group))

@@ -170,19 +170,3 @@ def fresh_postgres_url(postgres_cluster: PostgresCluster) -> Iterator[str]:
         yield url
     finally:
         postgres_cluster.drop_database(name)
-
-
-#: The heavy scenario folders, in two chains of about equal length (one xdist group each).
-_HEAVY_GROUPS = {"chaos": "chaos", "scale_out": "scale-out+bench", "bench": "scale-out+bench"}
-
-
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Groups for ``--dist loadgroup`` (pyproject's addopts): each module runs whole on one
-    worker (its module fixtures made once, its tests in their order), and the heavy scenario
-    suites run one after another in two chains, so no more than two share the cores."""
-    tests = Path(__file__).parent
-    for item in items:
-        path = item.path.relative_to(tests) if item.path.is_relative_to(tests) else item.path
-        group = _HEAVY_GROUPS.get(path.parts[0], path.as_posix())
-        item.add_marker(pytest.mark.xdist_group(group))

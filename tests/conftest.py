@@ -170,3 +170,26 @@ def fresh_postgres_url(postgres_cluster: PostgresCluster) -> Iterator[str]:
         yield url
     finally:
         postgres_cluster.drop_database(name)
+
+
+#: Folders of the heavy scenario suites (many processes, seconds of load each).
+_SCENARIO_FOLDERS = ("chaos", "scale_out", "bench")
+
+
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist, when it runs the suite
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadfile`` (pyproject's addopts), except that the scenario suites form one
+    chain on one worker: never two of them at once on a 2-core machine, and the longest
+    piece of work starts first (they come first in the collection)."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class ScenarioChain(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            scope = str(super()._split_scope(nodeid))
+            parts = scope.split("/")
+            scenario = len(parts) > 2 and parts[0] == "tests" and parts[1] in _SCENARIO_FOLDERS
+            return "tests/(scenario suites)" if scenario else scope
+
+    return ScenarioChain(config, log)

@@ -292,12 +292,17 @@ class TestEntryCommand:
 class TestDeploymentPage:
     def test_every_deployment_file_is_included_in_the_docs(self) -> None:
         """Each file of deploy/ is shown in a docs page by inclusion from the repository (no
-        copies); the image, compose, Kubernetes and systemd files on the Deployment page."""
+        copies) or linked for download from it (the site serves deploy/ as it is); the image,
+        compose, Kubernetes and systemd files included on the Deployment page."""
         pages = "".join(page.read_text() for page in (ROOT / "docs").glob("*.md"))
         deployment = (ROOT / "docs" / "deployment.md").read_text()
         files = sorted(p for p in DEPLOY.rglob("*") if p.is_file())
         assert files
-        missing = [_name(p) for p in files if f'--8<-- "{_name(p)}"' not in pages]
+        missing = [
+            _name(p)
+            for p in files
+            if f'--8<-- "{_name(p)}"' not in pages and f"]({_name(p)})" not in pages
+        ]
         assert missing == []
         ours = [DOCKERFILE, *COMPOSE_FILES, *MANIFESTS, UNIT, UNIT_ENV]
         assert [_name(p) for p in ours if f'--8<-- "{_name(p)}"' not in deployment] == []

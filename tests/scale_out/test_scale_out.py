@@ -85,22 +85,40 @@ async def provision(urls: str) -> float:
 
 
 async def read_events(js: JetStreamContext, expected: int) -> list[Fired]:
-    """Every message of TIMER_EVENTS, through an ephemeral pull consumer in big batches."""
-    total = (await js.stream_info("TIMER_EVENTS")).state.messages
+    """Every message of TIMER_EVENTS, through an ephemeral pull consumer in big batches.
+
+    The JetStream API calls are retried: a request may go unanswered for longer than the
+    client's timeout on a busy machine while the cluster settles after the killed node."""
+    totals: list[int] = []
+    subscriptions: list[JetStreamContext.PullSubscription] = []
+
+    async def counted() -> bool:
+        totals.append((await js.stream_info("TIMER_EVENTS")).state.messages)
+        return True
+
+    async def subscribed() -> bool:
+        subscriptions.append(
+            await js.pull_subscribe(
+                "",
+                stream="TIMER_EVENTS",
+                config=ConsumerConfig(
+                    ack_policy=AckPolicy.NONE,
+                    deliver_policy=DeliverPolicy.ALL,
+                    inactive_threshold=30.0,
+                    num_replicas=1,
+                    mem_storage=True,
+                ),
+                pending_msgs_limit=-1,
+                pending_bytes_limit=-1,
+            )
+        )
+        return True
+
+    await wait_until_true(counted, within=60.0, what="the events stream's message count")
+    total = totals[-1]
     assert total >= expected, f"the events stream holds {total} messages, expected {expected}"
-    sub = await js.pull_subscribe(
-        "",
-        stream="TIMER_EVENTS",
-        config=ConsumerConfig(
-            ack_policy=AckPolicy.NONE,
-            deliver_policy=DeliverPolicy.ALL,
-            inactive_threshold=30.0,
-            num_replicas=1,
-            mem_storage=True,
-        ),
-        pending_msgs_limit=-1,
-        pending_bytes_limit=-1,
-    )
+    await wait_until_true(subscribed, within=60.0, what="a consumer on the events stream")
+    sub = subscriptions[-1]
     messages: list[Msg] = []
     deadline = time.monotonic() + 60.0
     try:

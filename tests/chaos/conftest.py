@@ -11,7 +11,7 @@ import pytest
 from nats.aio.client import Client
 from nats.js.client import JetStreamContext
 
-from tests.chaos.rig import FIGURES, ChaosService, service_env
+from tests.chaos.rig import ChaosService, service_env
 from tests.conftest import NatsServerFactory
 from tests.timer_service import process
 from timer_adapters_nats.embedded import NatsServerProcess
@@ -55,8 +55,3 @@ async def nc(broker: NatsServerProcess) -> AsyncIterator[Client]:
 @pytest.fixture
 def js(nc: Client) -> JetStreamContext:
     return nc.jetstream(timeout=10)
-
-
-def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    """Every chaos figure again at the end of the run, where CI logs show it."""
-    FIGURES.summarize(terminalreporter)

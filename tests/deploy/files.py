@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import shlex
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -94,6 +96,43 @@ def timer_services(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
         for name, service in compose["services"].items()
         if service.get("image", "").startswith("timer-service")
     }
+
+
+def compose_schema_errors(path: Path) -> str:
+    """What the Compose specification's JSON schema (as shipped by ``check-jsonschema``, a dev
+    dependency) finds wrong with the file; empty when it conforms."""
+    command = [sys.executable, "-m", "check_jsonschema", "--builtin-schema", "vendor.compose-spec"]
+    result = subprocess.run(
+        [*command, str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    return "" if result.returncode == 0 else (result.stdout + result.stderr).strip()
+
+
+def compose_reference_errors(compose: dict[str, Any]) -> list[str]:
+    """Names a compose file uses but does not define (what ``docker compose config`` checks
+    beyond the schema): services in ``depends_on``, named volumes, networks."""
+    services = compose.get("services", {})
+    volumes, networks = compose.get("volumes") or {}, compose.get("networks") or {}
+    errors: list[str] = []
+    for name, service in services.items():
+        for other in service.get("depends_on", []):  # a list, or a mapping of conditions
+            if other not in services:
+                errors.append(f"service {name!r} depends on undefined service {other!r}")
+        for volume in service.get("volumes", []):
+            if isinstance(volume, dict):  # long syntax
+                source = volume.get("source", "") if volume.get("type") == "volume" else ""
+            else:  # SOURCE:TARGET[:MODE]; a lone TARGET is an anonymous volume
+                source = volume.split(":")[0] if ":" in volume else ""
+            named = source and not source.startswith((".", "/", "~", "$"))
+            if named and source not in volumes:
+                errors.append(f"service {name!r} mounts undefined volume {source!r}")
+        for network in service.get("networks", []):
+            if network not in networks and network != "default":
+                errors.append(f"service {name!r} joins undefined network {network!r}")
+    return errors
 
 
 def unit_sections(path: Path = UNIT) -> dict[str, dict[str, list[str]]]:

@@ -1,11 +1,11 @@
-"""The deployment files in deploy/ are checked by their own tools where this machine has them
-(``docker-compose config``, ``systemd-analyze verify``) and structurally against the service's
-real settings, port and health path; the image's entry command is run for real."""
+"""The deployment files in deploy/ are checked against their formats (the Compose
+specification's schema, pip-installed; ``systemd-analyze verify`` where the OS has it) and
+structurally against the service's real settings, port and health path; the image's entry
+command is run for real."""
 
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -22,6 +22,8 @@ from tests.deploy.files import (
     UNIT,
     UNIT_ENV,
     build_install,
+    compose_reference_errors,
+    compose_schema_errors,
     dockerfile_instructions,
     env_file,
     final_stage,
@@ -33,18 +35,13 @@ from tests.deploy.files import (
     unit_sections,
 )
 from tests.timer_service.process import ServiceProcess, free_port
+from tests.tools import require_tool
 from timer_adapters_nats.embedded import NatsServerProcess
 from timer_service.app import HEALTHY_POLL_AGE_S
 from timer_service.settings import ENVIRONMENT, Settings
 
 IMAGE_ENV = image_environment()
 HTTP_PORT = int(IMAGE_ENV["TIMER_HTTP_PORT"])
-
-
-def _tool(name: str) -> str:
-    path = shutil.which(name)
-    assert path, f"{name} is not installed (apt-get install -y {name}); .ci/run installs it"
-    return path
 
 
 def _settings(environment: dict[str, str]) -> Settings:
@@ -83,16 +80,34 @@ class TestImage:
 
 class TestCompose:
     @pytest.mark.parametrize("path", COMPOSE_FILES, ids=_name)
-    def test_docker_compose_accepts_the_file(self, path: Path) -> None:
-        """``docker-compose config`` validates and resolves the file (no engine needed)."""
-        result = subprocess.run(
-            [_tool("docker-compose"), "-f", str(path), "config", "--quiet"],
-            capture_output=True,
-            text=True,
-            timeout=60,
+    def test_the_file_follows_the_compose_specification(self, path: Path) -> None:
+        """The file validates against the Compose specification's schema and every service,
+        volume and network it names is defined (what ``docker compose config`` checks)."""
+        assert compose_schema_errors(path) == ""
+        (compose,) = load_yaml_documents(path)
+        assert compose_reference_errors(compose) == []
+
+    def test_a_broken_compose_file_is_refused(self, tmp_path: Path) -> None:
+        """The check refuses a file with a misspelt key, a wrong type, a dependency on a
+        service that is not there and an undeclared volume, naming each."""
+        broken = tmp_path / "compose.yaml"
+        broken.write_text(
+            "services:\n"
+            "  timer:\n"
+            "    image: timer-service:latest\n"
+            "    ports: 8080\n"
+            "    helthcheck: {test: [CMD, 'true']}\n"
+            "    depends_on: {nats: {condition: service_healthy}}\n"
+            "    volumes: [timer-data:/var/lib/timer]\n"
         )
-        assert result.returncode == 0, result.stderr
-        assert result.stderr == ""
+        errors = compose_schema_errors(broken)
+        assert "ports: 8080 is not of type 'array'" in errors
+        assert "'helthcheck'" in errors
+        (compose,) = load_yaml_documents(broken)
+        assert compose_reference_errors(compose) == [
+            "service 'timer' depends on undefined service 'nats'",
+            "service 'timer' mounts undefined volume 'timer-data'",
+        ]
 
     @pytest.mark.parametrize("path", COMPOSE_FILES, ids=_name)
     def test_timer_services_start_with_valid_settings(self, path: Path) -> None:
@@ -197,13 +212,14 @@ class TestKubernetes:
 
 
 class TestSystemdUnit:
+    @pytest.mark.os_tool
     def test_systemd_analyze_verifies_the_unit(self, tmp_path: Path) -> None:
         """``systemd-analyze verify`` accepts the unit (its binary pointed at this checkout's)."""
         binary = Path(sys.executable).parent / "timer-service"
         unit = tmp_path / "timer.service"
         unit.write_text(UNIT.read_text().replace("/opt/timer/bin/timer-service", str(binary)))
         result = subprocess.run(
-            [_tool("systemd-analyze"), "verify", str(unit)],
+            [require_tool("systemd-analyze", "apt-get install -y systemd"), "verify", str(unit)],
             capture_output=True,
             text=True,
             timeout=60,
@@ -276,12 +292,17 @@ class TestEntryCommand:
 class TestDeploymentPage:
     def test_every_deployment_file_is_included_in_the_docs(self) -> None:
         """Each file of deploy/ is shown in a docs page by inclusion from the repository (no
-        copies); the image, compose, Kubernetes and systemd files on the Deployment page."""
+        copies) or linked for download from it (the site serves deploy/ as it is); the image,
+        compose, Kubernetes and systemd files included on the Deployment page."""
         pages = "".join(page.read_text() for page in (ROOT / "docs").glob("*.md"))
         deployment = (ROOT / "docs" / "deployment.md").read_text()
         files = sorted(p for p in DEPLOY.rglob("*") if p.is_file())
         assert files
-        missing = [_name(p) for p in files if f'--8<-- "{_name(p)}"' not in pages]
+        missing = [
+            _name(p)
+            for p in files
+            if f'--8<-- "{_name(p)}"' not in pages and f"]({_name(p)})" not in pages
+        ]
         assert missing == []
         ours = [DOCKERFILE, *COMPOSE_FILES, *MANIFESTS, UNIT, UNIT_ENV]
         assert [_name(p) for p in ours if f'--8<-- "{_name(p)}"' not in deployment] == []

@@ -20,11 +20,6 @@ report = FIGURES.report
 ServiceFactory = process.ServiceFactory[ServiceProcess]
 
 
-def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    """Every scale-out figure again at the end of the run, where CI logs show it."""
-    FIGURES.summarize(terminalreporter)
-
-
 @pytest.fixture
 def make_service(tmp_path: Path) -> Iterator[ServiceFactory]:
     """``make_service(**TIMER_settings)``: an unstarted ``timer-service run`` process with its

@@ -23,6 +23,7 @@ from tests.scale_out.conftest import ServiceFactory, report
 from tests.timer_service.process import ServiceProcess, http_get
 from timer_adapters_nats import NatsBroker, NatsSettings, TimerClient
 from timer_adapters_nats.embedded import NatsServerProcess
+from timer_core import MessageEnvelope, ScheduleTimer
 from timer_core.codec import decode_event
 from timer_core.instants import floor_ms
 
@@ -86,22 +87,40 @@ async def provision(urls: str) -> float:
 
 
 async def read_events(js: JetStreamContext, expected: int) -> list[Fired]:
-    """Every message of TIMER_EVENTS, through an ephemeral pull consumer in big batches."""
-    total = (await js.stream_info("TIMER_EVENTS")).state.messages
+    """Every message of TIMER_EVENTS, through an ephemeral pull consumer in big batches.
+
+    The JetStream API calls are retried: a request may go unanswered for longer than the
+    client's timeout on a busy machine while the cluster settles after the killed node."""
+    totals: list[int] = []
+    subscriptions: list[JetStreamContext.PullSubscription] = []
+
+    async def counted() -> bool:
+        totals.append((await js.stream_info("TIMER_EVENTS")).state.messages)
+        return True
+
+    async def subscribed() -> bool:
+        subscriptions.append(
+            await js.pull_subscribe(
+                "",
+                stream="TIMER_EVENTS",
+                config=ConsumerConfig(
+                    ack_policy=AckPolicy.NONE,
+                    deliver_policy=DeliverPolicy.ALL,
+                    inactive_threshold=30.0,
+                    num_replicas=1,
+                    mem_storage=True,
+                ),
+                pending_msgs_limit=-1,
+                pending_bytes_limit=-1,
+            )
+        )
+        return True
+
+    await wait_until_true(counted, within=60.0, what="the events stream's message count")
+    total = totals[-1]
     assert total >= expected, f"the events stream holds {total} messages, expected {expected}"
-    sub = await js.pull_subscribe(
-        "",
-        stream="TIMER_EVENTS",
-        config=ConsumerConfig(
-            ack_policy=AckPolicy.NONE,
-            deliver_policy=DeliverPolicy.ALL,
-            inactive_threshold=30.0,
-            num_replicas=1,
-            mem_storage=True,
-        ),
-        pending_msgs_limit=-1,
-        pending_bytes_limit=-1,
-    )
+    await wait_until_true(subscribed, within=60.0, what="a consumer on the events stream")
+    sub = subscriptions[-1]
     messages: list[Msg] = []
     deadline = time.monotonic() + 60.0
     try:
@@ -127,6 +146,27 @@ async def read_events(js: JetStreamContext, expected: int) -> list[Fired]:
             )
         )
     return fired
+
+
+def spread_schedules(
+    client: TimerClient, count: int, tenants: int, first_due_s: float, spread_s: float
+) -> tuple[list[MessageEnvelope[ScheduleTimer]], dict[tuple[str, str], datetime]]:
+    """``count`` ScheduleTimer envelopes over ``tenants`` tenants, the first due
+    ``first_due_s`` from now and the rest spread evenly over ``spread_s``; and each key's
+    due time."""
+    first_due = floor_ms(datetime.now(UTC) + timedelta(seconds=first_due_s))
+    envelopes = [
+        client.schedule_envelope(
+            f"tenant-{n % tenants}",
+            f"call-{n}",
+            first_due + timedelta(milliseconds=int(spread_s * 1000 * n / count)),
+        )
+        for n in range(count)
+    ]
+    due_by_key = {
+        (e.payload.tenant_id, e.payload.service_call_id): e.payload.due_at for e in envelopes
+    }
+    return envelopes, due_by_key
 
 
 def states(conninfo: str) -> dict[str, int]:
@@ -216,19 +256,7 @@ class TestScaleOut:
             js = nc.jetstream(timeout=10)
             client = TimerClient(nc, publish_window=512)
             started = time.monotonic()
-            first_due = floor_ms(datetime.now(UTC) + timedelta(seconds=FIRST_DUE_S))
-            envelopes = [
-                client.schedule_envelope(
-                    f"tenant-{n % TENANTS}",
-                    f"call-{n}",
-                    first_due + timedelta(milliseconds=int(SPREAD_S * 1000 * n / TIMERS)),
-                )
-                for n in range(TIMERS)
-            ]
-            due_by_key: dict[tuple[str, str], datetime] = {
-                (e.payload.tenant_id, e.payload.service_call_id): e.payload.due_at
-                for e in envelopes
-            }
+            envelopes, due_by_key = spread_schedules(client, TIMERS, TENANTS, FIRST_DUE_S, SPREAD_S)
             for chunk in range(0, TIMERS, 1000):
                 results = await client.send_many(envelopes[chunk : chunk + 1000])
                 assert results == [None] * len(results)

@@ -13,6 +13,7 @@ from timer_core.testing import (
     EventPublisherContract,
     FindsDueByTenantContract,
     PublisherHarness,
+    TimerCensusContract,
     TimerStoreContract,
     TimerStoreLeaseContract,
 )
@@ -25,6 +26,14 @@ class TestMemoryTimerStoreContract(TimerStoreContract, FindsDueByTenantContract)
     def make_store(self) -> Callable[[], TimerStore]:
         storage = MemoryTimerStore()
         return lambda: MemoryTimerStore(shared_with=storage)
+
+
+class TestMemoryTimerCensusContract(TimerCensusContract):
+    """MemoryTimerStore keeps the promises of the census and look-up capabilities."""
+
+    @pytest.fixture
+    def make_store(self) -> Callable[[], TimerStore]:
+        return MemoryTimerStore
 
 
 class TestMemoryTimerStoreLeaseContract(TimerStoreLeaseContract):

@@ -40,8 +40,8 @@ class TestProvisioning:
             assert config.storage == StorageType.FILE
             assert config.num_replicas == 1
             assert config.duplicate_window is not None and config.duplicate_window >= 120
-        consumer = (await js.consumer_info("TIMER_COMMANDS", "timer-service")).config
-        assert consumer.durable_name == "timer-service"
+        consumer = (await js.consumer_info("TIMER_COMMANDS", "timer")).config
+        assert consumer.durable_name == "timer"  # the library default; the service passes its own
         assert consumer.ack_policy == AckPolicy.EXPLICIT
         assert consumer.ack_wait == broker.settings.ack_wait_s
         assert consumer.max_deliver == broker.settings.max_deliver
@@ -63,7 +63,7 @@ class TestProvisioning:
         changed = attrs.evolve(settings, ack_wait_s=12.0)
         async with NatsBroker(changed) as second:
             events = await second.jetstream.stream_info("TIMER_EVENTS")
-            consumer = await second.jetstream.consumer_info("TIMER_COMMANDS", "timer-service")
+            consumer = await second.jetstream.consumer_info("TIMER_COMMANDS", "timer")
         assert events.state.messages == 1
         assert consumer.config.ack_wait == 12.0
 

@@ -37,7 +37,7 @@ class Recorder:
 async def acked_through(broker: NatsBroker, seq: int) -> None:
     """Until the command consumer's ack floor reaches ``seq``."""
     for _ in range(400):
-        info = await broker.jetstream.consumer_info("TIMER_COMMANDS", "timer-service")
+        info = await broker.jetstream.consumer_info("TIMER_COMMANDS", "timer")
         if info.ack_floor is not None and info.ack_floor.stream_seq >= seq:
             return
         await asyncio.sleep(0.025)
@@ -57,17 +57,17 @@ class TestMissing:
         async with NatsBroker(attrs.evolve(settings, tenant_consumers=("t-1",))) as broker:
             js = broker.jetstream
             await js.delete_consumer("TIMER_EVENTS", "t-1")
-            await js.delete_consumer("TIMER_COMMANDS", "timer-service")
+            await js.delete_consumer("TIMER_COMMANDS", "timer")
             await js.delete_stream("TIMER_DLQ")
             assert await broker.missing() == [
                 "stream TIMER_DLQ",
-                "consumer timer-service on TIMER_COMMANDS",
+                "consumer timer on TIMER_COMMANDS",
                 "consumer t-1 on TIMER_EVENTS",
             ]
             assert sorted(await broker.restore()) == sorted(
                 [
                     "stream TIMER_DLQ",
-                    "consumer timer-service on TIMER_COMMANDS",
+                    "consumer timer on TIMER_COMMANDS",
                     "consumer t-1 on TIMER_EVENTS",
                 ]
             )
@@ -92,12 +92,12 @@ class TestRestore:
                     await client.schedule("t", f"before-{i}", FAR)
                 await handler.wait_for(3)
                 await acked_through(broker, 3)
-                await broker.jetstream.delete_consumer("TIMER_COMMANDS", "timer-service")
+                await broker.jetstream.delete_consumer("TIMER_COMMANDS", "timer")
                 for i in range(2):
                     await client.schedule("t", f"during-{i}", FAR)
-                assert await broker.restore() == ["consumer timer-service on TIMER_COMMANDS"]
+                assert await broker.restore() == ["consumer timer on TIMER_COMMANDS"]
                 await handler.wait_for(5)
-                info = await broker.jetstream.consumer_info("TIMER_COMMANDS", "timer-service")
+                info = await broker.jetstream.consumer_info("TIMER_COMMANDS", "timer")
                 assert info.config.deliver_policy == DeliverPolicy.BY_START_SEQUENCE
                 assert info.config.opt_start_seq == 4
             finally:
@@ -107,7 +107,7 @@ class TestRestore:
         # The next start's provisioning updates it without moving its start (JetStream
         # would refuse that change, and the start would fail).
         async with NatsBroker(attrs.evolve(settings, ack_wait_s=7.0)) as again:
-            info = await again.jetstream.consumer_info("TIMER_COMMANDS", "timer-service")
+            info = await again.jetstream.consumer_info("TIMER_COMMANDS", "timer")
         assert info.config.opt_start_seq == 4
         assert info.config.ack_wait == 7.0
 
@@ -118,7 +118,7 @@ class TestRestore:
             client = TimerClient(broker)
             for i in range(3):
                 await client.schedule("t", f"call-{i}", FAR)
-            puller = PullBatches(other.client, stream="TIMER_COMMANDS", consumer="timer-service")
+            puller = PullBatches(other.client, stream="TIMER_COMMANDS", consumer="timer")
             await puller.start()
             try:
                 held = await puller.fetch(3, 2.0)
@@ -126,9 +126,9 @@ class TestRestore:
                 await held[0].ack()  # the other instance settled one, holds two
                 await acked_through(broker, 1)
                 assert await broker.missing() == []  # sees the ack floor: 1
-                await broker.jetstream.delete_consumer("TIMER_COMMANDS", "timer-service")
+                await broker.jetstream.delete_consumer("TIMER_COMMANDS", "timer")
                 await broker.restore()
-                info = await broker.jetstream.consumer_info("TIMER_COMMANDS", "timer-service")
+                info = await broker.jetstream.consumer_info("TIMER_COMMANDS", "timer")
             finally:
                 await puller.aclose()
         assert info.config.deliver_policy == DeliverPolicy.BY_START_SEQUENCE

@@ -228,7 +228,7 @@ class TestServerRestart:
                 # and redelivers batch one after the ack wait (so this test flaked under
                 # load). The restart this test means comes after batch one is settled.
                 await wait_until(
-                    lambda: acked_up_to(js, "TIMER_COMMANDS", "timer-service", 10),
+                    lambda: acked_up_to(js, "TIMER_COMMANDS", "timer", 10),
                     what="batch one acked",
                 )
                 server.kill() if kill else server.stop()
@@ -236,7 +236,7 @@ class TestServerRestart:
                 server.start()
                 await wait_until(lambda: broker.is_connected, what="the reconnect")
                 await wait_until(
-                    lambda: jetstream_back(js, "TIMER_COMMANDS", "timer-service"),
+                    lambda: jetstream_back(js, "TIMER_COMMANDS", "timer"),
                     within=RECOVERY_S,
                     what="JetStream back",
                 )
@@ -248,14 +248,14 @@ class TestServerRestart:
                 assert await client.send_many(second) == [None] * 40
 
                 async def drained() -> bool:
-                    info = await broker.jetstream.consumer_info("TIMER_COMMANDS", "timer-service")
+                    info = await broker.jetstream.consumer_info("TIMER_COMMANDS", "timer")
                     return info.num_pending == 0 and info.num_ack_pending == 0
 
                 await wait_until(lambda: len(handler.deliveries) == 80, what="all 80 commands")
                 await wait_until(drained, what="every command acked")
                 await source.stop()
                 await consumer  # returned normally, after acking
-            info = await broker.jetstream.consumer_info("TIMER_COMMANDS", "timer-service")
+            info = await broker.jetstream.consumer_info("TIMER_COMMANDS", "timer")
         sent = {envelope.id for envelope in first + second}
         stored = await handler.store.list_for_tenant(TenantId("tenant-r"), limit=1000)
         assert sorted(e.due_at for e in stored) == sorted(e.payload.due_at for e in first + second)

@@ -164,6 +164,6 @@ class TestErrors:
 
     async def test_fetch_before_start_is_an_error(self, broker: NatsBroker) -> None:
         """A puller that was never started refuses to fetch."""
-        pull = PullBatches(broker.client, stream="TIMER_COMMANDS", consumer="timer-service")
+        pull = PullBatches(broker.client, stream="TIMER_COMMANDS", consumer="timer")
         with pytest.raises(PullError):
             await pull.fetch(10, 0.1)

@@ -297,7 +297,7 @@ class TestDeadLetters:
             async with consuming(broker.command_source(), recorder):
 
                 async def delivered_twice() -> bool:
-                    info = await broker.jetstream.consumer_info("TIMER_COMMANDS", "timer-service")
+                    info = await broker.jetstream.consumer_info("TIMER_COMMANDS", "timer")
                     return info.num_redelivered >= 1
 
                 await wait_until(delivered_twice, what="a redelivery after the failed DLQ publish")
@@ -353,7 +353,7 @@ class TestHandlerFailures:
                 await asyncio.sleep(1.5)  # the slow work itself, over twice the ack wait
                 hold.set()
                 await wait_until(lambda: settled(broker), what="the command acked")
-            info = await broker.jetstream.consumer_info("TIMER_COMMANDS", "timer-service")
+            info = await broker.jetstream.consumer_info("TIMER_COMMANDS", "timer")
         assert recorder.calls == 1
         assert info.num_redelivered == 0
 
@@ -449,7 +449,7 @@ class TestLifecycle:
             nats_server.start()
             await wait_until(lambda: broker.is_connected, what="the reconnect")
             await wait_until(
-                lambda: jetstream_back(broker.jetstream, "TIMER_COMMANDS", "timer-service"),
+                lambda: jetstream_back(broker.jetstream, "TIMER_COMMANDS", "timer"),
                 within=RECOVERY_S,
                 what="JetStream back",
             )
@@ -491,7 +491,7 @@ class TestPredecessorCrash:
             async with consuming(broker.command_source(), recorder):
                 await wait_until(lambda: len(recorder.ids) == 7, what="every command")
                 await wait_until(lambda: settled(broker), what="every command acked")
-                info = await broker.jetstream.consumer_info("TIMER_COMMANDS", "timer-service")
+                info = await broker.jetstream.consumer_info("TIMER_COMMANDS", "timer")
         assert recorder.ids == held + later
         # Deliveries: the dead instance's three, their redelivery, and one of each later one.
         assert info.delivered.consumer_seq == 3 + 3 + 4
@@ -502,7 +502,7 @@ class TestPredecessorCrash:
         """Later commands held back fill the consumer's max_ack_pending (1000): the server
         still redelivers the dead instance's commands, and everything is applied in order."""
         async with NatsBroker(attrs.evolve(settings, ack_wait_s=1.0, fetch_batch=10)) as broker:
-            info = await broker.jetstream.consumer_info("TIMER_COMMANDS", "timer-service")
+            info = await broker.jetstream.consumer_info("TIMER_COMMANDS", "timer")
             assert info.config.max_ack_pending == 1000
             client = TimerClient(broker)
             held = [await client.schedule("tenant-a", f"held-{i}", DUE) for i in range(10)]

@@ -24,6 +24,7 @@ import sqlalchemy as sa
 
 from tests.timer_adapters_postgres.conftest import PostgresCluster
 from timer_adapters_postgres import PostgresTimerStore, migrate
+from timer_adapters_postgres import _census as census
 from timer_adapters_postgres._sql import (
     CLAIM_AFTER,
     CLAIM_BY_TENANT,
@@ -431,3 +432,80 @@ class TestMarkPlan:
         assert seek["Actual Loops"] == LIMIT
         (update,) = [n for n in found if n["Node Type"] == "Tid Scan"]
         assert update["Actual Rows"] == LIMIT
+
+
+class TestCensusPlans:
+    """The census and the console's look-ups walk indexes for as long as their bounds say,
+    however large the backlog (here 100,000 pending timers over 50 tenants)."""
+
+    @pytest.mark.parametrize("generic", [False, True], ids=["custom", "generic"])
+    async def test_capped_count_stops_after_the_cap(self, storm: sa.Engine, generic: bool) -> None:
+        """A capped count of an overfull bucket reads the due index for cap entries only."""
+        params = {"after": "-infinity", "until": NOW, "cap": 1000}
+        document = explain_and_undo(storm, census.COUNT_DUE, params, generic=generic)
+        plan = list(nodes(document["Plan"]))
+        no_full_scan(plan)
+        (walk,) = [n for n in plan if n.get("Index Name") == "ix_timer_schedules_due"]
+        assert walk["Actual Rows"] == 1000
+
+    async def test_tenant_count_walks_the_tenant_index(self, storm: sa.Engine) -> None:
+        """A tenant's capped count reads that tenant's entries of its due index only."""
+        params = {"after": "-infinity", "until": NOW, "cap": 100, "tenant": "tenant-7"}
+        plan = list(nodes(explain_and_undo(storm, census.COUNT_TENANT_DUE, params)["Plan"]))
+        no_full_scan(plan)
+        (walk,) = [n for n in plan if n.get("Index Name") == "ix_timer_schedules_tenant_due"]
+        assert walk["Actual Rows"] == 100
+
+    async def test_pending_tenants_is_a_seek_per_tenant(self, storm: sa.Engine) -> None:
+        """Listing tenants reads one index entry per tenant listed, not their backlogs."""
+        plan = list(
+            nodes(
+                explain_and_undo(storm, census.PENDING_TENANTS, {"after": "", "limit": 20})["Plan"]
+            )
+        )
+        no_full_scan(plan)
+        walks = [n for n in plan if n.get("Index Name") == "ix_timer_schedules_tenant_due"]
+        assert walks
+        assert sum(n["Actual Rows"] * n["Actual Loops"] for n in walks) <= 20
+
+    @pytest.mark.parametrize("generic", [False, True], ids=["custom", "generic"])
+    async def test_tenant_page_reads_the_tenant_index_in_order(
+        self, storm: sa.Engine, generic: bool
+    ) -> None:
+        """A page of a tenant's pending timers is one ordered walk of its index: no sort."""
+        params = {
+            "tenant": "tenant-7",
+            "due_from": "-infinity",
+            "due_until": NOW,
+            "after_due": NOW - timedelta(minutes=30),
+            "after_call": "",
+            "limit": 50,
+        }
+        document = explain_and_undo(storm, census.SCHEDULED_FOR_TENANT, params, generic=generic)
+        plan = list(nodes(document["Plan"]))
+        no_full_scan(plan)
+        (walk,) = [n for n in plan if n.get("Index Name") == "ix_timer_schedules_tenant_due"]
+        assert walk["Actual Rows"] == 50
+
+    async def test_correlation_lookup_seeks_each_tenant(self, storm: sa.Engine) -> None:
+        """A correlation id across tenants is a seek per tenant, never a scan of the table."""
+        params = {"correlation": "order-1", "limit": 50}
+        plan = list(nodes(explain_and_undo(storm, census.FIND_BY_CORRELATION_ID, params)["Plan"]))
+        assert "Seq Scan" not in {n["Node Type"] for n in plan}
+        assert any(n.get("Index Name") == "ix_timer_schedules_tenant_correlation" for n in plan)
+
+    async def test_tenant_scan_reads_its_window_of_the_primary_key(self, storm: sa.Engine) -> None:
+        """Paging through a tenant's fired timers reads at most the window's keys."""
+        params = {
+            "tenant": "tenant-7",
+            "after": "",
+            "scan": 300,
+            "state": "Reached",
+            "due_from": "-infinity",
+            "due_until": "infinity",
+            "limit": 50,
+        }
+        plan = list(nodes(explain_and_undo(storm, census.SCAN_TENANT, params)["Plan"]))
+        assert "Seq Scan" not in {n["Node Type"] for n in plan}
+        (walk,) = [n for n in plan if n.get("Index Name") == "timer_schedules_pkey"]
+        assert walk["Actual Rows"] <= 300

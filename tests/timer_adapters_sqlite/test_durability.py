@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import sys
 import textwrap
 from datetime import timedelta
 from pathlib import Path
 
+import pytest
+
 from timer_adapters_sqlite import SqliteTimerStore
+from timer_core import StoreUnavailable
 
 from .conftest import T0, entry
 
@@ -86,3 +90,27 @@ class TestDurability:
             assert set(acknowledged) <= stored
             due = await store.find_due(T0 + timedelta(seconds=199), 1000)
         assert [t.service_call_id for t in due[:200]] == [f"call-{i}" for i in range(200)]
+
+
+class TestSyncer:
+    async def test_a_failed_sync_fails_the_apply_but_not_the_marks(
+        self, db_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """At FULL, when syncing the log fails, apply() raises StoreUnavailable (so the command
+        is not acknowledged and comes again), while a mark, which waits for no sync, succeeds;
+        once syncing works again, so does apply()."""
+        async with SqliteTimerStore(db_path) as store:
+            await store.schedule(entry(call="call-0"))
+
+            def broken(fd: int) -> None:
+                raise OSError(5, "Input/output error")
+
+            monkeypatch.setattr(os, "fsync", broken)
+            with pytest.raises(StoreUnavailable, match="could not sync"):
+                await store.schedule(entry(call="call-1"))
+            # call-1 was committed, only not known to be on disk: its command comes again.
+            due = await store.find_due(T0, 10)
+            assert await store.mark_reached([e.reach(T0) for e in due]) == len(due) == 2
+            monkeypatch.undo()
+            await store.schedule(entry(call="call-2"))
+            assert store._writer is not None and store._writer.syncs >= 2

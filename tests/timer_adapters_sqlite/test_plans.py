@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from timer_adapters_sqlite import SqliteTimerStore
+from timer_adapters_sqlite import _census as census
 from timer_adapters_sqlite import _sql as queries
 
 from .conftest import T0, entry
@@ -183,3 +184,40 @@ class TestOtherPlans:
         assert len(details) == 1, details
         assert details[0].startswith("SCAN timer_schedules USING ")
         assert details[0].endswith("INDEX idx_timer_schedules_scheduled_due")
+
+
+class TestCensusQueryPlans:
+    """The census and the console's look-ups seek indexes: their cost never grows with the
+    table (capped counts stop at their LIMIT)."""
+
+    @pytest.mark.parametrize(
+        ("name", "index", "params"),
+        [
+            ("COUNT_DUE", "idx_timer_schedules_scheduled_due", ("", _NOW, 1000)),
+            ("COUNT_TENANT_DUE", "idx_timer_schedules_tenant_due", ("", _NOW, 1000, "tenant-1")),
+            ("PENDING_TENANTS", "idx_timer_schedules_tenant_due", ("", 100)),
+            (
+                "SCHEDULED_FOR_TENANT",
+                "idx_timer_schedules_tenant_due",
+                ("tenant-1", "", _NOW, "", "", 50),
+            ),
+            ("FIND_BY_CORRELATION_ID", "idx_timer_schedules_correlation_id", ("trace-1", 50)),
+            (
+                "SCAN_TENANT",
+                "sqlite_autoindex_timer_schedules_1",
+                ("tenant-1", "", 100, "Reached", "", "~", 50),
+            ),
+            ("SCAN_TENANT_WINDOW", "sqlite_autoindex_timer_schedules_1", ("tenant-1", "", 100)),
+        ],
+    )
+    def test_census_statement_seeks_its_index(
+        self, planner: sqlite3.Connection, name: str, index: str, params: tuple[Any, ...]
+    ) -> None:
+        """Each census and look-up statement searches its index and scans no table."""
+        details = plan(planner, getattr(census, name), params)
+        assert any(
+            f"SEARCH timer_schedules USING INDEX {index}" in d
+            or f"SEARCH timer_schedules USING COVERING INDEX {index}" in d
+            for d in details
+        ), details
+        assert not any(d.startswith("SCAN timer_") for d in details), details

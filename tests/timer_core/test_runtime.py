@@ -23,7 +23,9 @@ from timer_core import (
     ReportsRemoteSchedules,
     ScheduleTimer,
     ServiceCallId,
+    SharedClockStore,
     StoreUnavailable,
+    SystemClock,
     TenantId,
     Timer,
     TimerEntry,
@@ -176,6 +178,41 @@ class TestFiring:
             await clock.wait_for_sleepers(1)  # asleep again: the mark is done
             outcome = await timer.schedule("tenant-a", "call-1", at(10))
         assert outcome is CommandOutcome.IGNORED_REACHED
+
+
+class SharedClockMemoryStore(MemoryTimerStore):
+    """A memory store that offers a clock of its own, as PostgreSQL's offers the database's."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        super().__init__()
+        self.own_clock = clock
+
+    def shared_clock(self) -> FakeClock:
+        return self.own_clock
+
+
+class TestWhichClockDecides:
+    async def test_a_store_that_shares_a_clock_decides_by_it(self) -> None:
+        """Without a clock given, Timer decides due times and stamps reachedAt by the clock
+        the store offers (SharedClockStore), not the host's."""
+        shared = FakeClock(T0 - timedelta(hours=1))  # the store's clock: an hour behind
+        store, bus = SharedClockMemoryStore(shared), MemoryEventBus()
+        assert isinstance(store, SharedClockStore)
+        async with Timer(store, bus, polling_interval=3600) as timer:
+            assert timer.clock is shared
+            await timer.schedule("tenant-a", "call-1", T0 - timedelta(minutes=30))
+            await until(lambda: shared.pending_sleeps() == [1800.0])
+            shared.advance(1800)
+            (event,) = await bus.wait_for_published(1)
+        assert event.payload.reached_at == T0 - timedelta(minutes=30)
+
+    def test_a_clock_given_wins_and_other_stores_get_the_hosts(self) -> None:
+        """A clock passed to Timer is used as it is; a store offering none gets SystemClock."""
+        fake = FakeClock(T0)
+        offering = SharedClockMemoryStore(FakeClock(T0))
+        assert Timer(offering, MemoryEventBus(), clock=fake).clock is fake
+        assert isinstance(Timer(MemoryTimerStore(), MemoryEventBus()).clock, SystemClock)
+        assert not isinstance(MemoryTimerStore(), SharedClockStore)
 
 
 class TestCommandPath:

@@ -11,7 +11,8 @@ import pytest
 
 from timer_adapters_memory import MemoryEventBus, MemoryTimerStore
 from timer_adapters_nats import NatsBroker
-from timer_core import CommandBatchHandler, CommandSource, ComponentFailed, Timer
+from timer_adapters_postgres import PostgresTimerStore
+from timer_core import CommandBatchHandler, CommandSource, ComponentFailed, SystemClock, Timer
 from timer_service.app import serve
 from timer_service.bootstrap import bootstrap, nats_settings
 from timer_service.metrics import PrometheusInstrumentation
@@ -41,7 +42,42 @@ class TestBootstrap:
         assert service.broker_url == "nats://127.0.0.1:4222"
         health = service.timer.health()
         assert (health.running, health.components) == (False, {})
-        assert service.health() == (False, {"last_poll_age_s": None, "broker_connected": False})
+        assert service.health() == (
+            False,
+            {
+                "last_poll_age_s": None,
+                "broker_connected": False,
+                "clock": "host",
+                "clock_skew_s": None,
+            },
+        )
+
+    def test_on_postgresql_the_database_clock_decides(self) -> None:
+        """With TIMER_DATABASE_URL the timer's clock is the store's database clock, told in
+        /healthz and the start-up line, and TIMER_CLOCK_SKEW_WARNING reaches it; on SQLite
+        this host's clock decides."""
+        settings = Settings.from_environment(
+            {
+                "TIMER_DATABASE_URL": "postgresql://timer@127.0.0.1:1/timer",
+                "TIMER_CLOCK_SKEW_WARNING": "250ms",
+            }
+        )
+        service = bootstrap(settings, "nats://127.0.0.1:4222")
+        store = service.timer.store
+        assert isinstance(store, PostgresTimerStore)
+        assert service.timer.clock is store.shared_clock()
+        assert store.shared_clock()._skew_warning_s == 0.25
+        assert (service.clock, service.clock_skew_s) == ("database", None)
+        assert "the database's (shared by every instance)" in service.describe_clock()
+        sqlite = bootstrap(Settings(), "nats://127.0.0.1:4222")
+        assert isinstance(sqlite.timer.clock, SystemClock)
+        assert "this host's" in sqlite.describe_clock()
+
+    def test_defaults_keep_the_promises(self) -> None:
+        """At the defaults SQLite syncs acknowledged commits (FULL) and the skew warning is
+        at 1 s."""
+        default = Settings.from_environment({})
+        assert (default.sqlite_synchronous, default.clock_skew_warning_s) == ("FULL", 1.0)
 
     def test_command_fetch_has_its_own_setting(self) -> None:
         """The command consumer fetches TIMER_COMMAND_BATCH_SIZE (default 1000), not the

@@ -145,7 +145,8 @@ class TestProvisioningOff:
     ) -> None:
         """With TIMER_PROVISION=false, a deleted consumer turns /healthz 503 naming it within
         5 s, and the service exits 1 after TIMER_BROKER_STATE_GRACE."""
-        provisioned = NatsBroker(NatsSettings(url=nats_url))
+        # The service's consumer, by the name the service gives it (the library's is `timer`).
+        provisioned = NatsBroker(NatsSettings(url=nats_url, consumer_name="timer-service"))
         await provisioned.start()
         await provisioned.aclose()
         service.env.update(TIMER_PROVISION="false", TIMER_BROKER_STATE_GRACE="3s")

@@ -42,6 +42,7 @@ from timer_core import (
 from timer_core.codec import decode_event
 from timer_core.instants import format_timestamp
 from timer_service.bootstrap import bootstrap
+from timer_service.census import Census
 from timer_service.metrics import LATENESS_BUCKETS, PrometheusInstrumentation
 from timer_service.otel import OtelInstrumentation
 from timer_service.service import TimerService
@@ -276,6 +277,8 @@ class TestMetrics:
         otel.set_pending(4)
         otel.set_instances(2)
         otel.broker_state_recreated("consumer")
+        otel.set_census(Census(now, {"overdue": 1}, 10, now, 0.001))
+        otel.set_clock_skew(lambda: 0.25)
         otel.poll_completed(0.01, 1)
         otel.worker_error(RuntimeError("store down"))
         data = telemetry.metrics.get_metrics_data()

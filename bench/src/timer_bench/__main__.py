@@ -23,6 +23,13 @@ SCENARIOS = {
     "otel": ("otel", "what OpenTelemetry costs the fire path"),
     "fairness": ("fairness", "a quiet tenant's lateness during another tenant's storm"),
     "command-order": ("command_order", "the SQLite store's writes with command positions"),
+    "handlers": ("handlers", "Timer calling a no-op handler, against a hand-written loop"),
+    "console-sqlite": ("console", "the console's pages and the census at 10M timers on SQLite"),
+    "console-postgres": (
+        "console",
+        "the console's pages and the census at 10M timers on PostgreSQL",
+    ),
+    "durability": ("durability", "synced command commits at the defaults beside the old ones"),
 }
 
 

@@ -178,6 +178,30 @@ def compare(d: dict[str, Any]) -> Figures:
     return out
 
 
+def handlers(d: dict[str, Any]) -> Figures:
+    settings, sqlite = d["settings"], d["sqlite"]
+    setup = (
+        f"`Timer(SqliteTimerStore(...), handler=noop)` beside a hand-written loop on the same "
+        f"file, {settings['jobs']:,} due timers, batches of {settings['batch']:,}, "
+        f"{settings['rounds']} alternated rounds"
+    )
+    out = {
+        **_sources(d, "handlers", setup, "the handler path on SQLite"),
+        "timer": per_s(sqlite["timer"]["median_per_s"]),
+        "raw": per_s(sqlite["raw"]["median_per_s"]),
+        "store_loop": per_s(sqlite["store_loop"]["median_per_s"]),
+        "timer_vs_raw": times(sqlite["timer"]["vs_raw"]),
+        "store_loop_vs_raw": times(sqlite["store_loop"]["vs_raw"]),
+        "jobs": count(settings["jobs"]),
+    }
+    if "postgres" in d:
+        pg = d["postgres"]
+        out["pg_timer"] = per_s(pg["timer"]["median_per_s"])
+        out["pg_pgqueuer"] = per_s(pg["pgqueuer"]["median_per_s"])
+        out["pg_vs_pgqueuer"] = times(pg["timer"]["vs_pgqueuer"])
+    return out
+
+
 def otel(d: dict[str, Any]) -> Figures:
     v, hooks = d["variants"], d["hooks_us"]
     setup = (
@@ -221,6 +245,7 @@ PAGES: dict[str, Callable[[dict[str, Any]], Figures]] = {
     "compare": compare,
     "otel": otel,
     "fairness": fairness,
+    "handlers": handlers,
 }
 
 

@@ -167,7 +167,7 @@ async def apscheduler_round(
     from sqlalchemy.ext.asyncio import create_async_engine
 
     def store(phase: str) -> SQLAlchemyDataStore:
-        # The same SQLite settings as Timer's store: WAL, synchronous=NORMAL.
+        # The same SQLite settings as Timer's store here: WAL, synchronous=NORMAL.
         engine = create_async_engine(f"sqlite+aiosqlite:///{db}.{phase}")
 
         @event.listens_for(engine.sync_engine, "connect")

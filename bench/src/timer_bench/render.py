@@ -444,6 +444,113 @@ def command_order_block(document: dict[str, Any]) -> str:
     )
 
 
+def handlers_block(document: dict[str, Any]) -> str:
+    settings, sqlite = document["settings"], document["sqlite"]
+    rows = [
+        (what, per_s(sqlite[side]["median_per_s"]), spread(sqlite[side]["per_s"], per_s), ratio)
+        for what, side, ratio in (
+            ("hand-written loop (yardstick)", "raw", "1"),
+            (
+                "the same loop on the store's API",
+                "store_loop",
+                times(sqlite["store_loop"]["vs_raw"]),
+            ),
+            ("`Timer(store, handler=noop)`", "timer", times(sqlite["timer"]["vs_raw"])),
+        )
+    ]
+    parts = [
+        f"Run: `python -m timer_bench handlers` on {document['date']}: "
+        f"{settings['jobs']:,} due timers to a no-op handler on SQLite "
+        f"({settings['sqlite']}), batches of {settings['batch']:,}, "
+        f"{settings['rounds']} alternated rounds, median of the per-round ratios.",
+        markdown_table("loop | timers/s | rounds | vs the yardstick", rows, "lrrr"),
+    ]
+    if "transcribed" in document:
+        parts.append(f"Transcribed {document['transcribed']}.")
+    if "postgres" in document:
+        pg = document["postgres"]
+        parts.append(
+            f"PostgreSQL, same rounds: Timer's handler path "
+            f"{per_s(pg['timer']['median_per_s'])}, pgqueuer's no-op execution "
+            f"{per_s(pg['pgqueuer']['median_per_s'])} "
+            f"({times(pg['timer']['vs_pgqueuer'])} of pgqueuer's rate)."
+        )
+    return "\n\n".join([*parts, machine_line(document)])
+
+
+# -- the console and the census ----------------------------------------------------------
+
+REQUESTS = 100
+
+
+def console_block(document: dict[str, Any]) -> str:
+    pages = document["pages"]
+    cold = pages.pop("overview (cold: reads the tenant ranking)", None)
+    rows = [(page, ms(v["p50_ms"]), ms(v["p99_ms"]), ms(v["max_ms"])) for page, v in pages.items()]
+    census = document["census"]
+    counts = ", ".join(f"{name} {count(n)}" for name, n in census["counts"].items())
+    loaded = f"loaded by bulk SQL in {document['load_s']:.0f} s"
+    if "reused_load_s" in document:  # --db: a file loaded by an earlier run
+        earlier = document["reused_load_s"]
+        took = "" if earlier is None else f" in {earlier:.0f} s"
+        loaded = (
+            f"in a file loaded by bulk SQL by an earlier run{took} (due times relative to that "
+            "load: more overdue)"
+        )
+    parts = [
+        f"Run: `python -m timer_bench console-{document['store']}` on {document['date']}: "
+        f"{document['timers']:,} timers over 1,000 tenants, {loaded}. Each page asked for "
+        f"{REQUESTS} times over loopback HTTP after 3 warm-ups (ms):",
+        markdown_table("page | p50 | p99 | max", rows, "lrrr"),
+    ]
+    if cold is not None:
+        parts.append(
+            f"The overview's first answer, which reads the tenant ranking: {cold['seconds']:.1f} s "
+            "(then read again in the background, at most every 30 s)."
+        )
+    parts.append(
+        f"Census at `TIMER_CENSUS_CAP={census['cap']}` ({counts}): "
+        f"{census['census_wall_ms_median']:.0f} ms, {census['census_cpu_ms_median']:.0f} ms of "
+        f"CPU (median of {census['rounds']} rounds), "
+        f"{census['census_core_share_at_interval'] * 100:.2f}% of a core every "
+        f"{census['interval_s']:.0f} s. Yardstick, the full count of pending timers "
+        f"(`timer_timers_pending`) in the same rounds: {census['full_count_wall_ms_median']:.0f} "
+        f"ms, {census['full_count_cpu_ms_median']:.0f} ms of CPU; the census takes "
+        f"{times(census['census_to_full_count_wall_ratio_median'])} its time."
+    )
+    return "\n\n".join([*parts, machine_line(document, "postgres")])
+
+
+def durability_block(document: dict[str, Any]) -> str:
+    titles = {
+        "sqlite": "SQLite (old: `synchronous=NORMAL`; new: the default)",
+        "postgres": "PostgreSQL, server `synchronous_commit=off` (old: inherited)",
+    }
+    tables = []
+    for store, measures in document["results"].items():
+        rows = [
+            (
+                name,
+                per_s(kit.median(r["old"])),
+                per_s(kit.median(r["new"])),
+                f"**{times(r['new_vs_old'])}** ({' / '.join(times(x) for x in r['rounds'])})",
+            )
+            for name, r in measures.items()
+        ]
+        header = f"{titles[store]} | old (median) | new (median) | new / old, median (rounds)"
+        tables.append(markdown_table(header, rows, "lrrr"))
+    settings = document["settings"]
+    return "\n\n".join(
+        [
+            f"Run: `python -m timer_bench durability` on {document['date']}: "
+            f"{settings['timers']:,} timers a measure (the one-by-one rows a fiftieth), "
+            f"{settings['rounds']} alternated rounds, old and new on fresh databases.",
+            *tables,
+            machine_line(document, "postgres"),
+        ]
+    )
+
+
 BLOCKS: dict[str, Callable[[dict[str, Any]], str]] = {
     "e2e": e2e_block,
     "scale-out": scale_out_block,
@@ -456,6 +563,10 @@ BLOCKS: dict[str, Callable[[dict[str, Any]], str]] = {
     "store": store_block,
     "publish": publish_block,
     "command-order": command_order_block,
+    "handlers": handlers_block,
+    "console-sqlite": console_block,
+    "console-postgres": console_block,
+    "durability": durability_block,
 }
 
 

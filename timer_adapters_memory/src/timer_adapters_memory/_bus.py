@@ -6,9 +6,26 @@ import asyncio
 import logging
 import threading
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
-from timer_core import DecodeError, DueTimeReached, EventPublisher, MessageEnvelope, PublishError
+from timer_adapters_memory._waits import DEFAULT_TIMEOUT_S, within
+from timer_core import (
+    Clock,
+    DecodeError,
+    DueTimeReached,
+    EventPublisher,
+    MessageEnvelope,
+    PublishError,
+    SystemClock,
+)
 from timer_core.codec import decode_event, encode_envelope
+
+if TYPE_CHECKING:
+    from timer_adapters_memory._due_events import (
+        DueEventSettingsLike,
+        MemoryDueEventConsumer,
+        _Durable,
+    )
 
 __all__ = ["MemoryEventBus", "MemorySubscription"]
 
@@ -29,11 +46,13 @@ class MemorySubscription:
         self._queue: asyncio.Queue[Event | None] = asyncio.Queue()
         self._closed = False
 
-    async def get(self) -> Event:
-        """The next envelope, waiting for one; raises ``EOFError`` once closed and empty."""
+    async def get(self, *, timeout: float | None = DEFAULT_TIMEOUT_S) -> Event:
+        """The next envelope, waiting for one; raises ``EOFError`` once closed and empty, and
+        :class:`~timer_core.errors.WaitTimedOut` when none came within ``timeout`` real
+        seconds (None: wait forever). ``async for`` waits without a timeout."""
         if self._closed and self._queue.empty():
             raise EOFError("subscription closed")
-        envelope = await self._queue.get()
+        envelope = await within(self._queue.get(), timeout, self._bus._nothing_published)
         if envelope is None:
             raise EOFError("subscription closed")
         return envelope
@@ -60,7 +79,7 @@ class MemorySubscription:
 
     async def __anext__(self) -> Event:
         try:
-            return await self.get()
+            return await self.get(timeout=None)
         except EOFError:
             raise StopAsyncIteration from None
 
@@ -74,10 +93,26 @@ class MemoryEventBus(EventPublisher):
     :meth:`fail_next`, :meth:`fail_when` and :meth:`set_unavailable`; they come back as
     :class:`~timer_core.errors.PublishError` results, never as exceptions from
     :meth:`publish_many`.
+
+    A host's consumer of ``DueTimeReached`` is tested with :meth:`due_events`, the stand-in
+    for ``NatsBroker.due_events``: durable consumers whose deliveries are acked, nak'd
+    (redelivered after a delay on ``clock``) and terminated as JetStream's are. Events are
+    published on ``<subject_prefix>.events.<tenantId>.<serviceCallId>``. Every wait
+    (:meth:`wait_for_published`, :meth:`MemorySubscription.get`) has a timeout and fails with
+    :class:`~timer_core.errors.WaitTimedOut` instead of hanging.
     """
 
-    def __init__(self, *, deduplicate: bool = True) -> None:
+    def __init__(
+        self,
+        *,
+        deduplicate: bool = True,
+        clock: Clock | None = None,
+        subject_prefix: str = "timer",
+    ) -> None:
         self._deduplicate = deduplicate
+        self.clock: Clock = clock or SystemClock()
+        """The clock nak delays are counted on (a ``FakeClock`` in tests moves them by hand)."""
+        self.subject_prefix = subject_prefix
         self._lock = threading.Lock()
         self._published: list[Event] = []
         self._attempts: list[Event] = []
@@ -87,6 +122,7 @@ class MemoryEventBus(EventPublisher):
         self._fail_when: Callable[[Event], bool] | None = None
         self._unavailable = False
         self._subscribers: list[MemorySubscription] = []
+        self._durables: dict[str, _Durable] = {}
 
     @property
     def published(self) -> list[Event]:
@@ -128,15 +164,54 @@ class MemoryEventBus(EventPublisher):
             self._subscribers.append(subscription)
         return subscription
 
-    async def wait_for_published(self, count: int) -> list[Event]:
-        """Wait until at least ``count`` envelopes were accepted; returns them all."""
+    async def wait_for_published(
+        self, count: int, *, timeout: float | None = DEFAULT_TIMEOUT_S
+    ) -> list[Event]:
+        """Wait until at least ``count`` envelopes were accepted; returns them all.
+
+        Raises :class:`~timer_core.errors.WaitTimedOut` after ``timeout`` real seconds (None:
+        wait forever), saying how many were published and, when ``clock`` is a
+        ``FakeClock``, who sleeps on it (a Timer on a fake clock fires only once the test
+        advances it).
+        """
         subscription = self.subscribe()
-        try:
+
+        async def enough() -> None:
             while len(self.published) < count:
-                await subscription.get()
+                await subscription.get(timeout=None)
+
+        try:
+            await within(enough(), timeout, lambda: self._nothing_published(count))
         finally:
             subscription.close()
         return self.published
+
+    def due_events(
+        self,
+        name: str,
+        *,
+        tenant_id: str | None = None,
+        settings: DueEventSettingsLike | None = None,
+    ) -> MemoryDueEventConsumer:
+        """The ``DueTimeReached`` events of the durable consumer ``name``: the in-memory
+        stand-in for ``NatsBroker.due_events`` (the same arguments; ``settings`` may be the
+        NATS adapter's ``DueEventConsumerSettings`` or :class:`MemoryDueEventSettings`).
+
+        ``async with bus.due_events("billing") as events: async for delivery in events:
+        async with delivery: ...``; see :class:`MemoryDueEventConsumer`.
+        """
+        from timer_adapters_memory._due_events import MemoryDueEventConsumer
+
+        return MemoryDueEventConsumer(self, name, tenant_id=tenant_id, settings=settings)
+
+    def _nothing_published(self, count: int | None = None) -> str:
+        with self._lock:
+            published, offered = len(self._published), len(self._attempts)
+        wanted = "an event" if count is None else f"{count} published event(s)"
+        return (
+            f"waited for {wanted}; {published} published ({offered - published} offered and "
+            f"refused or duplicate). {_clock_hint(self.clock)}"
+        )
 
     def _unsubscribe(self, subscription: MemorySubscription) -> None:
         with self._lock:
@@ -179,4 +254,14 @@ class MemoryEventBus(EventPublisher):
         self._published.append(wire)
         for subscription in self._subscribers:
             subscription._deliver(wire)
+        for durable in self._durables.values():
+            durable.published()
         return None
+
+
+def _clock_hint(clock: Clock) -> str:
+    """Who sleeps on ``clock`` when it is a ``FakeClock``: the usual reason nothing fired."""
+    describe = getattr(clock, "describe_sleepers", None)
+    if describe is None:
+        return "Is the Timer started, and is anything due yet?"
+    return f"A Timer on a FakeClock fires only once the test advances it; {describe()}."

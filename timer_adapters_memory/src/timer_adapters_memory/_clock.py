@@ -8,6 +8,7 @@ import itertools
 import threading
 from datetime import UTC, datetime, timedelta
 
+from timer_adapters_memory._waits import DEFAULT_TIMEOUT_S, within
 from timer_core.instants import require_utc
 
 __all__ = ["FakeClock"]
@@ -97,14 +98,44 @@ class FakeClock:
         with self._lock:
             return sorted((d - self._mono_us) / 1_000_000 for d, _, _ in self._sleepers)
 
-    async def wait_for_sleepers(self, count: int = 1) -> None:
-        """Return once at least ``count`` ``sleep`` calls are waiting."""
+    async def wait_for_sleepers(
+        self, count: int = 1, *, timeout: float | None = DEFAULT_TIMEOUT_S
+    ) -> None:
+        """Return once at least ``count`` ``sleep`` calls are waiting.
+
+        Raises :class:`~timer_core.errors.WaitTimedOut` after ``timeout`` real seconds (None:
+        wait forever), saying how many were asleep: the code under test is then not running,
+        or waits on something else than this clock.
+        """
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        watcher = (count, future)
         with self._lock:
             if len(self._sleepers) >= count:
                 return
-            self._watchers.append((count, future))
-        await future
+            self._watchers.append(watcher)
+        try:
+            await within(future, timeout, lambda: self._sleepers_seen(count))
+        finally:
+            with self._lock:
+                if watcher in self._watchers:
+                    self._watchers.remove(watcher)
+
+    def _sleepers_seen(self, count: int) -> str:
+        return (
+            f"waited for {count} sleep call(s) on the FakeClock, {self.sleepers} waiting: is "
+            "the code under test started, and does it sleep on this clock (not another one, "
+            "not asyncio.sleep)?"
+        )
+
+    def describe_sleepers(self) -> str:
+        """One line on who is asleep on this clock, for a failing test's message."""
+        pending = self.pending_sleeps()
+        if not pending:
+            return "nothing sleeps on the FakeClock"
+        return (
+            f"{len(pending)} sleep(s) on the FakeClock, the nearest ends in {pending[0]:g} s "
+            f"of fake time: did the test forget clock.advance({pending[0]:g})?"
+        )
 
     def _notify_watchers(self) -> None:
         """Resolve the watchers whose count is met; called with the lock held."""

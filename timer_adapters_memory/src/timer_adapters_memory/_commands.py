@@ -8,6 +8,7 @@ import logging
 import threading
 from collections.abc import Awaitable
 
+from timer_adapters_memory._waits import DEFAULT_TIMEOUT_S, within
 from timer_core import (
     Clock,
     Command,
@@ -108,9 +109,20 @@ class MemoryCommandSource(CommandSource):
         with self._lock:
             return len(self._queue) + len(self._retry)
 
-    async def wait_until_drained(self) -> None:
-        """Return once every message sent so far is acked or dead-lettered."""
-        await self._drained.wait()
+    async def wait_until_drained(self, *, timeout: float | None = DEFAULT_TIMEOUT_S) -> None:
+        """Return once every message sent so far is acked or dead-lettered.
+
+        Raises :class:`~timer_core.errors.WaitTimedOut` after ``timeout`` real seconds (None:
+        wait forever), saying how many are pending: is the source running (a started Timer)?
+        """
+        await within(
+            self._drained.wait(),
+            timeout,
+            lambda: (
+                f"waited for the command source to drain; {self.pending} command(s) pending, "
+                f"{self.deliveries} batch deliveries so far, running: {self._loop is not None}"
+            ),
+        )
 
     async def stop(self) -> None:
         """Make :meth:`run` return after the batch in flight; it cannot be restarted."""

@@ -3,7 +3,8 @@
 :class:`NatsConnection` is the connection every adapter here is built on; :class:`NatsBroker`
 is one that also provisions the streams and the consumer, and hands out the
 :class:`NatsEventPublisher` and :class:`NatsCommandSource`; hosts send commands with
-:class:`TimerClient` and read the ``DueTimeReached`` events with :meth:`NatsBroker.due_events`;
+:class:`TimerClient` (:class:`SyncTimerClient` from synchronous code) and read the
+``DueTimeReached`` events with :meth:`NatsBroker.due_events`;
 operators list and replay rejected commands with :class:`DeadLetters`;
 :mod:`timer_adapters_nats.embedded` runs a real ``nats-server``.
 """
@@ -28,6 +29,7 @@ from timer_adapters_nats._events import (
 from timer_adapters_nats._publisher import NatsEventPublisher
 from timer_adapters_nats._settings import NatsSettings, Subjects
 from timer_adapters_nats._source import NatsCommandSource
+from timer_adapters_nats._sync_client import SyncTimerClient
 from timer_adapters_nats.embedded import NatsServerError, NatsServerProcess, find_nats_server
 
 __all__ = [
@@ -53,6 +55,7 @@ __all__ = [
     "Outgoing",
     "Replayed",
     "Subjects",
+    "SyncTimerClient",
     "TimerClient",
     "connect",
     "find_nats_server",

@@ -21,7 +21,7 @@ from nats.aio.client import Client
 from nats.js.client import JetStreamContext
 
 from timer_adapters_nats._settings import NatsSettings, server_urls
-from timer_core import AsyncResource, TimerError
+from timer_core import AsyncResource, NotRunning, TimerError
 from timer_core.redaction import redact_url
 
 __all__ = [
@@ -77,16 +77,17 @@ class NatsConnection(AsyncResource):
 
     @property
     def client(self) -> Client:
-        """The underlying nats-py client; :class:`RuntimeError` before :meth:`start`."""
+        """The underlying nats-py client; :class:`~timer_core.errors.NotRunning` before
+        :meth:`start`."""
         if self._nc is None:
-            raise RuntimeError(f"{type(self).__name__} is not started")
+            raise NotRunning(_not_started(self))
         return self._nc
 
     @property
     def jetstream(self) -> JetStreamContext:
         """A JetStream context on the connection (API timeouts of ``ack_timeout_s``)."""
         if self._js is None:
-            raise RuntimeError(f"{type(self).__name__} is not started")
+            raise NotRunning(_not_started(self))
         return self._js
 
     @property
@@ -222,6 +223,11 @@ async def connect(
     finally:
         refused.cancel()
     return nc
+
+
+def _not_started(connection: NatsConnection) -> str:
+    name = type(connection).__name__
+    return f"{name} is not started: `await {name.lower()}.start()` or `async with {name}(...)`"
 
 
 def _security_options(

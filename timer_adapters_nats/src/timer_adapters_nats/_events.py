@@ -34,9 +34,11 @@ from timer_core import (
     DueTimeReached,
     EnvelopeId,
     MessageEnvelope,
+    NotRunning,
     ServiceCallId,
     TenantId,
     TimerError,
+    ValidationError,
 )
 from timer_core.codec import decode_event
 
@@ -49,7 +51,7 @@ _DELIVER_POLICIES = {"all": DeliverPolicy.ALL, "new": DeliverPolicy.NEW}
 
 def _max_deliver(instance: Any, attribute: attrs.Attribute[Any], value: int) -> None:
     if value != -1 and value < 1:
-        raise ValueError(f"max_deliver must be -1 (unlimited) or at least 1, got {value!r}")
+        raise ValidationError(f"max_deliver must be -1 (unlimited) or at least 1, got {value!r}")
 
 
 @attrs.frozen
@@ -287,10 +289,11 @@ class DueEventConsumer(AsyncResource):
         Raises :class:`TimerError` when the events stream or (with provisioning off) the
         consumer does not exist or the consumer's configuration cannot be changed to this
         one, :class:`~timer_adapters_nats.BrokerUnavailable` when JetStream does not answer, and
-        :class:`RuntimeError` when the connection is not started. With provisioning off, a
-        consumer of another account (the per-tenant account recipe, whose tenants may pull
-        from their consumer but have no JetStream API) is checked by a first pull instead of
-        its info; the consumer's ack wait is then taken to be ``settings.ack_wait_s``.
+        :class:`~timer_core.errors.NotRunning` when the connection is not started. With
+        provisioning off, a consumer of another account (the per-tenant account recipe, whose
+        tenants may pull from their consumer but have no JetStream API) is checked by a first
+        pull instead of its info; the consumer's ack wait is then taken to be
+        ``settings.ack_wait_s``.
         """
         if self._puller is not None:
             return
@@ -374,7 +377,7 @@ class DueEventConsumer(AsyncResource):
         while not self._stop.is_set():
             puller = self._puller
             if puller is None:
-                raise RuntimeError("DueEventConsumer is not started: use `async with`")
+                raise NotRunning("DueEventConsumer is not started: use `async with`")
             if not self._ready:
                 try:
                     fetched = await puller.fetch(

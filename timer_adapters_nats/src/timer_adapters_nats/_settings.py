@@ -10,7 +10,7 @@ from typing import Any
 
 import attrs
 
-from timer_core import ServiceCallId, TenantId, ValidationError
+from timer_core import ConfigurationError, ServiceCallId, TenantId, ValidationError
 from timer_core.redaction import REDACTED, redact_url
 
 __all__ = ["NatsSettings", "Subjects"]
@@ -18,24 +18,27 @@ __all__ = ["NatsSettings", "Subjects"]
 # A subject prefix is one or more dot-separated tokens without wildcards or whitespace.
 _PREFIX = re.compile(r"[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*")
 _STREAM = re.compile(r"[A-Za-z0-9_-]{1,64}")
+# What nats-py connects to; anything else fails only later ("Name or service not known").
+_SCHEMES = ("nats", "tls", "ws", "wss")
+_SCHEME = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*)://[^/?#]")
 
 
 def positive(instance: Any, attribute: attrs.Attribute[Any], value: float) -> None:
     """attrs validator: the value is above zero."""
     if not value > 0:
-        raise ValueError(f"{attribute.name} must be positive, got {value!r}")
+        raise ValidationError(f"{attribute.name} must be positive, got {value!r}")
 
 
 def at_least_one(instance: Any, attribute: attrs.Attribute[Any], value: int) -> None:
     """attrs validator: the value is 1 or more."""
     if value < 1:
-        raise ValueError(f"{attribute.name} must be at least 1, got {value!r}")
+        raise ValidationError(f"{attribute.name} must be at least 1, got {value!r}")
 
 
 def check_name(what: str, value: str) -> str:
     """``value`` if it is a valid stream or consumer name (1-64 of [A-Za-z0-9_-])."""
-    if _STREAM.fullmatch(value) is None:
-        raise ValueError(f"{what} must be 1-64 characters of [A-Za-z0-9_-], got {value!r}")
+    if not isinstance(value, str) or _STREAM.fullmatch(value) is None:
+        raise ValidationError(f"{what} must be 1-64 characters of [A-Za-z0-9_-], got {value!r}")
     return value
 
 
@@ -47,7 +50,7 @@ def doubling_delay(first: float, cap: float, delivery: int) -> float:
 
 def _prefix(instance: Any, attribute: attrs.Attribute[Any], value: str) -> None:
     if _PREFIX.fullmatch(value) is None:
-        raise ValueError(
+        raise ValidationError(
             f"{attribute.name} must be dot-separated tokens of [A-Za-z0-9_-], got {value!r}"
         )
 
@@ -67,7 +70,7 @@ def _tenant_names(instance: Any, attribute: attrs.Attribute[Any], value: tuple[s
 
 def _max_deliver(instance: Any, attribute: attrs.Attribute[Any], value: int) -> None:
     if value != -1 and value < 2:
-        raise ValueError(f"max_deliver must be -1 (unlimited) or at least 2, got {value!r}")
+        raise ValidationError(f"max_deliver must be -1 (unlimited) or at least 2, got {value!r}")
 
 
 def _optional_path(value: str | os.PathLike[str] | None) -> Path | None:
@@ -84,6 +87,15 @@ def server_urls(url: str) -> list[str]:
         raise ValidationError(
             f"the NATS url must name at least one server, like nats://127.0.0.1:4222; got {url!r}"
         )
+    for server in servers:
+        match = _SCHEME.match(server)
+        if match is None or match["scheme"].lower() not in _SCHEMES:
+            shown = redact_url(server)
+            hint = "" if match is not None else f" (nats://{shown}?)"
+            raise ConfigurationError(
+                f"each NATS server URL must start with nats://, tls://, ws:// or wss:// and "
+                f"name a host, like nats://127.0.0.1:4222; got {shown!r}{hint}"
+            )
     return servers
 
 
@@ -115,8 +127,10 @@ class NatsSettings:
     """
     subject_prefix: str = attrs.field(default="timer", validator=_prefix)
     """First subject token(s): ``<prefix>.commands.<tenantId>`` and so on."""
-    consumer_name: str = attrs.field(default="timer-service", validator=_name)
-    """The durable pull consumer on the commands stream."""
+    consumer_name: str = attrs.field(default="timer", validator=_name)
+    """The durable pull consumer on the commands stream. Instances that share the work share
+    one name (``timer-service`` passes its ``TIMER_CONSUMER_NAME``, ``timer-service`` by
+    default)."""
     provision: bool = True
     """Create missing streams and the consumer at start (and update the consumer's config)."""
     stream_replicas: int = attrs.field(default=1, validator=at_least_one)
@@ -166,8 +180,8 @@ class NatsSettings:
     """Pause between reconnect attempts once connected (reconnects never stop)."""
     ping_interval_s: float = attrs.field(default=10.0, validator=positive)
     """Client pings; a server silent for three of them counts as gone."""
-    client_name: str = "timer-service"
-    """Connection name shown in the server's monitoring."""
+    client_name: str = "timer"
+    """Connection name shown in the server's monitoring (``timer-service`` names its own)."""
 
     tls_ca_file: Path | None = attrs.field(default=None, converter=_optional_path)
     """PEM file of the CA(s) that signed the server's certificate, instead of the system's.
@@ -193,18 +207,18 @@ class NatsSettings:
 
     def __attrs_post_init__(self) -> None:
         if (self.tls_cert_file is None) != (self.tls_key_file is None):
-            raise ValueError("tls_cert_file and tls_key_file must be given together")
+            raise ConfigurationError("tls_cert_file and tls_key_file must be given together")
         given = [
             name
             for name in ("creds_file", "nkey_seed_file", "token")
             if getattr(self, name) is not None
         ]
         if len(given) > 1:
-            raise ValueError(
+            raise ConfigurationError(
                 f"give at most one of creds_file, nkey_seed_file and token, got {given}"
             )
         if self.token == "":
-            raise ValueError("token must not be empty (None for no token)")
+            raise ConfigurationError("token must not be empty (None for no token)")
 
     def security_options(self) -> dict[str, Any]:
         """The TLS, authentication and inbox arguments that these settings give to

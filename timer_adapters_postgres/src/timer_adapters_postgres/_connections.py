@@ -8,6 +8,7 @@ import os
 import secrets
 import socket
 from collections.abc import Sequence
+from typing import Any
 
 import attrs
 import sqlalchemy as sa
@@ -41,6 +42,23 @@ def scheduled_as_batch() -> None:
         os.sched_setscheduler(0, policy, os.sched_param(0))
     except OSError:  # a sandbox refusing it: the default policy works, only slower
         log.debug("could not run the PostgreSQL store's threads as SCHED_BATCH", exc_info=True)
+
+
+# Raises synchronous_commit from off to on for the session; any other level (local,
+# remote_write, on, remote_apply) already waits for the local WAL flush and is kept.
+_SYNCHRONOUS_COMMIT = (
+    "SELECT set_config('synchronous_commit', 'on', false) "
+    "WHERE current_setting('synchronous_commit') = 'off'"
+)
+
+
+def _commit_synchronously(dbapi_connection: Any, _record: object) -> None:
+    autocommit = dbapi_connection.autocommit
+    dbapi_connection.autocommit = True  # a SELECT must not leave a transaction open
+    try:
+        dbapi_connection.execute(_SYNCHRONOUS_COMMIT)
+    finally:
+        dbapi_connection.autocommit = autocommit
 
 
 def default_owner_id() -> str:
@@ -94,7 +112,7 @@ class Connections:
 
     def engine(self) -> sa.Engine:
         """The pooled engine the store's threads use (most recently used connection first)."""
-        return sa.create_engine(
+        engine = sa.create_engine(
             self.url,
             pool_size=self.pool_size,
             max_overflow=0,
@@ -106,6 +124,11 @@ class Connections:
                 "application_name": "timer",
             },
         )
+        # The pool's connections store the commands the service then acknowledges: their
+        # commits wait for the WAL flush whatever the server's default (the marks' and
+        # claims' lanes keep it: a lost mark or claim only means a duplicate publish).
+        sa.event.listen(engine, "connect", _commit_synchronously)
+        return engine
 
     def prepare_schema(self, engine: sa.Engine, *, migrating: bool) -> None:
         """Migrate the schema (``migrating``), or refuse a database whose schema is not

@@ -396,3 +396,8 @@ def count_scheduled(tenant_id: str | None = None) -> sa.Select[Any]:
     """How many timers (of one tenant, or of all) are Scheduled."""
     statement = sa.select(sa.func.count()).select_from(t).where(_IS_SCHEDULED)
     return statement if tenant_id is None else statement.where(t.c.tenant_id == tenant_id)
+
+
+# The database clock's reading (see ._clock): the instant the statement runs, not the
+# transaction's start.
+READ_CLOCK = "SELECT clock_timestamp() AS now"

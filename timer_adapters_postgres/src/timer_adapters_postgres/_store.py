@@ -21,6 +21,8 @@ from typing import Any, TypeVar
 import sqlalchemy as sa
 import sqlalchemy.exc
 
+from timer_adapters_postgres._census import PostgresCensus
+from timer_adapters_postgres._clock import DatabaseClock
 from timer_adapters_postgres._connections import (
     Connections,
     default_owner_id,
@@ -47,6 +49,7 @@ from timer_adapters_postgres._sql import (
     NEXT_DUE,
     PURGE,
     PURGE_TOMBSTONES,
+    READ_CLOCK,
     RELEASE,
     count_scheduled,
     select_by_correlation,
@@ -79,11 +82,11 @@ __all__ = ["PostgresTimerStore"]
 log = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
-# Keeps the claim bookkeeping bounded when claims are taken over and never marked here.
-_MAX_TRACKED_CLAIMS = 100_000
 
 
-class PostgresTimerStore(TimerStore, FindsDueByTenant, LeasesClaims, ReportsRemoteSchedules):
+class PostgresTimerStore(
+    TimerStore, FindsDueByTenant, LeasesClaims, ReportsRemoteSchedules, PostgresCensus
+):
     """:class:`~timer_core.ports.TimerStore` on PostgreSQL, for one or several instances.
 
     :meth:`find_due` *claims* what it returns: each timer is leased to this store's
@@ -91,7 +94,9 @@ class PostgresTimerStore(TimerStore, FindsDueByTenant, LeasesClaims, ReportsRemo
     an instance that dies leaves its claims to be taken over when the lease runs out.
     :meth:`mark_reached` is fenced: it only marks a claimed timer while this store's claim is
     the latest one. Lease expiry is judged by the database clock (``now()``), the one clock
-    every instance shares; due times are judged by the ``now`` the core passes in.
+    every instance shares; due times are judged by the ``now`` the core passes in, which
+    :meth:`shared_clock` reads from the same database clock (see
+    :class:`~timer_core.ports.SharedClockStore`).
 
     Scheduling sends ``NOTIFY`` on ``notify_channel`` with the due time; every started store
     (``listen=True``) ``LISTEN``\\ s and calls ``on_remote_schedule(due_at)`` for timers
@@ -113,6 +118,7 @@ class PostgresTimerStore(TimerStore, FindsDueByTenant, LeasesClaims, ReportsRemo
         connect_timeout_s: float = 5.0,
         statement_timeout_s: float | None = 30.0,
         migrate: bool = True,
+        clock_skew_warning_s: float | None = 1.0,
     ) -> None:
         """Configure the store; nothing connects before :meth:`start`.
 
@@ -122,7 +128,9 @@ class PostgresTimerStore(TimerStore, FindsDueByTenant, LeasesClaims, ReportsRemo
         registered are announced (None: all); later ones are found by the poll anyway.
         ``migrate=False`` refuses a database whose schema is not already current.
         ``pool_size`` connections read and write; claims and marks take two more of their own
-        (used from the event loop), and ``listen=True`` one for ``LISTEN``.
+        (used from the event loop), the database clock one more, and ``listen=True`` one for
+        ``LISTEN``. ``clock_skew_warning_s``: a WARNING is logged while this host's wall clock
+        is further than this off the database's (None: never; see :meth:`shared_clock`).
         """
         if lease_s <= 0:
             raise ValueError("lease_s must be positive")
@@ -155,6 +163,12 @@ class PostgresTimerStore(TimerStore, FindsDueByTenant, LeasesClaims, ReportsRemo
         self._listener: ScheduleListener | None = None
         self._announcing: asyncio.Task[None] | None = None
         self._lifecycle = asyncio.Lock()
+        self._clock_lane: StatementLane | None = None
+        self._clock = DatabaseClock(
+            self._read_clock,
+            skew_warning_s=clock_skew_warning_s,
+            where=f"PostgreSQL {self._url.host or 'local'}:{self._url.port or 5432}",
+        )
 
     @property
     def owner_id(self) -> str:
@@ -165,6 +179,19 @@ class PostgresTimerStore(TimerStore, FindsDueByTenant, LeasesClaims, ReportsRemo
     def claim_lease_s(self) -> float:
         """How long a timer returned by :meth:`find_due` stays claimed by this store."""
         return self._lease_s
+
+    def shared_clock(self) -> DatabaseClock:
+        """The database's clock (``clock_timestamp()``), read at :meth:`start` and every 2 s
+        after on a connection of its own: ``now`` is never ahead of the database, whatever
+        this host's wall clock says, and its ``skew_s`` is how far this host's is off."""
+        return self._clock
+
+    async def _read_clock(self) -> datetime:
+        lane = self._clock_lane
+        if lane is None:
+            raise StoreUnavailable("the PostgreSQL timer store is not started (or closed)")
+        (row,) = await lane.fetch("read the database clock", READ_CLOCK, {})
+        return require_utc(row.now, "the database clock")
 
     @property
     def listener(self) -> ScheduleListener | None:
@@ -208,9 +235,14 @@ class PostgresTimerStore(TimerStore, FindsDueByTenant, LeasesClaims, ReportsRemo
                         connect_timeout_s=self._connections.connect_timeout_s,
                     )
                     await listener.start()
+                self._clock_lane = self._connections.lane()
+                await self._clock.start()
             except BaseException:
                 executor.shutdown(wait=False)
                 engine.dispose()
+                if listener is not None:
+                    await listener.aclose()
+                await self._close_clock()
                 raise
             self._engine = engine
             self._autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
@@ -233,6 +265,7 @@ class PostgresTimerStore(TimerStore, FindsDueByTenant, LeasesClaims, ReportsRemo
                 announcing.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await announcing
+            await self._close_clock()
             listener, self._listener = self._listener, None
             engine, self._engine, self._autocommit = self._engine, None, None
             lanes = [lane for lane in (self._claiming, self._marking) if lane is not None]
@@ -248,6 +281,12 @@ class PostgresTimerStore(TimerStore, FindsDueByTenant, LeasesClaims, ReportsRemo
                 engine.dispose()
             self._tenant_claims.forget()
             self._peers.forget()
+
+    async def _close_clock(self) -> None:
+        await self._clock.aclose()
+        lane, self._clock_lane = self._clock_lane, None
+        if lane is not None:
+            await lane.aclose()
 
     def watch_remote_schedules(self, callback: RemoteScheduleCallback | None) -> bool:
         """Have ``callback(due_at)`` called for timers other stores schedule (``LISTEN``).

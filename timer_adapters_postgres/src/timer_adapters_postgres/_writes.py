@@ -10,11 +10,17 @@ from datetime import datetime
 from typing import Any
 
 import attrs
+import psycopg
 import sqlalchemy as sa
 import sqlalchemy.exc
 import sqlalchemy.orm
 
 from timer_adapters_postgres._errors import translate_error
+from timer_adapters_postgres._host_connection import (
+    HostConnection,
+    PsycopgWriter,
+    psycopg_connection,
+)
 from timer_adapters_postgres._listener import notify_payload
 from timer_adapters_postgres._rows import (
     STATES,
@@ -38,6 +44,7 @@ from timer_adapters_postgres._sql import (
 from timer_core import (
     CancelTimer,
     CommandOutcome,
+    ConfigurationError,
     PositionedOperation,
     ScheduleTimer,
     StoreUnavailable,
@@ -158,7 +165,7 @@ def apply_operations(
 
 
 def schedule_in_transaction(
-    connection: sa.Connection | sqlalchemy.orm.Session,
+    connection: HostConnection,
     command: ScheduleTimer,
     *,
     now: datetime,
@@ -172,10 +179,13 @@ def schedule_in_transaction(
     PostgreSQL delivers it on commit only: every listening :class:`PostgresTimerStore` then
     reports it (``watch_remote_schedules``) and its worker wakes. ``now`` is the caller's
     clock reading (the timer's ``registered_at``); adapters never read the clock.
-    ``connection`` is a SQLAlchemy :class:`~sqlalchemy.Connection` or ORM
-    :class:`~sqlalchemy.orm.Session` on the stores' database (a transaction is begun if none
-    is; on SQLAlchemy's asyncio API, call this through ``run_sync``); the timer schema must
-    be there (start a store once, or call :func:`migrate`).
+    ``connection`` is on the stores' database: a SQLAlchemy :class:`~sqlalchemy.Connection`
+    or ORM :class:`~sqlalchemy.orm.Session` (a transaction is begun if none is; on
+    SQLAlchemy's asyncio API, call this through ``run_sync``), a plain psycopg
+    ``Connection`` not in autocommit mode (the write opens its transaction; the caller
+    commits), or a wrapper of one such as Django's ``django.db.connection`` inside
+    ``transaction.atomic()``. The timer schema must be there (start a store once, or call
+    :func:`migrate`). The correlation id is ``correlation_id`` or the command's own.
 
     Returns ``SCHEDULED``, or ``IGNORED_REACHED`` when the timer already fired (it is never
     re-armed). The timer's row stays locked until the transaction ends. Raises
@@ -188,7 +198,7 @@ def schedule_in_transaction(
 
 
 def cancel_in_transaction(
-    connection: sa.Connection | sqlalchemy.orm.Session,
+    connection: HostConnection,
     command: CancelTimer,
     *,
     notify_channel: str = "timer_schedules",
@@ -202,29 +212,34 @@ def cancel_in_transaction(
 
 
 def _write_in_transaction(
-    connection: sa.Connection | sqlalchemy.orm.Session, ops: list[TimerOperation], channel: str
+    connection: HostConnection, ops: list[TimerOperation], channel: str
 ) -> list[CommandOutcome]:
     if isinstance(connection, sqlalchemy.orm.Session):
         connection = connection.connection()
-    if connection.dialect.name != "postgresql":
-        raise ValueError(
-            f"timer_adapters_postgres needs a PostgreSQL connection, got {connection.dialect.name}"
-        )
-    if not connection.in_transaction():
-        connection.begin()
+    if isinstance(connection, sa.Connection):
+        if connection.dialect.name != "postgresql":
+            raise ConfigurationError(
+                "timer_adapters_postgres needs a PostgreSQL connection, "
+                f"got {connection.dialect.name}"
+            )
+        if not connection.in_transaction():
+            connection.begin()
+        writer: Any = connection
+    else:
+        # Statements go through the caller's psycopg connection as they would through
+        # SQLAlchemy's: the same functions write, over an adapter with its few calls.
+        writer = PsycopgWriter(psycopg_connection(connection))
     for attempt in range(1, ATTEMPTS + 1):
         try:
-            applied = insert_new(connection, ops, channel, _HOST_TRANSACTION, _earliest_due)
+            applied = insert_new(writer, ops, channel, _HOST_TRANSACTION, _earliest_due)
             if applied is None:
-                applied = apply_operations(
-                    connection, ops, channel, _HOST_TRANSACTION, _earliest_due
-                )
+                applied = apply_operations(writer, ops, channel, _HOST_TRANSACTION, _earliest_due)
             return applied[0]
         except RacingInsert:
             # The racing transaction has committed (the insert waited for it): its row is
             # visible to the next statement at READ COMMITTED, so looking again is enough.
             log.debug("scheduling in a host transaction raced; attempt %d", attempt)
-        except sqlalchemy.exc.SQLAlchemyError as exc:
+        except (sqlalchemy.exc.SQLAlchemyError, psycopg.Error) as exc:
             raise translate_error(exc, "schedule a timer in the caller's transaction") from exc
     raise StoreUnavailable(
         f"PostgreSQL: another transaction kept inserting the same timer ({ATTEMPTS} attempts)"

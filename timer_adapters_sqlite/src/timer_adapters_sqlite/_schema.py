@@ -262,7 +262,7 @@ _PRAGMA_VALUE = re.compile(r"-?[0-9]+|[A-Za-z_]+")
 def create_sqlite_engine(
     path: str | os.PathLike[str],
     *,
-    synchronous: Synchronous = "NORMAL",
+    synchronous: Synchronous = "FULL",
     busy_timeout_ms: int = 5000,
     pragmas: Mapping[str, int | str] | None = None,
 ) -> sa.Engine:

@@ -20,7 +20,9 @@ from typing import Any, TypeVar
 
 import sqlalchemy as sa
 
+from timer_adapters_sqlite._census import SqliteCensus
 from timer_adapters_sqlite._errors import translate_error
+from timer_adapters_sqlite._paths import database_path, require_directory
 from timer_adapters_sqlite._rows import entry_from_row, read_timestamp, write_timestamp
 from timer_adapters_sqlite._schema import StoreMode, Synchronous, check_schema, create_sqlite_engine
 from timer_adapters_sqlite._sql import (
@@ -45,6 +47,7 @@ from timer_adapters_sqlite._threads import ApplyJob, CallJob, OpenJob, Reader, W
 from timer_adapters_sqlite._writes import batch_of
 from timer_core import (
     CommandOutcome,
+    ConfigurationError,
     CorrelationId,
     DueCursor,
     FindsDueByTenant,
@@ -68,15 +71,20 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-class SqliteTimerStore(TimerStore, FindsDueByTenant, ReportsRemoteSchedules):
+class SqliteTimerStore(TimerStore, FindsDueByTenant, ReportsRemoteSchedules, SqliteCensus):
     """A :class:`~timer_core.ports.TimerStore` on a SQLite file, through SQLAlchemy.
 
     ``mode="standalone"`` (default): the timer owns the file. ``mode="shared"``: the file is
     the host's and already holds ``service_calls(tenant_id, service_call_id)``; the timer
     table then references it with ``ON DELETE CASCADE``, so deleting a service call deletes
-    its timer. ``synchronous="NORMAL"`` (default) with WAL never corrupts the database and
-    keeps every commit across a crash of the process, but a power loss may lose the last
-    commits; ``"FULL"`` syncs every commit to disk at a cost in write throughput.
+    its timer. ``synchronous="FULL"`` (default) syncs every commit that stores commands
+    (:meth:`apply`) to disk before it returns, so an acknowledged timer survives a power
+    loss (a thread of its own syncs the log for all commits made meanwhile, so the writer
+    never waits for the disk); marks of fired timers and purges return unsynced (a lost
+    mark only fires the timer again, with the same envelope id). ``"NORMAL"`` commits everything
+    unsynced: with WAL the database is never corrupted and every commit survives a crash of
+    the process, but a power loss or an OS crash may lose the last commits, acknowledged
+    commands included.
     ``busy_timeout_ms`` is how long a write waits for another process's lock before it
     raises :class:`~timer_core.errors.StoreUnavailable`. ``pragmas`` are extra per-connection
     pragmas (``cache_size``, ``max_page_count``, ...). ``max_group_operations`` bounds how
@@ -101,7 +109,7 @@ class SqliteTimerStore(TimerStore, FindsDueByTenant, ReportsRemoteSchedules):
         path: str | os.PathLike[str],
         *,
         mode: StoreMode = "standalone",
-        synchronous: Synchronous = "NORMAL",
+        synchronous: Synchronous = "FULL",
         busy_timeout_ms: int = 5000,
         pragmas: Mapping[str, int | str] | None = None,
         max_group_operations: int = 10_000,
@@ -110,16 +118,20 @@ class SqliteTimerStore(TimerStore, FindsDueByTenant, ReportsRemoteSchedules):
         migrate: bool = True,
     ) -> None:
         if mode not in ("standalone", "shared"):
-            raise ValueError(f"mode must be 'standalone' or 'shared', got {mode!r}")
+            raise ConfigurationError(f"mode must be 'standalone' or 'shared', got {mode!r}")
         if synchronous not in ("NORMAL", "FULL"):
-            raise ValueError(f"synchronous must be 'NORMAL' or 'FULL', got {synchronous!r}")
+            raise ConfigurationError(f"synchronous must be 'NORMAL' or 'FULL', got {synchronous!r}")
         if busy_timeout_ms < 0:
-            raise ValueError(f"busy_timeout_ms must be >= 0, got {busy_timeout_ms}")
+            raise ConfigurationError(f"busy_timeout_ms must be >= 0, got {busy_timeout_ms}")
         if max_group_operations < 1:
-            raise ValueError(f"max_group_operations must be >= 1, got {max_group_operations}")
+            raise ConfigurationError(
+                f"max_group_operations must be >= 1, got {max_group_operations}"
+            )
         if watch_interval_s is not None and not watch_interval_s > 0:
-            raise ValueError(f"watch_interval_s must be positive or None, got {watch_interval_s}")
-        self.path = os.fspath(path)
+            raise ConfigurationError(
+                f"watch_interval_s must be positive or None, got {watch_interval_s}"
+            )
+        self.path = database_path(path)
         self.mode: StoreMode = mode
         self._synchronous: Synchronous = synchronous
         self._busy_timeout_ms = busy_timeout_ms
@@ -175,6 +187,7 @@ class SqliteTimerStore(TimerStore, FindsDueByTenant, ReportsRemoteSchedules):
         async with self._lifecycle:
             if self._writer is not None:
                 return
+            require_directory(self.path)
             if not self._migrate:
                 # Checked reading only, before any connection could create or convert it.
                 await asyncio.to_thread(check_schema, self.path)
@@ -184,7 +197,7 @@ class SqliteTimerStore(TimerStore, FindsDueByTenant, ReportsRemoteSchedules):
                 busy_timeout_ms=self._busy_timeout_ms,
                 pragmas=self._pragmas,
             )
-            writer = Writer(engine, self.path, self._max_group_operations)
+            writer = Writer(engine, self.path, self._max_group_operations, self._synchronous)
             writer.start()
             reader = Reader(engine, self.path)
             reader.start()
@@ -262,10 +275,12 @@ class SqliteTimerStore(TimerStore, FindsDueByTenant, ReportsRemoteSchedules):
             raise StoreUnavailable(f"the timer store on {self.path} is not started or closed")
         return writer
 
-    async def _write(self, fn: Callable[[sa.Connection], T], *, shares_commit: bool = False) -> T:
+    async def _write(
+        self, fn: Callable[[sa.Connection], T], *, shares_commit: bool = False, synced: bool = True
+    ) -> T:
         writer = self._running_writer()
         future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
-        writer.submit(CallJob(fn, future, shares_commit))
+        writer.submit(CallJob(fn, future, shares_commit, synced))
         return await future
 
     async def _read(self, fn: Callable[[sa.Connection], T]) -> T:
@@ -319,7 +334,9 @@ class SqliteTimerStore(TimerStore, FindsDueByTenant, ReportsRemoteSchedules):
             return driver.executemany(MARK_REACHED, params).rowcount
 
         # Marks queued together (a drain's next batch behind this one) share one commit.
-        return await self._write(mark, shares_commit=True)
+        # Unsynced (NORMAL): lost in a power cut, a mark only makes the timer fire again,
+        # with the same envelope id (docs/design.md, "What a sync buys").
+        return await self._write(mark, shares_commit=True, synced=False)
 
     async def purge_reached(self, reached_before: datetime, limit: int) -> int:
         before = format_timestamp(require_utc(reached_before, "reached_before"))
@@ -334,7 +351,7 @@ class SqliteTimerStore(TimerStore, FindsDueByTenant, ReportsRemoteSchedules):
                 deleted += connection.execute(PURGE_TOMBSTONES, rest).rowcount
             return deleted
 
-        return await self._write(purge)
+        return await self._write(purge, synced=False)  # lost, it is done again
 
     # -- reads -----------------------------------------------------------------------------
 

@@ -26,11 +26,23 @@ __all__ = [
 
 @attrs.frozen(slots=True)
 class ScheduleTimer:
-    """Command: fire ``DueTimeReached`` for this service call when ``due_at`` has come."""
+    """Command: fire ``DueTimeReached`` for this service call when ``due_at`` has come.
+
+    ``correlation_id`` (keyword only) is the request's correlation id when the command is
+    handed straight to ``schedule_in_transaction`` (or to :func:`command_envelope`), as
+    ``Timer.schedule`` and ``TimerClient.schedule`` take it. It is not part of the
+    payload on the wire, where the envelope carries it (``correlationId``); a decoded
+    command's is None, and it takes no part in equality. It is checked when it is used.
+    """
 
     tenant_id: TenantId = attrs.field(converter=TenantId)
     service_call_id: ServiceCallId = attrs.field(converter=ServiceCallId)
     due_at: datetime = attrs.field(converter=_due)
+    # No converter: it would cost every decoded command a call; TimerEntry and
+    # MessageEnvelope validate it where it is used.
+    correlation_id: str | None = attrs.field(
+        default=None, kw_only=True, eq=False, repr=False, metadata={"wire": False}
+    )
     tag: Literal["ScheduleTimer"] = attrs.field(default="ScheduleTimer", init=False)
 
 
@@ -219,14 +231,22 @@ def command_envelope(
     trace_context: TraceContext | None = None,
 ) -> MessageEnvelope[C]:
     """A command as a producer sends it: ``aggregateId`` is the service call, ``timestampMs``
-    is ``now``, and the correlation id, when none is given, the envelope's own id (a new
-    trace)."""
+    is ``now``, and the correlation id, when none is given (here or on a ``ScheduleTimer``),
+    the envelope's own id (a new trace)."""
     return MessageEnvelope(
         id=envelope_id,
         payload=payload,
         timestamp_ms=to_epoch_ms(now),
         aggregate_id=payload.service_call_id,
-        correlation_id=correlation_id if correlation_id is not None else envelope_id,
+        correlation_id=_first_given(correlation_id, payload, envelope_id),
         causation_id=causation_id,
         trace_context=trace_context,
     )
+
+
+def _first_given(correlation_id: str | None, payload: Message, envelope_id: EnvelopeId) -> str:
+    """The envelope's correlation id: the one given, else the command's, else its own id."""
+    if correlation_id is not None:
+        return correlation_id
+    carried = getattr(payload, "correlation_id", None)
+    return envelope_id if carried is None else carried

@@ -18,7 +18,14 @@ from timer_core._entry import TimerEntry, TimerKey
 from timer_core._ids import ServiceCallId, TenantId
 from timer_core._messages import CancelTimer, Command, MessageEnvelope, ScheduleTimer
 from timer_core.commands import cancel_timer, handle_commands, schedule_timer
-from timer_core.errors import ComponentFailed
+from timer_core.errors import (
+    ComponentFailed,
+    ConfigurationError,
+    NotRunning,
+    ValidationError,
+    WaitTimedOut,
+)
+from timer_core.handlers import DueTimeHandler, HandlerSettings, HandlerWorker
 from timer_core.instrumentation import NO_INSTRUMENTATION, Instrumentation
 from timer_core.ports import (
     AsyncResource,
@@ -28,10 +35,11 @@ from timer_core.ports import (
     EnvelopeIdGenerator,
     EventPublisher,
     ReportsRemoteSchedules,
+    SharedClockStore,
     SystemClock,
     TimerStore,
 )
-from timer_core.worker import QuarantinedTimer, TimerWorker
+from timer_core.worker import QuarantinedTimer, TimerWorker, _require_count, _require_seconds
 
 __all__ = ["Timer", "TimerHealth"]
 
@@ -77,6 +85,13 @@ class Timer:
     the publisher and the store are closed.
     Nothing is acknowledged that was not stored, nothing marked fired that was not published.
 
+    Without a broker, ``Timer(store, handler=on_due)`` calls the host's own function with
+    each ``DueTimeReached`` envelope instead of publishing it (a coroutine function on the
+    event loop, a plain one in a thread) and marks the timer ``Reached`` only once it
+    returned: see :class:`~timer_core.HandlerWorker` and
+    :class:`~timer_core.HandlerSettings` (concurrency, timeout, retries, quarantine, shutdown
+    grace), passed as ``handler_settings``.
+
     A host in the same process schedules with :meth:`schedule` and :meth:`cancel`; the
     worker is woken whenever a new timer is due before it would look again (from either
     path, and from other instances when the store reports them, see
@@ -91,7 +106,10 @@ class Timer:
     The constructor does no I/O and validates the worker's settings at once
     (:class:`~timer_core.errors.ValidationError`): ``polling_interval`` is the longest the
     worker sleeps without looking (seconds), ``batch_size`` the most timers fired per store
-    round trip, ``retention`` how long fired timers are kept (None: forever).
+    round trip, ``retention`` how long fired timers are kept (None: forever). ``clock``
+    decides when timers are due and stamps ``reachedAt``: by default the clock of a store
+    shared by several instances (:class:`~timer_core.ports.SharedClockStore`: PostgreSQL's
+    database clock), else this host's (:class:`~timer_core.ports.SystemClock`).
     ``max_pending_per_tenant`` caps each tenant's ``Scheduled`` timers for commands from
     ``commands`` (None: no cap): a ``ScheduleTimer`` over it is refused and dead-lettered by
     the source (see :func:`~timer_core.handle_commands`). A Timer runs once; make a new one
@@ -101,8 +119,10 @@ class Timer:
     def __init__(
         self,
         store: TimerStore,
-        publisher: EventPublisher,
+        publisher: EventPublisher | None = None,
         *,
+        handler: DueTimeHandler | None = None,
+        handler_settings: HandlerSettings | None = None,
         commands: CommandSource | None = None,
         clock: Clock | None = None,
         polling_interval: float = 5.0,
@@ -112,26 +132,70 @@ class Timer:
         ids: EnvelopeIdGenerator | None = None,
         max_pending_per_tenant: int | None = None,
     ) -> None:
+        _require(store, TimerStore, "store", "a TimerStore, e.g. SqliteTimerStore('timers.db')")
+        if (publisher is None) == (handler is None):
+            raise ConfigurationError(
+                "a Timer needs either a publisher (Timer(store, broker.publisher)) or a "
+                "handler (Timer(store, handler=on_due)), not "
+                + ("both" if handler is not None else "neither")
+            )
+        if publisher is not None:
+            _require(
+                publisher,
+                EventPublisher,
+                "publisher",
+                "an EventPublisher, e.g. NatsBroker.publisher (or pass handler=)",
+            )
+        elif not callable(handler):
+            raise ConfigurationError(
+                f"Timer's handler must be a function taking a DueTimeReached envelope; "
+                f"got {_shown(handler)}"
+            )
+        if handler_settings is not None and handler is None:
+            raise ConfigurationError("handler_settings is for Timer(store, handler=...) only")
+        if commands is not None:
+            _require(commands, CommandSource, "commands", "a CommandSource or None")
+        if clock is not None and not isinstance(clock, Clock):
+            raise ConfigurationError(
+                f"Timer's clock must be a Clock (now, monotonic, sleep), got {_shown(clock)}"
+            )
         self._store = store
         self._publisher = publisher
         self._commands = commands
-        self._clock: Clock = clock or SystemClock()
+        self._clock: Clock = clock or _deciding_clock(store)
         self._instrumentation = instrumentation
         if max_pending_per_tenant is not None and max_pending_per_tenant < 1:
-            raise ValueError(
+            raise ValidationError(
                 f"max_pending_per_tenant must be at least 1 (or None), got {max_pending_per_tenant}"
             )
         self._max_pending_per_tenant = max_pending_per_tenant
-        self._worker = TimerWorker(
-            store,
-            publisher,
-            self._clock,
-            polling_interval=polling_interval,
-            batch_size=batch_size,
-            ids=ids,
-            instrumentation=instrumentation,
-            retention=retention,
-        )
+        self._worker: TimerWorker | HandlerWorker
+        if publisher is not None:
+            self._worker = TimerWorker(
+                store,
+                publisher,
+                self._clock,
+                polling_interval=polling_interval,
+                batch_size=batch_size,
+                ids=ids,
+                instrumentation=instrumentation,
+                retention=retention,
+            )
+        else:
+            assert handler is not None
+            _require_seconds("polling_interval", polling_interval)
+            _require_count("batch_size", batch_size)
+            self._worker = HandlerWorker(
+                store,
+                handler,
+                self._clock,
+                settings=handler_settings,
+                polling_interval=polling_interval,
+                batch_size=batch_size,
+                ids=ids,
+                instrumentation=instrumentation,
+                retention=retention,
+            )
         self._state = _State.NEW
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._finished = asyncio.Event()
@@ -146,8 +210,8 @@ class Timer:
         return self._store
 
     @property
-    def publisher(self) -> EventPublisher:
-        """The publisher ``DueTimeReached`` goes out through."""
+    def publisher(self) -> EventPublisher | None:
+        """The publisher ``DueTimeReached`` goes out through; None with a handler."""
         return self._publisher
 
     @property
@@ -169,8 +233,8 @@ class Timer:
 
     @property
     def quarantined(self) -> list[QuarantinedTimer]:
-        """Timers whose publish kept failing while others went out, left out of every pass
-        until retried (see :class:`~timer_core.TimerWorker`)."""
+        """Timers whose publish kept failing while others went out (or whose handler failed
+        ``HandlerSettings.max_attempts`` times), left out of every pass until retried."""
         return self._worker.quarantined
 
     def retry_quarantined(self, keys: Iterable[TimerKey] | None = None) -> int:
@@ -186,7 +250,7 @@ class Timer:
         If one of them fails to start, those started are closed again and the error raised.
         """
         if self._state is not _State.NEW:
-            raise RuntimeError(f"this Timer is {self._state.value}; a Timer runs only once")
+            raise NotRunning(f"this Timer is {self._state.value}; a Timer runs only once")
         self._state = _State.RUNNING
         opened: list[AsyncResource] = []
         try:
@@ -252,11 +316,29 @@ class Timer:
         """Return once the Timer is closed; raise ``ComponentFailed`` as soon as a component
         stops on its own. ``await timer.wait()`` is how a host runs it until then."""
         if self._state is _State.NEW:
-            raise RuntimeError("this Timer is not started: use `async with Timer(...)`")
+            raise NotRunning("this Timer is not started: use `async with Timer(...)`")
         await self._finished.wait()
         if self._failure is not None:
             self._failure_raised = True
             raise self._failure_error()
+
+    async def wait_until_idle(self, *, timeout: float | None = 10.0) -> None:  # noqa: ASYNC109
+        """Return once the worker has fired everything due by the clock's now and sleeps.
+
+        For tests on a ``FakeClock``: ``assert bus.published == []`` means something only
+        after this. Raises :class:`~timer_core.errors.WaitTimedOut` after ``timeout`` real
+        seconds (None: wait forever), :class:`~timer_core.errors.NotRunning` when the Timer
+        is not running.
+        """
+        if self._state is not _State.RUNNING:
+            raise NotRunning(f"this Timer is {self._state.value}: use `async with Timer(...)`")
+        try:
+            await asyncio.wait_for(self._worker.wait_until_idle(), timeout)
+        except TimeoutError:
+            raise WaitTimedOut(
+                f"gave up after {timeout:g} s waiting for the Timer's worker to be idle "
+                f"(health: {self.health()})"
+            ) from None
 
     async def __aenter__(self) -> Self:
         await self.start()
@@ -333,7 +415,9 @@ class Timer:
 
     def _resources(self) -> list[AsyncResource]:
         """What is started in this order, and closed in the reverse one."""
-        resources: list[AsyncResource] = [self._store, self._publisher]
+        resources: list[AsyncResource] = [self._store]
+        if self._publisher is not None:
+            resources.append(self._publisher)
         if self._commands is not None:
             resources.append(self._commands)
         return resources
@@ -379,6 +463,24 @@ class Timer:
         error = ComponentFailed(self._failure_text())
         error.__cause__ = self._failure[1]
         return error
+
+
+def _require(value: object, kind: type, name: str, expected: str) -> None:
+    """Refuse a wrong argument at construction, not at ``async with`` with an AttributeError."""
+    if not isinstance(value, kind):
+        raise ConfigurationError(f"Timer's {name} must be {expected}; got {_shown(value)}")
+
+
+def _shown(value: object) -> str:
+    return f"{type(value).__name__} {value!r}"[:200]
+
+
+def _deciding_clock(store: TimerStore) -> Clock:
+    """The clock that decides when none is given: the one the store's instances share (the
+    database's), else this host's."""
+    if isinstance(store, SharedClockStore):
+        return store.shared_clock()
+    return SystemClock()
 
 
 async def _close_all(resources: Sequence[AsyncResource], errors: list[BaseException]) -> None:

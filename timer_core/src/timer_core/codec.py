@@ -62,7 +62,11 @@ _WIRE_NAMES = {
 }
 _OPTIONAL_ENVELOPE_KEYS = ("aggregateId", "correlationId", "causationId")
 _PAYLOAD_FIELDS = {
-    tag: [_WIRE_NAMES.get(field.name, field.name) for field in attrs.fields(cls) if field.init]
+    tag: [
+        _WIRE_NAMES.get(field.name, field.name)
+        for field in attrs.fields(cls)
+        if field.init and field.metadata.get("wire", True)
+    ]
     for tag, cls in _PAYLOAD_TYPES.items()
 }
 
@@ -139,13 +143,25 @@ def _build_converter() -> cattrs.Converter:
             for field in attrs.fields(cls)
             if field.name in _WIRE_NAMES
         }
-        structure = make_dict_structure_fn(cls, conv, **renames)  # type: ignore[arg-type]
+        # Fields off the wire (ScheduleTimer.correlation_id) are neither read nor written.
+        off_wire = {
+            field.name: override(omit=True)
+            for field in attrs.fields(cls)
+            if not field.metadata.get("wire", True)
+        }
+        structure = make_dict_structure_fn(
+            cls,
+            conv,
+            **renames,  # type: ignore[arg-type]
+            **off_wire,  # type: ignore[arg-type]
+        )
         conv.register_structure_hook(cls, structure)
         unstructure = make_dict_unstructure_fn(
             cls,
             conv,
             tag=override(omit=True),
             **renames,  # type: ignore[arg-type]
+            **off_wire,  # type: ignore[arg-type]
         )
         conv.register_unstructure_hook(cls, _with_tag(tag, unstructure))
     return conv

@@ -11,6 +11,7 @@ from timer_core._ids import CorrelationId, TenantId
 from timer_core._messages import CancelTimer, Command, MessageEnvelope, ScheduleTimer
 from timer_core._time import floor_ms, is_utc_ms
 from timer_core._trace import TraceContext
+from timer_core.errors import ValidationError
 from timer_core.instrumentation import NO_INSTRUMENTATION, Instrumentation
 from timer_core.ports import (
     Clock,
@@ -177,13 +178,21 @@ def scheduled_entry(
     correlation_id: str | None = None,
     trace_context: TraceContext | None = None,
 ) -> TimerEntry:
-    """The ``Scheduled`` timer a ``ScheduleTimer`` received at ``now`` stores."""
+    """The ``Scheduled`` timer a ``ScheduleTimer`` received at ``now`` stores; its
+    correlation id is ``correlation_id`` or else the command's own (both, differing, is a
+    :class:`~timer_core.errors.ValidationError`)."""
+    carried = command.correlation_id
+    if carried is not None and correlation_id is not None and carried != correlation_id:
+        raise ValidationError(
+            f"two correlation ids for {command.tenant_id}/{command.service_call_id}: "
+            f"{carried!r} on the ScheduleTimer and {correlation_id!r} beside it; give one"
+        )
     return TimerEntry(
         tenant_id=command.tenant_id,
         service_call_id=command.service_call_id,
         due_at=command.due_at,
         registered_at=floor_ms(now),
-        correlation_id=correlation_id,
+        correlation_id=correlation_id if correlation_id is not None else carried,
         trace_context=trace_context,
     )
 

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 __all__ = [
     "ComponentFailed",
+    "ConfigurationError",
     "DecodeError",
+    "HandlerFailed",
     "IllegalTransition",
     "InvalidIdentifier",
     "InvalidTimestamp",
+    "NotRunning",
     "PublishError",
     "SchemaNotFound",
     "SchemaVersionError",
@@ -15,6 +18,7 @@ __all__ = [
     "StoreUnavailable",
     "TimerError",
     "ValidationError",
+    "WaitTimedOut",
 ]
 
 
@@ -32,6 +36,12 @@ class InvalidIdentifier(ValidationError):
 
 class InvalidTimestamp(ValidationError):
     """A timestamp is malformed, out of range, or has no time zone."""
+
+
+class ConfigurationError(ValidationError):
+    """A setting or constructor argument that cannot work: a URL where a file path is wanted,
+    a directory that does not exist, an object of the wrong type. Raised at once, by the
+    constructor, before any I/O; the message names the argument and what was expected."""
 
 
 class DecodeError(ValidationError):
@@ -71,7 +81,24 @@ class PublishError(TimerError):
     """An event was not acknowledged by the broker; the timer stays ``Scheduled``."""
 
 
+class HandlerFailed(PublishError):
+    """The host's handler (``Timer(store, handler=...)``) raised or timed out on a timer's
+    ``DueTimeReached``: the in-process counterpart of an event the broker did not take. The
+    timer stays ``Scheduled`` and is retried; the handler's own exception is the cause."""
+
+
 class ComponentFailed(TimerError):
     """A component of a running :class:`~timer_core.Timer` (its worker or its command loop)
     stopped on its own; the cause is chained. Raised by ``Timer.wait()`` and on leaving
     ``async with Timer(...)``."""
+
+
+class NotRunning(TimerError, RuntimeError):
+    """A component was used before it was started (``await start()`` or ``async with``), or
+    after it was closed; the message names the component and how to start it."""
+
+
+class WaitTimedOut(TimerError, TimeoutError):
+    """A test kit's wait (:mod:`timer_adapters_memory`) did not see what it waited for within
+    its timeout; the message says what it waited for, what it saw, and the usual cause (a
+    ``FakeClock`` nobody advanced)."""

@@ -17,6 +17,7 @@ from typing import NamedTuple, Protocol, Self, runtime_checkable
 
 import attrs
 
+from timer_core._census import PendingTenant, TimerCensus, TimerLookup, TimerRecord
 from timer_core._entry import TimerEntry, TimerKey
 from timer_core._ids import CorrelationId, EnvelopeId, ServiceCallId, TenantId
 from timer_core._messages import Command, DueTimeReached, MessageEnvelope
@@ -29,16 +30,22 @@ __all__ = [
     "CommandBatchHandler",
     "CommandOutcome",
     "CommandSource",
+    "DatabaseWrapper",
     "DueCursor",
     "EnvelopeIdGenerator",
     "EventPublisher",
     "FindsDueByTenant",
     "LeasesClaims",
+    "PendingTenant",
     "RemoteScheduleCallback",
     "ReportsRemoteSchedules",
     "PositionedOperation",
+    "SharedClockStore",
     "SystemClock",
+    "TimerCensus",
+    "TimerLookup",
     "TimerOperation",
+    "TimerRecord",
     "TimerScheduler",
     "TimerStore",
     "Uuid7EnvelopeIds",
@@ -481,6 +488,25 @@ class TimerScheduler(Protocol):
         ...
 
 
+class DatabaseWrapper(Protocol):
+    """A wrapper around a host's DB-API connection, such as Django's ``django.db.connection``:
+    what ``schedule_in_transaction`` reads of it to write through the connection it wraps."""
+
+    @property
+    def vendor(self) -> str:
+        """The database it is on (``sqlite``, ``postgresql``)."""
+        ...
+
+    @property
+    def connection(self) -> object:
+        """The DB-API connection it wraps (None before it connected)."""
+        ...
+
+    def ensure_connection(self) -> None:
+        """Connect if not connected yet."""
+        ...
+
+
 @runtime_checkable
 class Clock(Protocol):
     """Where Timer reads the time: the wall clock to compare due times, a monotonic one to wait.
@@ -507,6 +533,21 @@ class SystemClock:
 
     async def sleep(self, seconds: float) -> None:
         await asyncio.sleep(max(0.0, seconds))
+
+
+@runtime_checkable
+class SharedClockStore(Protocol):
+    """A store whose storage keeps the clock every instance sharing it decides by.
+
+    With instances sharing one database, each judging ``due_at <= now`` by its own wall
+    clock, the one whose clock runs ahead fires everything early; the database's clock is
+    the one they all share. :class:`~timer_core.Timer` made without a ``clock`` uses
+    :meth:`shared_clock` for due times and ``reachedAt`` (PostgreSQL's store offers one).
+    """
+
+    def shared_clock(self) -> Clock:
+        """The storage's clock (ready once the store is started): ``now`` never ahead of it."""
+        ...
 
 
 class EnvelopeIdGenerator(Protocol):

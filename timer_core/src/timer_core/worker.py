@@ -162,6 +162,9 @@ class TimerWorker:
         )
         self._wake = asyncio.Event()
         self._stop = asyncio.Event()
+        # Set while the worker sleeps in its idle wait: nothing due that it knows of.
+        self._asleep = asyncio.Event()
+        self._sleep_until = 0.0  # monotonic end of the idle sleep
         self._wake_at: datetime | None = None
         self._running = False
         self.last_pass_at: float | None = None
@@ -209,6 +212,20 @@ class TimerWorker:
         """Tell the worker a timer is due at ``due_at``; it wakes now if that is earlier."""
         if self._wake_at is None or due_at < self._wake_at:
             self._wake.set()
+
+    async def wait_until_idle(self) -> None:
+        """Return once the worker sleeps with nothing due that it knows of and no wake-up
+        pending: every timer due by the clock's now was fired (or is backing off). A test
+        waits for this before asserting that nothing fired."""
+        while (
+            not self._asleep.is_set()
+            or self._wake.is_set()
+            or self._clock.monotonic() >= self._sleep_until  # its sleep is over: a pass is due
+        ):
+            if self._asleep.is_set():
+                await asyncio.sleep(0)  # woken: let it run its pass first
+            else:
+                await self._asleep.wait()
 
     def stop(self) -> None:
         """Ask :meth:`run` to return after the pass in flight."""
@@ -472,7 +489,12 @@ class TimerWorker:
         if retry_in is not None:
             delay = min(delay, retry_in)
         self._wake_at = now + timedelta(seconds=delay)
-        await self._sleep(delay, wakeable=True)
+        self._sleep_until = self._clock.monotonic() + delay
+        self._asleep.set()
+        try:
+            await self._sleep(delay, wakeable=True)
+        finally:
+            self._asleep.clear()
 
     def _backoff(self, failures: int) -> float:
         # Never past the polling interval: it is the longest the worker may go without

@@ -63,11 +63,13 @@ async def serve(
         gc.collect()
         gc.freeze()
         log.info(
-            "timer-service running: database %s, broker %s, polling every %d ms, batch %d",
+            "timer-service running: database %s, broker %s, polling every %d ms, batch %d; "
+            "the clock that decides when timers are due: %s",
             redact_url(settings.database_url or str(settings.db_path)),
             redact_url(broker_url),
             settings.polling_interval_ms,
             settings.batch_size,
+            service.describe_clock(),
         )
         if on_ready is not None:
             on_ready(service)

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from datetime import timedelta
 
 from timer_adapters_nats import NatsBroker, NatsSettings
-from timer_core import Instrumentation, SystemClock, Timer, TimerStore
+from timer_core import Instrumentation, Timer, TimerStore
 from timer_service.metrics import PrometheusInstrumentation
 from timer_service.service import TimerService
 from timer_service.settings import Settings
@@ -36,7 +36,8 @@ def bootstrap(
         build_store(settings),
         broker.publisher,
         commands=broker.command_source(),
-        clock=SystemClock(),
+        # No clock given: the store's shared one decides (the database's on PostgreSQL),
+        # else this host's (SQLite, one instance).
         polling_interval=settings.polling_interval_s,
         batch_size=settings.batch_size,
         retention=timedelta(seconds=settings.retention_s),
@@ -52,6 +53,7 @@ def nats_settings(settings: Settings, broker_url: str) -> NatsSettings:
         url=broker_url,
         subject_prefix=settings.subject_prefix,
         consumer_name=settings.consumer_name,
+        client_name="timer-service",
         provision=settings.provision,
         stream_replicas=settings.stream_replicas,
         ack_wait_s=settings.ack_wait_s,
@@ -80,6 +82,7 @@ def build_store(settings: Settings, *, read_only: bool = False) -> TimerStore:
             lease_s=settings.lease_s,
             listen=not read_only,
             migrate=not read_only,
+            clock_skew_warning_s=settings.clock_skew_warning_s,
         )
     from timer_adapters_sqlite import SqliteTimerStore
 

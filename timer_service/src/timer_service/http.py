@@ -17,7 +17,7 @@ from timer_core import QuarantinedTimer, ServiceCallId, TenantId, TimerKey, Vali
 from timer_core.instants import format_timestamp
 from timer_service.access import HttpAccess, HttpRequest
 
-__all__ = ["HealthEndpoint", "Quarantine"]
+__all__ = ["MAX_BODY", "HealthEndpoint", "Quarantine", "Response", "WebApp"]
 
 log = logging.getLogger(__name__)
 
@@ -29,8 +29,14 @@ _REASONS = {
     404: "Not Found",
     405: "Method Not Allowed",
     415: "Unsupported Media Type",
+    413: "Content Too Large",
+    303: "See Other",
+    304: "Not Modified",
+    500: "Internal Server Error",
     503: "Service Unavailable",
 }
+#: The largest request body read (the console's forms are a few hundred bytes).
+MAX_BODY = 64 * 1024
 _TEXT = "text/plain; charset=utf-8"
 
 
@@ -41,6 +47,19 @@ class Quarantine(Protocol):
     def quarantined(self) -> list[QuarantinedTimer]: ...
 
     def retry_quarantined(self, keys: Iterable[TimerKey] | None = None) -> int: ...
+
+
+#: What a web application mounted on the endpoint answers: status, content type, body, and
+#: extra headers.
+Response = tuple[int, str, bytes, list[tuple[str, str]]]
+
+
+class WebApp(Protocol):
+    """Pages served under a path prefix of the endpoint (the console)."""
+
+    prefix: str
+
+    async def handle(self, request: HttpRequest, body: bytes) -> Response: ...
 
 
 class HealthEndpoint:
@@ -62,6 +81,7 @@ class HealthEndpoint:
         health: Callable[[], tuple[bool, dict[str, object]]],
         quarantine: Quarantine | None = None,
         access: HttpAccess | None = None,
+        app: WebApp | None = None,
     ) -> None:
         self._host = host
         self._port = port
@@ -69,7 +89,10 @@ class HealthEndpoint:
         self._health = health
         self._quarantine_of = quarantine
         self._access = access if access is not None else HttpAccess(None, host)
+        self._app = app
         self._server: asyncio.Server | None = None
+        # Open connections: a browser keeps idle ones, which closing ends (not cancels).
+        self._connections: set[asyncio.StreamWriter] = set()
 
     @property
     def port(self) -> int:
@@ -84,16 +107,33 @@ class HealthEndpoint:
     async def aclose(self) -> None:
         if self._server is not None:
             self._server.close()
+            for writer in list(self._connections):
+                writer.close()
             await self._server.wait_closed()
             self._server = None
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._connections.add(writer)
         try:
             head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=5.0)
             peer = writer.get_extra_info("peername")
             request = HttpRequest.parse(head, f"{peer[0]}:{peer[1]}" if peer else "")
-            status, content_type, body = self._route(request)
-            extra = 'WWW-Authenticate: Bearer realm="timer"\r\n' if status == 401 else ""
+            app = self._app
+            headers: list[tuple[str, str]] = []
+            if app is not None and (
+                request.path == app.prefix or request.path.startswith(app.prefix + "/")
+            ):
+                length = request.header("content-length") or "0"
+                if not length.isdigit() or int(length) > MAX_BODY:
+                    status, content_type, body = 413, _TEXT, b"request body too large\n"
+                else:
+                    data = await asyncio.wait_for(reader.readexactly(int(length)), timeout=5.0)
+                    status, content_type, body, headers = await app.handle(request, data)
+            else:
+                status, content_type, body = self._route(request)
+                if status == 401:
+                    headers = [("WWW-Authenticate", 'Bearer realm="timer"')]
+            extra = "".join(f"{name}: {value}\r\n" for name, value in headers)
             response = (
                 f"HTTP/1.1 {status} {_REASONS[status]}\r\nContent-Type: {content_type}\r\n"
                 f"Content-Length: {len(body)}\r\n{extra}Connection: close\r\n\r\n"
@@ -110,6 +150,7 @@ class HealthEndpoint:
         except Exception:
             log.exception("health endpoint failed to answer")
         finally:
+            self._connections.discard(writer)
             writer.close()
 
     def _route(self, request: HttpRequest) -> tuple[int, str, bytes]:

@@ -18,6 +18,7 @@ from timer_core import (
     PublishError,
     TimerEntry,
 )
+from timer_service.census import BUCKETS, Census
 
 __all__ = [
     "COUNTED_AS",
@@ -154,7 +155,31 @@ class PrometheusInstrumentation(Instrumentation):
         )
         self.pending = Gauge(
             "timer_timers_pending",
-            "Timers stored and still Scheduled (refreshed every few seconds).",
+            "Timers stored and still Scheduled (refreshed every few seconds, less often when "
+            "counting them takes longer than 1% of the time).",
+            registry=self.registry,
+        )
+        self.due = Gauge(
+            "timer_timers_due",
+            "Pending timers by when they are due (the census, refreshed every "
+            "TIMER_CENSUS_INTERVAL): overdue, within 1m, 1h, 1d, or later; each counted up "
+            "to timer_census_cap (a value at the cap means at least that many).",
+            ["due"],
+            registry=self.registry,
+        )
+        self.oldest_overdue = Gauge(
+            "timer_oldest_overdue_seconds",
+            "How long the oldest pending timer has been overdue (0 when none is; the census).",
+            registry=self.registry,
+        )
+        self.census_cap = Gauge(
+            "timer_census_cap",
+            "The count at which each census bucket stops (TIMER_CENSUS_CAP).",
+            registry=self.registry,
+        )
+        self.census_duration = Gauge(
+            "timer_census_duration_seconds",
+            "How long the last census took (its queries, end to end).",
             registry=self.registry,
         )
         self.instances = Gauge(
@@ -171,6 +196,13 @@ class PrometheusInstrumentation(Instrumentation):
             ["what"],
             registry=self.registry,
         )
+        self.clock_skew = Gauge(
+            "timer_clock_skew_seconds",
+            "This host's wall clock minus the clock that decides due times (PostgreSQL's), "
+            "as last measured (every 2 s); positive: the host is ahead. 0 where the host's "
+            "own clock decides (SQLite).",
+            registry=self.registry,
+        )
         self.last_poll = Gauge(
             "timer_last_poll_timestamp_seconds",
             "Unix time of the last completed worker pass.",
@@ -178,6 +210,16 @@ class PrometheusInstrumentation(Instrumentation):
         )
         for outcome in ("stored", "ignored", "stale", "rejected"):
             self.commands.labels(outcome)
+        for bucket, _, _ in BUCKETS:
+            self.due.labels(bucket)
+
+    def census_taken(self, census: Census) -> None:
+        """Set the census gauges from one reading."""
+        for bucket, count in census.counts.items():
+            self.due.labels(bucket).set(count)
+        self.oldest_overdue.set(census.oldest_overdue_s)
+        self.census_cap.set(census.cap)
+        self.census_duration.set(census.duration_s)
 
     def command_handled(self, envelope: MessageEnvelope[Command], outcome: str) -> None:
         self.commands.labels(COUNTED_AS[outcome]).inc()

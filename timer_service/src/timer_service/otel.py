@@ -69,6 +69,7 @@ from timer_core import (
     TraceContext,
 )
 from timer_core.instrumentation import NO_INSTRUMENTATION
+from timer_service.census import Census
 from timer_service.metrics import COUNTED_AS, LATENESS_BUCKETS, POLL_BUCKETS, firing_lateness
 from timer_service.settings import OTEL_LATENESS_SAMPLE
 
@@ -173,6 +174,8 @@ class _Gauges:
     instances: int | None = None
     quarantined: int | None = None
     last_poll: float | None = None
+    census: Census | None = None
+    clock_skew: Callable[[], float | None] | None = None
 
 
 class OtelInstrumentation(Instrumentation):
@@ -186,9 +189,15 @@ class OtelInstrumentation(Instrumentation):
     ``timer.quarantined``, ``timer.worker.errors``, ``timer.polling.duration`` and
     ``timer.firing.lateness`` (histograms, seconds), ``timer.timers.pending``,
     ``timer.instances.sharing``, ``timer.timers.quarantined`` and
+    ``timer.last_poll.timestamp``, ``timer.timers.due`` (attribute ``due``) and
+    ``timer.oldest_overdue``, ``timer.census.cap``, ``timer.census.duration`` (gauges; set
+    the first two with :meth:`set_pending` and :meth:`set_instances`, the census ones with
+    :meth:`set_census`).
+    ``timer.instances.sharing``, ``timer.timers.quarantined``, ``timer.clock.skew`` and
     ``timer.last_poll.timestamp`` (gauges; set the first two with :meth:`set_pending` and
-    :meth:`set_instances`). ``timer.firing.lateness`` records one fired timer in
-    ``lateness_sample`` (see the module docstring); the rest count every timer.
+    :meth:`set_instances`, the skew's source with :meth:`set_clock_skew`).
+    ``timer.firing.lateness`` records one fired timer in ``lateness_sample`` (see the module
+    docstring); the rest count every timer.
     """
 
     def __init__(
@@ -276,6 +285,42 @@ class OtelInstrumentation(Instrumentation):
             description="Timers quarantined now (left out of every pass until retried).",
         )
         meter.create_observable_gauge(
+            "timer.timers.due",
+            callbacks=[self._observe_due],
+            unit="{timer}",
+            description=(
+                "Pending timers by when they are due (attribute due: overdue, 1m, 1h, 1d, "
+                "later), each counted up to the census cap."
+            ),
+        )
+        meter.create_observable_gauge(
+            "timer.oldest_overdue",
+            callbacks=[self._from_census(lambda census: census.oldest_overdue_s)],
+            unit="s",
+            description="How long the oldest pending timer has been overdue (0 when none is).",
+        )
+        meter.create_observable_gauge(
+            "timer.census.cap",
+            callbacks=[self._from_census(lambda census: census.cap)],
+            unit="{timer}",
+            description="The count at which each census bucket stops (TIMER_CENSUS_CAP).",
+        )
+        meter.create_observable_gauge(
+            "timer.census.duration",
+            callbacks=[self._from_census(lambda census: census.duration_s)],
+            unit="s",
+            description="How long the last census took.",
+        )
+        meter.create_observable_gauge(
+            "timer.clock.skew",
+            callbacks=[self._observe_clock_skew],
+            unit="s",
+            description=(
+                "This host's wall clock minus the clock that decides due times (PostgreSQL's); "
+                "positive: the host is ahead."
+            ),
+        )
+        meter.create_observable_gauge(
             "timer.last_poll.timestamp",
             callbacks=[self._observe_last_poll],
             unit="s",
@@ -310,6 +355,37 @@ class OtelInstrumentation(Instrumentation):
     def _observe_instances(self, options: CallbackOptions) -> Iterable[Observation]:
         instances = self._gauges.instances
         return () if instances is None else (Observation(instances),)
+
+    def set_census(self, census: Census) -> None:
+        """Report a census of pending timers (``timer.timers.due``, ``timer.oldest_overdue``)."""
+        self._gauges.census = census
+
+    def _observe_due(self, options: CallbackOptions) -> Iterable[Observation]:
+        census = self._gauges.census
+        if census is None:
+            return ()
+        return [Observation(count, {"due": bucket}) for bucket, count in census.counts.items()]
+
+    def _from_census(
+        self, value: Callable[[Census], float]
+    ) -> Callable[[CallbackOptions], Iterable[Observation]]:
+        """A gauge callback observing ``value`` of the latest census (nothing before one)."""
+
+        def observe(options: CallbackOptions) -> Iterable[Observation]:
+            census = self._gauges.census
+            return () if census is None else (Observation(value(census)),)
+
+        return observe
+
+    def set_clock_skew(self, read: Callable[[], float | None]) -> None:
+        """Report the clock skew (seconds, host minus the deciding clock) that ``read()``
+        gives when the gauge is observed (None: nothing to report)."""
+        self._gauges.clock_skew = read
+
+    def _observe_clock_skew(self, options: CallbackOptions) -> Iterable[Observation]:
+        read = self._gauges.clock_skew
+        skew = None if read is None else read()
+        return () if skew is None else (Observation(skew),)
 
     def _observe_quarantined(self, options: CallbackOptions) -> Iterable[Observation]:
         quarantined = self._gauges.quarantined

@@ -6,13 +6,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
+from collections.abc import Callable
 from types import TracebackType
 from typing import Protocol, Self, runtime_checkable
 
-from timer_adapters_nats import NatsBroker
-from timer_core import ComponentFailed, Instrumentation, StoreError, Timer
+from timer_adapters_nats import NatsBroker, TimerClient
+from timer_core import (
+    ComponentFailed,
+    ConfigurationError,
+    Instrumentation,
+    StoreError,
+    Timer,
+    TimerCensus,
+)
 from timer_core.redaction import redact_url
 from timer_service.access import HttpAccess
+from timer_service.census import Census, take_census
+from timer_service.console import Console
 from timer_service.http import HealthEndpoint
 from timer_service.metrics import PrometheusInstrumentation
 from timer_service.settings import Settings
@@ -26,6 +37,7 @@ HEALTHY_POLL_AGE_S = 30.0
 _PENDING_REFRESH_S = 5.0
 #: How often a running service looks for its streams and consumers on the broker.
 BROKER_CHECK_S = 1.0
+_PENDING_COST_SHARE_INVERSE = 100  # the pending count's pace keeps it to 1% of the time
 
 
 @runtime_checkable
@@ -33,6 +45,13 @@ class PendingGauge(Protocol):
     """Telemetry with a gauge of pending timers of its own (OpenTelemetry's)."""
 
     def set_pending(self, count: int) -> None: ...
+
+
+@runtime_checkable
+class CensusGauges(Protocol):
+    """Telemetry with census gauges of its own (OpenTelemetry's)."""
+
+    def set_census(self, census: Census) -> None: ...
 
 
 @runtime_checkable
@@ -55,6 +74,35 @@ class SharesTenants(Protocol):
 
     @property
     def sharing_with(self) -> tuple[str, ...]: ...
+
+
+def pending_count_pace(duration_s: float) -> float:
+    """Seconds from the start of one count of pending timers to the next: every 5 s, or
+    100 times what the last count took when that is longer (1% of the time at most).
+
+    A full count reads the whole due index: 2.9 s at 10 million pending timers on SQLite
+    (bench/console.py), where it also holds the reader thread the poll needs.
+    """
+    return max(_PENDING_REFRESH_S, _PENDING_COST_SHARE_INVERSE * duration_s)
+
+
+@runtime_checkable
+class MeasuresSkew(Protocol):
+    """A clock that decides for every instance sharing a database and measures how far this
+    host's wall clock is off it (PostgreSQL's :class:`~timer_adapters_postgres.DatabaseClock`)."""
+
+    @property
+    def source(self) -> str: ...
+
+    @property
+    def skew_s(self) -> float | None: ...
+
+
+@runtime_checkable
+class ClockSkewGauge(Protocol):
+    """Telemetry with a clock-skew gauge of its own (OpenTelemetry's)."""
+
+    def set_clock_skew(self, read: Callable[[], float | None]) -> None: ...
 
 
 class StartupError(RuntimeError):
@@ -85,24 +133,69 @@ class TimerService:
         self.instrumentation = instrumentation
         #: What the parts report to: ``instrumentation``, or OpenTelemetry's around it.
         self.telemetry = instrumentation if telemetry is None else telemetry
+        access = HttpAccess.from_settings(settings)
+        #: The latest census of pending timers (None before the first, or without one).
+        self.census: Census | None = None
+        #: The operator's web console (``TIMER_CONSOLE``), or None.
+        self.console: Console | None = None
+        if settings.console:
+            self.console = Console(
+                store=timer.store,
+                quarantine=timer,
+                clock=timer.clock,
+                access=access,
+                port=lambda: self.http.port,
+                census=lambda: self.census if settings.census_interval_s else None,
+                census_cap=settings.census_cap,
+                dead_letters=broker.dead_letters,
+                commands=lambda: TimerClient(broker),
+                tenants=settings.console_tenants,
+            )
         self.http = HealthEndpoint(
             settings.http_host,
             settings.http_port,
             instrumentation.registry,
             self.health,
             quarantine=timer,
-            access=HttpAccess.from_settings(settings),
+            access=access,
+            app=self.console,
         )
         self._running = contextlib.AsyncExitStack()
         # What of the broker state is missing and not recreated (None: all there), and since
         # when (loop time).
         self._broker_fault: str | None = None
         self._broker_fault_since = 0.0
+        clock = timer.clock
+        if isinstance(clock, MeasuresSkew):
+            instrumentation.clock_skew.set_function(lambda: clock.skew_s or 0.0)
+            if isinstance(self.telemetry, ClockSkewGauge):
+                self.telemetry.set_clock_skew(lambda: clock.skew_s)
 
     @property
     def broker_url(self) -> str:
         """The broker's URL (the embedded server's, when the service runs one)."""
         return self.broker.settings.url
+
+    @property
+    def clock(self) -> str:
+        """Which clock decides when timers are due: ``database`` or ``host``."""
+        clock = self.timer.clock
+        return clock.source if isinstance(clock, MeasuresSkew) else "host"
+
+    @property
+    def clock_skew_s(self) -> float | None:
+        """This host's wall clock minus the deciding clock, as last measured (None: the
+        host's own clock decides)."""
+        clock = self.timer.clock
+        return clock.skew_s if isinstance(clock, MeasuresSkew) else None
+
+    def describe_clock(self) -> str:
+        """Which clock decides, in words, for the start-up log."""
+        skew = self.clock_skew_s
+        if self.clock == "host":
+            return "this host's (one instance on SQLite)"
+        measured = "" if skew is None else f", this host's is {skew:+.3f} s off it"
+        return f"the {self.clock}'s (shared by every instance{measured})"
 
     async def __aenter__(self) -> Self:
         settings = self.settings
@@ -116,7 +209,7 @@ class TimerService:
                 ) from exc
             try:
                 await starting.enter_async_context(self.timer)
-            except StoreError as exc:
+            except (StoreError, ConfigurationError) as exc:
                 what = (
                     "TIMER_DATABASE_URL"
                     if settings.database_url
@@ -159,9 +252,12 @@ class TimerService:
             and connected
             and fault is None
         )
+        skew = self.clock_skew_s
         details: dict[str, object] = {
             "last_poll_age_s": None if age is None else round(age, 3),
             "broker_connected": connected,
+            "clock": self.clock,
+            "clock_skew_s": None if skew is None else round(skew, 4),
         }
         if fault is not None:
             details["broker_state"] = fault
@@ -174,10 +270,11 @@ class TimerService:
         stops on its own; leaving ``async with`` then shuts the rest down cleanly.
         """
         maintenance = asyncio.create_task(self._maintenance(), name="maintenance")
+        census = asyncio.create_task(self._census(), name="census")
         stopping = asyncio.create_task(stop.wait(), name="stop")
         failing = asyncio.create_task(self.timer.wait(), name="timer")
         watching = asyncio.create_task(self._watch_broker(), name="broker state")
-        tasks = (maintenance, stopping, failing, watching)
+        tasks = (maintenance, census, stopping, failing, watching)
         try:
             await asyncio.wait({stopping, failing, watching}, return_when=asyncio.FIRST_COMPLETED)
         finally:
@@ -237,18 +334,47 @@ class TimerService:
         return None
 
     async def _maintenance(self) -> None:
-        """Refresh the pending-timers and instances gauges every few seconds."""
+        """Refresh the instances gauge every few seconds, and the pending-timers gauge as
+        often, unless counting takes longer than 1% of the time between two counts."""
+        count_after = 0.0
         while True:
             store = self.timer.store
             instances = 1 + len(store.sharing_with) if isinstance(store, SharesTenants) else 1
             self.instrumentation.instances.set(instances)
             if isinstance(self.telemetry, InstancesGauge):
                 self.telemetry.set_instances(instances)
-            try:
-                pending = await store.count_scheduled()
-                self.instrumentation.pending.set(pending)
-                if isinstance(self.telemetry, PendingGauge):
-                    self.telemetry.set_pending(pending)
-            except StoreError as exc:
-                log.warning("could not count pending timers: %s", exc)
+            if time.monotonic() >= count_after:
+                started = time.monotonic()
+                try:
+                    pending = await store.count_scheduled()
+                    self.instrumentation.pending.set(pending)
+                    if isinstance(self.telemetry, PendingGauge):
+                        self.telemetry.set_pending(pending)
+                except StoreError as exc:
+                    log.warning("could not count pending timers: %s", exc)
+                count_after = started + pending_count_pace(time.monotonic() - started)
             await asyncio.sleep(_PENDING_REFRESH_S)
+
+    async def take_census(self) -> Census | None:
+        """Take the census of pending timers now and report it; None when the store cannot."""
+        store = self.timer.store
+        if not isinstance(store, TimerCensus):
+            return None
+        census = await take_census(store, self.timer.clock.now(), cap=self.settings.census_cap)
+        self.census = census
+        self.instrumentation.census_taken(census)
+        if isinstance(self.telemetry, CensusGauges):
+            self.telemetry.set_census(census)
+        return census
+
+    async def _census(self) -> None:
+        """Take the census every ``TIMER_CENSUS_INTERVAL`` (never, at 0)."""
+        interval = self.settings.census_interval_s
+        if not interval or not isinstance(self.timer.store, TimerCensus):
+            return
+        while True:
+            try:
+                await self.take_census()
+            except StoreError as exc:
+                log.warning("could not take the census of pending timers: %s", exc)
+            await asyncio.sleep(interval)

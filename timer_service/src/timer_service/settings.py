@@ -62,6 +62,15 @@ class Settings:
     http_allowed_hosts: tuple[str, ...] | None = None
     """``TIMER_HTTP_ALLOWED_HOSTS``: ``Host`` names accepted besides the listen address."""
     retention_s: float = 7 * 86_400.0
+    census_interval_s: float = 30.0
+    """``TIMER_CENSUS_INTERVAL``: how often the census of pending timers by due time is
+    taken (``timer_timers_due``, ``timer_oldest_overdue_seconds``); 0 turns it off."""
+    census_cap: int = 100_000
+    """``TIMER_CENSUS_CAP``: each census bucket is counted up to this many timers."""
+    console: bool = False
+    """``TIMER_CONSOLE``: serve the operator's web console under ``/console``."""
+    console_tenants: tuple[str, ...] | None = None
+    """``TIMER_CONSOLE_TENANTS``: the only tenants the console shows and acts on."""
     provision: bool = True
     broker_state_grace_s: float = 30.0
     """``TIMER_BROKER_STATE_GRACE``: how long a stream or consumer may stay missing (not
@@ -75,7 +84,10 @@ class Settings:
     ack_wait_s: float = 3.0
     max_pending_per_tenant: int | None = None
     instance_id: str | None = None
-    sqlite_synchronous: Literal["NORMAL", "FULL"] = "NORMAL"
+    sqlite_synchronous: Literal["NORMAL", "FULL"] = "FULL"
+    clock_skew_warning_s: float = 1.0
+    """A WARNING is logged while this host's wall clock is further than this off the
+    database's (PostgreSQL; the database's clock decides)."""
     log_level: str = "INFO"
     log_format: Literal["text", "json"] = "text"
     broker_tls_ca_file: Path | None = None
@@ -289,6 +301,14 @@ def _choice(*options: str, lower: bool = False) -> Callable[[str, str], str]:
     return parse
 
 
+def _tenant_ids(variable: str, raw: str) -> tuple[str, ...]:
+    # Any tenant id (up to 128 characters; TIMER_TENANTS' are NATS account names, 64 at most).
+    names = tuple(part.strip() for part in raw.split(",") if part.strip())
+    if not names:
+        raise SettingsError(variable, "tenant ids separated by commas", raw)
+    return tuple(sorted({_token(variable, name) for name in names}))
+
+
 def _bool(variable: str, raw: str) -> bool:
     value = raw.strip().lower()
     if value in ("1", "true", "yes", "on"):
@@ -328,6 +348,13 @@ def _positive_duration(variable: str, raw: str) -> float:
     return value
 
 
+def _census_interval(variable: str, raw: str) -> float:
+    value = parse_duration(variable, raw)
+    if value != 0 and value < 1:
+        raise SettingsError(variable, "0 (off) or a duration of at least 1s like 30s", raw)
+    return value
+
+
 def _str_parse(variable: str, raw: str) -> str:
     return raw.strip()
 
@@ -352,6 +379,10 @@ ENVIRONMENT: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "TIMER_HTTP_TOKEN": ("http_token", _http_token),
     "TIMER_HTTP_ALLOWED_HOSTS": ("http_allowed_hosts", _host_names),
     "TIMER_RETENTION": ("retention_s", _positive_duration),
+    "TIMER_CENSUS_INTERVAL": ("census_interval_s", _census_interval),
+    "TIMER_CENSUS_CAP": ("census_cap", _int(1, 100_000_000, "an integer between 1 and 100000000")),
+    "TIMER_CONSOLE": ("console", _bool),
+    "TIMER_CONSOLE_TENANTS": ("console_tenants", _tenant_ids),
     "TIMER_PROVISION": ("provision", _bool),
     "TIMER_BROKER_STATE_GRACE": ("broker_state_grace_s", _positive_duration),
     "TIMER_TENANTS": ("tenants", _tenants),
@@ -365,6 +396,7 @@ ENVIRONMENT: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     ),
     "TIMER_INSTANCE_ID": ("instance_id", _instance_id),
     "TIMER_SQLITE_SYNCHRONOUS": ("sqlite_synchronous", _choice("NORMAL", "FULL")),
+    "TIMER_CLOCK_SKEW_WARNING": ("clock_skew_warning_s", _positive_duration),
     "TIMER_LOG_LEVEL": ("log_level", _choice("DEBUG", "INFO", "WARNING", "ERROR")),
     "TIMER_LOG_FORMAT": ("log_format", _choice("text", "json", lower=True)),
     "TIMER_BROKER_TLS_CA_FILE": ("broker_tls_ca_file", _file),

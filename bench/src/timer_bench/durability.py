@@ -1,0 +1,185 @@
+"""What "acknowledged means on disk, across a power loss" costs at the defaults, beside the
+old defaults, in alternated rounds.
+
+SQLite: the store's default (``synchronous="FULL"``: the commits that store commands synced
+before ``apply`` returns, by a syncer thread; marks and purges unsynced) against
+``synchronous="NORMAL"`` for everything (the old default). PostgreSQL, on a server with
+``fsync=on`` and ``synchronous_commit=off`` (a server default the store used to inherit):
+the store as it is (its command connections raise ``synchronous_commit`` to ``on``) against
+the same store without the raise, which is the old behaviour and exists only here (the
+store's private statement is swapped for a no-op). Each side runs on a fresh database in a
+directory of the real disk (the kit's scratch directory beside the repository: fsync on a
+tmpfs would cost nothing).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import shutil
+import tempfile
+from collections.abc import Awaitable, Callable, Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import timer_adapters_postgres._connections as postgres_store
+from timer_adapters_postgres import PostgresTimerStore
+from timer_adapters_sqlite import SqliteTimerStore
+from timer_bench import kit, procs
+from timer_core import TimerEntry, TimerStore
+
+T0 = datetime(2030, 1, 1, tzinfo=UTC)
+#: The server default the store used to inherit, on an otherwise durable server.
+POSTGRES = {"fsync": "on", "synchronous_commit": "off", "full_page_writes": "on"}
+SIDES = ("old", "new")
+
+Measure = Callable[[TimerStore, int], Awaitable[float]]
+
+
+def entries(count: int, prefix: str) -> list[TimerEntry]:
+    return [
+        TimerEntry(
+            f"tenant-{i % kit.TENANTS}", f"{prefix}-{i:07d}", T0 + timedelta(milliseconds=i), T0
+        )
+        for i in range(count)
+    ]
+
+
+async def batches_of_1000(store: TimerStore, count: int) -> float:
+    """Timers/s stored by one apply per 1,000 (the service's command batch)."""
+    timers = entries(count, "batch")
+    watch = kit.Stopwatch()
+    for start in range(0, count, 1000):
+        await store.apply(timers[start : start + 1000])
+    return kit.rate(count, watch.elapsed())
+
+
+async def concurrent_callers(store: TimerStore, count: int) -> float:
+    """Timers/s stored by 100 concurrent callers of one timer each (shared commits)."""
+    queue = iter(entries(count, "callers"))
+
+    async def caller() -> None:
+        for timer in queue:
+            await store.apply([timer])
+
+    watch = kit.Stopwatch()
+    await asyncio.gather(*(caller() for _ in range(100)))
+    return kit.rate(count, watch.elapsed())
+
+
+async def one_by_one(store: TimerStore, count: int) -> float:
+    """Timers/s stored by one caller, one timer per apply (a commit, and a sync, each)."""
+    timers = entries(count // 50, "single")
+    watch = kit.Stopwatch()
+    for timer in timers:
+        await store.apply([timer])
+    return kit.rate(len(timers), watch.elapsed())
+
+
+async def fire(store: TimerStore, count: int) -> float:
+    """Timers/s found due and marked Reached, 100 per batch (the worker's store calls)."""
+    due = entries(count // 2, "due")
+    for start in range(0, len(due), 1000):
+        await store.apply(due[start : start + 1000])
+    now = T0 + timedelta(days=1)
+    watch = kit.Stopwatch()
+    while found := await store.find_due(now, 100):
+        await store.mark_reached([entry.reach(now) for entry in found])
+    return kit.rate(len(due), watch.elapsed())
+
+
+MEASURES: dict[str, dict[str, Measure]] = {
+    "sqlite": {
+        "schedule, batches of 1,000": batches_of_1000,
+        "schedule, 100 concurrent callers": concurrent_callers,
+        "schedule, 1 caller, 1 timer per commit": one_by_one,
+        "fire: find due + mark, batches of 100": fire,
+    },
+    "postgres": {
+        "schedule, batches of 1,000": batches_of_1000,
+        "schedule, 1 caller, 1 timer per commit": one_by_one,
+        "fire: claim + mark, batches of 100": fire,
+    },
+}
+
+
+@contextlib.contextmanager
+def old_postgres_commits(old: bool) -> Iterator[None]:
+    """Without the store's raise of ``synchronous_commit`` when ``old``."""
+    saved = postgres_store._SYNCHRONOUS_COMMIT
+    if old:
+        postgres_store._SYNCHRONOUS_COMMIT = "SELECT 1"
+    try:
+        yield
+    finally:
+        postgres_store._SYNCHRONOUS_COMMIT = saved
+
+
+async def sqlite_side(disk: Path, measure: Measure, side: str, count: int) -> float:
+    where = Path(tempfile.mkdtemp(dir=disk))
+    options: dict[str, Any] = {"synchronous": "NORMAL"} if side == "old" else {}
+    try:
+        async with SqliteTimerStore(where / "timer.db", watch_interval_s=None, **options) as store:
+            return await measure(store, count)
+    finally:
+        shutil.rmtree(where, ignore_errors=True)
+
+
+async def postgres_side(cluster: Any, measure: Measure, side: str, count: int) -> float:
+    name = f"durability_{kit.now_ms()}"
+    url = cluster.create_database(name)
+    try:
+        with old_postgres_commits(side == "old"):
+            async with PostgresTimerStore(url, listen=False, pool_size=2) as store:
+                return await measure(store, count)
+    finally:
+        cluster.drop_database(name)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--quick", action="store_true", help="2,000 timers a measure, 1 round")
+    parser.add_argument("--rounds", type=int, default=5)
+
+
+def main(args: argparse.Namespace) -> int:
+    count, rounds = (2_000, 1) if args.quick else (20_000, args.rounds)
+    machine = kit.machine(postgres=procs.postgres_version())
+    # A directory on the repository's disk, not /tmp (a tmpfs on some machines).
+    disk = Path(tempfile.mkdtemp(prefix="durability-", dir=kit.RESULTS.parent))
+    results: dict[str, dict[str, Any]] = {}
+    try:
+        with procs.postgres(POSTGRES) as cluster:
+            for store, measures in MEASURES.items():
+                for name, measure in measures.items():
+                    kit.progress(f"{store}: {name}")
+
+                    async def side(
+                        which: str, _: int, measure: Measure = measure, store: str = store
+                    ) -> float:
+                        if store == "sqlite":
+                            return await sqlite_side(disk, measure, which, count)
+                        return await postgres_side(cluster, measure, which, count)
+
+                    taken = asyncio.run(kit.alternated(rounds, SIDES, side))
+                    old, new = [one["old"] for one in taken], [one["new"] for one in taken]
+                    results.setdefault(store, {})[name] = {
+                        "old": old,
+                        "new": new,
+                        "new_vs_old": kit.median_ratio(new, old),
+                        "rounds": kit.ratios(new, old),
+                    }
+    finally:
+        shutil.rmtree(disk, ignore_errors=True)
+    document = {
+        "date": kit.today(),
+        "machine": machine,
+        "settings": {"timers": count, "rounds": rounds, "postgres_server": POSTGRES},
+        "results": results,
+    }
+    kit.write_result(document, args.output)
+    from timer_bench.render import durability_block
+
+    print(durability_block(document))
+    return 0

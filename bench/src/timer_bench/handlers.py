@@ -1,0 +1,239 @@
+"""Timer without a broker (``Timer(store, handler=...)``) against the loop a developer would
+write by hand, and against pgqueuer's no-op execution on PostgreSQL.
+
+SQLite: ``--jobs`` timers due over the last ``--jobs`` milliseconds are stored in a fresh file
+(not timed); then, in alternated rounds, ``Timer(SqliteTimerStore(...), handler=noop)``
+(``batch_size`` 1000, 1000 calls at once) runs until every timer is marked ``Reached``; the
+yardstick does the same work by hand (select 1000 due rows, call the no-op with each, mark
+them in one transaction, until none is due); and the same loop runs on the store's own API
+(``find_due``, call, ``mark_reached``), which tells the store's share of the gap from the
+handler path's. ``--postgres`` adds Timer's handler path on ``PostgresTimerStore`` beside
+pgqueuer draining as many no-op jobs (:mod:`timer_bench.peers` in the peers' virtualenv), on
+one throwaway server, alternated.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sqlite3
+import tempfile
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from timer_adapters_postgres import PostgresTimerStore
+from timer_adapters_sqlite import SqliteTimerStore
+from timer_bench import kit
+from timer_bench.compare import POSTGRES, peer_python, peer_round
+from timer_bench.procs import postgres
+from timer_core import HandlerSettings, Instrumentation, Timer, TimerEntry, TimerStore
+from timer_core.instants import floor_ms
+
+BATCH = 1000
+SQLITE_SIDES = ["timer", "raw", "store_loop"]
+POSTGRES_SIDES = ["timer", "pgqueuer"]
+
+
+class _Marked(Instrumentation):
+    """Sets ``done`` once ``expected`` timers were marked Reached."""
+
+    def __init__(self, expected: int) -> None:
+        self.count = 0
+        self.expected = expected
+        self.done = asyncio.Event()
+
+    def timers_fired(self, entries: Sequence[TimerEntry]) -> None:
+        self.count += len(entries)
+        if self.count >= self.expected:
+            self.done.set()
+
+
+async def noop(event: object) -> None:
+    """The handler under test: does nothing."""
+
+
+async def seed(store: TimerStore, jobs: int) -> None:
+    """``jobs`` timers, one due each millisecond up to now, over the kit's tenants."""
+    now = datetime.now(UTC)
+    async with store:
+        for start in range(0, jobs, BATCH):
+            batch = range(start, min(jobs, start + BATCH))
+            await store.apply(
+                [
+                    TimerEntry(
+                        f"tenant-{i % kit.TENANTS}",
+                        f"call-{i}",
+                        now - timedelta(milliseconds=jobs - i),
+                        now,
+                    )
+                    for i in batch
+                ]
+            )
+
+
+async def timer_round(store: TimerStore, jobs: int) -> float:
+    """Timers handled per second by ``Timer(store, handler=noop)``, start to last mark."""
+    marked = _Marked(jobs)
+    watch = kit.Stopwatch()
+    async with Timer(
+        store,
+        handler=noop,
+        handler_settings=HandlerSettings(max_concurrency=BATCH),
+        batch_size=BATCH,
+        instrumentation=marked,
+    ):
+        await asyncio.wait_for(marked.done.wait(), 600)
+        return kit.rate(jobs, watch.elapsed())
+
+
+async def raw_round(path: Path, jobs: int) -> float:
+    """By hand on the same schema: select due, call, mark in one transaction, 1000 a time."""
+    watch = kit.Stopwatch()
+    db = sqlite3.connect(path, isolation_level=None)
+    db.execute("PRAGMA journal_mode = WAL")
+    db.execute("PRAGMA synchronous = NORMAL")
+    done = 0
+    while True:
+        now = kit.stamp(kit.now_ms())
+        rows = db.execute(
+            "SELECT tenant_id, service_call_id, due_at, correlation_id FROM timer_schedules "
+            "WHERE state = 'Scheduled' AND due_at <= ? "
+            "ORDER BY due_at, tenant_id, service_call_id LIMIT ?",
+            (now, BATCH),
+        ).fetchall()
+        if not rows:
+            break
+        for row in rows:
+            await noop(row)
+        db.execute("BEGIN IMMEDIATE")
+        db.executemany(
+            "UPDATE timer_schedules SET state = 'Reached', reached_at = ? "
+            "WHERE tenant_id = ? AND service_call_id = ? AND state = 'Scheduled'",
+            [(now, row[0], row[1]) for row in rows],
+        )
+        db.execute("COMMIT")
+        done += len(rows)
+    db.close()
+    assert done == jobs, (done, jobs)
+    return kit.rate(jobs, watch.elapsed())
+
+
+async def store_loop_round(store: TimerStore, jobs: int) -> float:
+    """The yardstick's loop on the store's API: find_due, call, mark_reached."""
+    watch = kit.Stopwatch()
+    done = 0
+    async with store:
+        while page := await store.find_due(datetime.now(UTC), BATCH):
+            reached_at = floor_ms(datetime.now(UTC))
+            for entry in page:
+                await noop(entry)
+            await store.mark_reached([entry.reach(reached_at) for entry in page])
+            done += len(page)
+    assert done == jobs, (done, jobs)
+    return kit.rate(jobs, watch.elapsed())
+
+
+def _remove(directory: Path, name: str) -> None:
+    """A database file with its WAL and shared-memory files."""
+    for leftover in directory.glob(f"{name}*"):
+        leftover.unlink()
+
+
+async def sqlite_rounds(scratch: Path, rounds: int, jobs: int) -> list[dict[str, float]]:
+    async def measure(side: str, number: int) -> float:
+        path = scratch / f"{side}-{number}.db"
+        await seed(SqliteTimerStore(path), jobs)
+        if side == "timer":
+            result = await timer_round(SqliteTimerStore(path), jobs)
+        elif side == "raw":
+            result = await raw_round(path, jobs)
+        else:
+            result = await store_loop_round(SqliteTimerStore(path), jobs)
+        kit.progress(f"sqlite round {number}: {side} {kit.per_s(result)}")
+        _remove(scratch, f"{side}-{number}.db")
+        return result
+
+    return await kit.alternated(rounds, SQLITE_SIDES, measure)
+
+
+def postgres_rounds(scratch: Path, rounds: int, jobs: int) -> list[dict[str, float]]:
+    python = peer_python(scratch)
+    with postgres(POSTGRES) as pg:
+
+        async def measure(side: str, number: int) -> float:
+            database = f"{side}_{number}"
+            url = pg.create_database(database)
+            try:
+                if side == "timer":
+                    await seed(PostgresTimerStore(url), jobs)
+                    result = await timer_round(PostgresTimerStore(url), jobs)
+                else:
+                    dsn = f"postgresql://{pg.user}@127.0.0.1:{pg.port}/{database}"
+                    arguments = ["pgqueuer", "--dsn", dsn, "--jobs", str(jobs), "--rate", "10"]
+                    arguments += ["--seconds", "1", "--yardstick-jobs", "100"]
+                    peer = await asyncio.to_thread(peer_round, python, arguments)
+                    result = float(peer["fire_per_s"])
+            finally:
+                pg.drop_database(database)
+            kit.progress(f"postgres round {number}: {side} {kit.per_s(result)}")
+            return result
+
+        return asyncio.run(kit.alternated(rounds, POSTGRES_SIDES, measure))
+
+
+def summary(rounds: list[dict[str, float]], sides: list[str], yardstick: str) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        side: {
+            "per_s": [r[side] for r in rounds],
+            "median_per_s": kit.median(r[side] for r in rounds),
+        }
+        for side in sides
+    }
+    for side in sides:
+        if side != yardstick:
+            out[side]["vs_" + yardstick] = kit.median_ratio(
+                [r[side] for r in rounds], [r[yardstick] for r in rounds]
+            )
+    return out
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--quick", action="store_true", help="one round of 1,000 timers, SQLite")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--jobs", type=int, default=20_000)
+    parser.add_argument("--postgres", action="store_true", help="also PostgreSQL vs pgqueuer")
+
+
+def main(args: argparse.Namespace) -> int:
+    if args.quick:
+        args.rounds, args.jobs, args.postgres = 1, 1_000, False
+    machine = kit.machine()
+    scratch = Path(tempfile.mkdtemp(prefix="timer-handlers-"))
+    os.chmod(scratch, 0o755)
+    document: dict[str, Any] = {
+        "date": kit.today(),
+        "machine": machine,
+        "settings": {
+            "rounds": args.rounds,
+            "jobs": args.jobs,
+            "batch": BATCH,
+            "max_concurrency": BATCH,
+            "sqlite": "WAL, synchronous=NORMAL",
+        },
+    }
+    sqlite = asyncio.run(sqlite_rounds(scratch, args.rounds, args.jobs))
+    document["sqlite"] = summary(sqlite, SQLITE_SIDES, "raw")
+    document["sqlite_rounds"] = sqlite
+    if args.postgres:
+        pg_rounds = postgres_rounds(scratch, args.rounds, args.jobs)
+        document["postgres"] = summary(pg_rounds, POSTGRES_SIDES, "pgqueuer")
+        document["postgres_rounds"] = pg_rounds
+        document["settings"]["postgres"] = POSTGRES
+    kit.write_result(document, args.output)
+    from timer_bench.render import handlers_block
+
+    print(handlers_block(document))
+    return 0

@@ -1,0 +1,254 @@
+"""Timer(store, handler=...): the host's function is called with each due timer, in memory."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from timer_adapters_memory import FakeClock, MemoryTimerStore
+from timer_core import (
+    BatchObserver,
+    ConfigurationError,
+    DueTimeReached,
+    HandlerFailed,
+    HandlerSettings,
+    Instrumentation,
+    MessageEnvelope,
+    Timer,
+    TimerEntry,
+    TimerState,
+    TraceContext,
+    ValidationError,
+)
+
+T0 = datetime(2030, 1, 1, 9, 0, tzinfo=UTC)
+Event = MessageEnvelope[DueTimeReached]
+
+
+class Recorder:
+    """A handler that records what it was called with, failing for the calls told to."""
+
+    def __init__(self, failing: set[str] | None = None) -> None:
+        self.calls: list[Event] = []
+        self.failing = failing or set()
+
+    async def __call__(self, event: Event) -> None:
+        self.calls.append(event)
+        if event.payload.service_call_id in self.failing:
+            raise RuntimeError(f"cannot handle {event.payload.service_call_id}")
+
+
+class Counting(Instrumentation):
+    """Counts what the handler path reports, as metrics would."""
+
+    def __init__(self) -> None:
+        self.fired: list[TimerEntry] = []
+        self.failed: list[HandlerFailed] = []
+        self.quarantined: list[int] = []
+
+    def timers_fired(self, entries: object) -> None:
+        self.fired.extend(entries)  # type: ignore[call-overload]
+
+    def publish_failed(self, entry: TimerEntry, error: object) -> None:
+        assert isinstance(error, HandlerFailed)
+        self.failed.append(error)
+
+    def timer_quarantined(self, entry: TimerEntry, error: object, failures: int) -> None:
+        self.quarantined.append(failures)
+
+
+class TestDelivery:
+    async def test_a_due_timer_is_handed_to_the_handler_and_then_marked(self) -> None:
+        """The handler gets the DueTimeReached envelope; the timer is Reached after it returned."""
+        handler = Recorder()
+        clock = FakeClock(T0)
+        async with Timer(MemoryTimerStore(), handler=handler, clock=clock) as timer:
+            await timer.schedule(
+                "shop-1", "order-1", T0 + timedelta(seconds=30), correlation_id="r"
+            )
+            await timer.wait_until_idle()
+            assert handler.calls == []  # never early
+            clock.advance(30)
+            await timer.wait_until_idle()
+            (event,) = handler.calls
+            stored = await timer.get("shop-1", "order-1")
+        assert event.payload.due_at == T0 + timedelta(seconds=30)
+        assert event.correlation_id == "r"
+        assert stored is not None and stored.state is TimerState.REACHED
+        assert stored.reached_at == event.payload.reached_at
+
+    async def test_a_sync_handler_runs_in_a_thread(self) -> None:
+        """A plain function is called off the event loop's thread."""
+        threads: list[str] = []
+
+        def handler(event: Event) -> None:
+            threads.append(threading.current_thread().name)
+
+        async with Timer(MemoryTimerStore(), handler=handler, clock=FakeClock(T0)) as timer:
+            await timer.schedule("shop-1", "order-1", T0)
+            await timer.wait_until_idle()
+        assert len(threads) == 1 and threads[0].startswith("timer-handler")
+
+    async def test_a_failing_handler_is_retried_with_backoff_then_quarantined(self) -> None:
+        """Failures back off (doubling, no jitter here) and end in quarantine with the error."""
+        handler = Recorder(failing={"order-1"})
+        clock = FakeClock(T0)
+        settings = HandlerSettings(max_attempts=3, retry_delay_s=1.0, jitter=0.0)
+        metrics = Counting()
+        async with Timer(
+            MemoryTimerStore(),
+            handler=handler,
+            handler_settings=settings,
+            clock=clock,
+            instrumentation=metrics,
+        ) as timer:
+            await timer.schedule("shop-1", "order-1", T0)
+            await timer.schedule("shop-1", "order-2", T0)
+            await timer.wait_until_idle()
+            assert [c.payload.service_call_id for c in handler.calls].count("order-1") == 1
+            assert [e.service_call_id for e in metrics.fired] == ["order-2"]
+            clock.advance(0.999)
+            await timer.wait_until_idle()
+            assert len(handler.calls) == 2  # not retried before its delay
+            clock.advance(0.001)
+            await timer.wait_until_idle()
+            assert len(handler.calls) == 3
+            clock.advance(2.0)
+            await timer.wait_until_idle()
+            assert len(handler.calls) == 4
+            (quarantined,) = timer.quarantined
+            assert quarantined.failures == 3
+            assert "RuntimeError: cannot handle order-1" in quarantined.error
+            clock.advance(3600)
+            await timer.wait_until_idle()
+            assert len(handler.calls) == 4  # left out
+            stored = await timer.get("shop-1", "order-1")
+            assert stored is not None and stored.state is TimerState.SCHEDULED
+            handler.failing.clear()
+            assert timer.retry_quarantined() == 1
+            await timer.wait_until_idle()
+            stored = await timer.get("shop-1", "order-1")
+        assert stored is not None and stored.state is TimerState.REACHED
+        assert metrics.quarantined == [3] and len(metrics.failed) == 3
+
+    async def test_a_call_past_its_timeout_counts_as_failed(self) -> None:
+        """An async handler that outlives timeout_s is cancelled and retried."""
+        calls = 0
+
+        async def handler(event: Event) -> None:
+            nonlocal calls
+            calls += 1
+            if calls == 1:
+                await asyncio.sleep(3600)
+
+        settings = HandlerSettings(timeout_s=0.05, retry_delay_s=0.01, jitter=0.0)
+        async with Timer(MemoryTimerStore(), handler=handler, handler_settings=settings) as timer:
+            await timer.schedule("shop-1", "order-1", datetime.now(UTC))
+            for _ in range(200):
+                stored = await timer.get("shop-1", "order-1")
+                if stored is not None and stored.state is TimerState.REACHED:
+                    break
+                await asyncio.sleep(0.01)
+        assert calls == 2
+        assert stored is not None and stored.state is TimerState.REACHED
+
+
+class Tracing(Instrumentation):
+    """Puts a span's trace context on each firing, as the OpenTelemetry instrumentation does,
+    and records what its observer is told."""
+
+    def __init__(self) -> None:
+        self.results: list[object] = []
+        self.finished = 0
+
+    def firing_started(self, envelopes: list[Event]) -> BatchObserver:
+        span = TraceContext("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")
+        envelopes[:] = [envelope.with_trace_context(span) for envelope in envelopes]
+        tracer = self
+
+        class Observer(BatchObserver):
+            def published(self, results: object) -> None:
+                tracer.results.append(list(results))  # type: ignore[call-overload]
+
+            def finished(self, error: BaseException | None = None) -> None:
+                tracer.finished += 1
+
+        return Observer()
+
+
+class TestInstrumentation:
+    async def test_the_handler_gets_the_firing_span_and_the_observer_its_results(self) -> None:
+        """The envelope the instrumentation traced is the one handed over; the batch's
+        observer sees one result per call (None for success), then its end."""
+        handler = Recorder(failing={"order-2"})
+        tracing = Tracing()
+        async with Timer(
+            MemoryTimerStore(), handler=handler, clock=FakeClock(T0), instrumentation=tracing
+        ) as timer:
+            await timer.schedule("shop-1", "order-1", T0)
+            await timer.schedule("shop-1", "order-2", T0)
+            await timer.wait_until_idle()
+        assert {c.trace_context.span_id for c in handler.calls} == {"b7ad6b7169203331"}  # type: ignore[union-attr]
+        results = [result for batch in tracing.results for result in batch]  # type: ignore[attr-defined]
+        assert results.count(None) == 1
+        assert [type(r) for r in results if r is not None] == [HandlerFailed]
+        assert tracing.finished == len(tracing.results)
+
+
+class TestForgetting:
+    async def test_a_cancelled_timer_backing_off_is_forgotten_not_waited_for(self) -> None:
+        """Cancelled during its backoff, a failing timer leaves the worker idle after the
+        retry time instead of waking it for a retry that cannot come."""
+        handler = Recorder(failing={"order-1"})
+        clock = FakeClock(T0)
+        settings = HandlerSettings(retry_delay_s=1.0, jitter=0.0)
+        async with Timer(
+            MemoryTimerStore(), handler=handler, handler_settings=settings, clock=clock
+        ) as timer:
+            await timer.schedule("shop-1", "order-1", T0)
+            await timer.wait_until_idle()
+            await timer.cancel("shop-1", "order-1")
+            clock.advance(1.0)
+            await timer.wait_until_idle(timeout=5)
+            passes = timer.health().passes
+            clock.advance(1.0)
+            await timer.wait_until_idle(timeout=5)
+            assert timer.health().passes - passes <= 1
+        assert len(handler.calls) == 1
+
+    async def test_a_quarantined_timer_cancelled_meanwhile_leaves_the_list(self) -> None:
+        """Within a minute of its cancel, a quarantined timer is no longer listed."""
+        handler = Recorder(failing={"order-1"})
+        clock = FakeClock(T0)
+        settings = HandlerSettings(max_attempts=1)
+        async with Timer(
+            MemoryTimerStore(), handler=handler, handler_settings=settings, clock=clock
+        ) as timer:
+            await timer.schedule("shop-1", "order-1", T0)
+            await timer.wait_until_idle()
+            assert len(timer.quarantined) == 1
+            await timer.cancel("shop-1", "order-1")
+            clock.advance(61)
+            await timer.wait_until_idle()
+            clock.advance(5)
+            await timer.wait_until_idle()
+            assert timer.quarantined == []
+
+
+class TestConfiguration:
+    def test_a_timer_needs_a_publisher_or_a_handler_not_both(self) -> None:
+        """Neither or both is refused at once."""
+        with pytest.raises(ConfigurationError, match="neither"):
+            Timer(MemoryTimerStore())
+        with pytest.raises(ConfigurationError, match="both"):
+            Timer(MemoryTimerStore(), object(), handler=print)  # type: ignore[arg-type]
+
+    def test_bad_settings_are_validation_errors(self) -> None:
+        """A concurrency of 0 or a negative timeout is refused."""
+        with pytest.raises(ValidationError, match="max_concurrency"):
+            HandlerSettings(max_concurrency=0)
+        with pytest.raises(ValidationError, match="timeout_s"):
+            HandlerSettings(timeout_s=-1)

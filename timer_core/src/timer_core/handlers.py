@@ -1,0 +1,644 @@
+"""In-process delivery: the host's own function is called with each ``DueTimeReached``, no broker.
+
+:class:`HandlerWorker` takes the place of :class:`~timer_core.TimerWorker` when a
+:class:`~timer_core.Timer` is given ``handler=`` instead of a publisher. Each due timer is
+handed to the handler in a task of its own and marked ``Reached`` only once the handler
+returned, so a timer whose handler fails, hangs or is cut off by a crash stays ``Scheduled``
+and is delivered again: at least once, never early. One timer's handler holds back only that
+timer: it is retried on its own (exponential backoff with jitter) and quarantined after
+:attr:`HandlerSettings.max_attempts`; a slow one takes only one of
+:attr:`HandlerSettings.max_concurrency` places.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import functools
+import inspect
+import logging
+import math
+import random
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timedelta
+from typing import Any, TypeAlias, cast
+
+import attrs
+
+from timer_core._entry import TimerEntry, TimerKey
+from timer_core._messages import DueTimeReached, MessageEnvelope
+from timer_core._time import floor_ms
+from timer_core.errors import HandlerFailed, StoreError, ValidationError
+from timer_core.events import build_due_event
+from timer_core.instrumentation import NO_INSTRUMENTATION, BatchObserver, Instrumentation
+from timer_core.ports import (
+    Clock,
+    DueCursor,
+    EnvelopeIdGenerator,
+    LeasesClaims,
+    TimerStore,
+    Uuid7EnvelopeIds,
+)
+from timer_core.worker import QuarantinedTimer
+
+__all__ = ["DueTimeHandler", "HandlerSettings", "HandlerWorker"]
+
+log = logging.getLogger(__name__)
+
+#: The host's handler: called with each ``DueTimeReached`` envelope; a coroutine function is
+#: awaited on the event loop, a plain function runs in a thread. Returning means "handled":
+#: the timer is then marked ``Reached``. Raising (or outliving the timeout) means "not yet".
+DueTimeHandler: TypeAlias = Callable[[MessageEnvelope[DueTimeReached]], Awaitable[None] | None]
+
+_Call: TypeAlias = Callable[[MessageEnvelope[DueTimeReached]], Coroutine[Any, Any, None]]
+
+# While timers it knows of are held back (running, backing off) a leasing store's next due
+# time may be one of them, and looking past them would claim timers: the worker looks this
+# often instead. Other stores are asked for the first timer past them.
+_MASKED_POLL_S = 0.02
+_QUARANTINED_POLL_S = 0.25
+_MARK_BATCH = 1000
+
+
+def _positive(instance: object, attribute: attrs.Attribute[float], value: float) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
+        raise ValidationError(f"{attribute.name} must be a positive number, got {value!r}")
+
+
+def _count(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValidationError(f"{attribute.name} must be a whole number >= 1, got {value!r}")
+
+
+def _fraction(instance: object, attribute: attrs.Attribute[float], value: float) -> None:
+    if not 0 <= value <= 1:
+        raise ValidationError(f"{attribute.name} must be between 0 and 1, got {value!r}")
+
+
+@attrs.frozen
+class HandlerSettings:
+    """How a :class:`~timer_core.Timer` calls its handler. Times are in seconds."""
+
+    max_concurrency: int = attrs.field(default=100, validator=_count)
+    """Most handler calls running at once (a sync handler's thread pool has as many)."""
+    timeout_s: float = attrs.field(default=60.0, validator=_positive)
+    """A call still running after this long counts as failed (an async one is cancelled; a
+    sync one's thread cannot be, its result is ignored) and is retried."""
+    max_attempts: int = attrs.field(default=10, validator=_count)
+    """Failed calls of one timer before it is quarantined (listed, left out until retried)."""
+    retry_delay_s: float = attrs.field(default=1.0, validator=_positive)
+    """Delay before the second attempt; it doubles with each failure."""
+    max_retry_delay_s: float = attrs.field(default=300.0, validator=_positive)
+    """Cap of the doubling delay."""
+    jitter: float = attrs.field(default=0.5, validator=_fraction)
+    """Up to this fraction of each delay is taken off at random, so timers that failed
+    together (a dependency down) are not all retried at the same moment."""
+    shutdown_grace_s: float = attrs.field(default=10.0, validator=_positive)
+    """On close, how long calls in flight may finish; the rest are cancelled, stay
+    ``Scheduled`` and are delivered again after the restart."""
+
+    def retry_delay(self, failures: int, draw: float) -> float:
+        """The delay after ``failures`` failed calls; ``draw`` in [0, 1) takes off jitter."""
+        doubled = self.retry_delay_s * 2 ** min(failures - 1, 30)
+        return float(min(self.max_retry_delay_s, doubled) * (1 - self.jitter * draw))
+
+
+@attrs.define
+class _Failing:
+    """One timer whose handler failed: attempts so far, when to try again, the last error."""
+
+    entry: TimerEntry
+    failures: int = 0
+    retry_at: float = 0.0
+    error: str = ""
+    quarantined_at: datetime | None = None
+
+
+class _Batch:
+    """The timers one pass handed out together: their calls, one deadline for all (they
+    started together), and the instrumentation's observer, told when the last one ended."""
+
+    __slots__ = ("deadline", "entries", "envelopes", "keys", "left", "observer", "results", "tasks")
+
+    def __init__(
+        self,
+        observer: BatchObserver,
+        entries: list[TimerEntry],
+        envelopes: list[MessageEnvelope[DueTimeReached]],
+    ) -> None:
+        self.observer = observer
+        self.entries = entries
+        self.envelopes = envelopes
+        self.keys = [entry.key for entry in entries]
+        self.tasks: list[asyncio.Task[None]] = []
+        self.results: list[HandlerFailed | None] = [None] * len(entries)
+        self.left = len(entries)
+        self.deadline: asyncio.TimerHandle | None = None
+
+    def done(self, index: int, error: HandlerFailed | None) -> None:
+        self.results[index] = error
+        self.left -= 1
+        if self.left == 0:
+            if self.deadline is not None:
+                self.deadline.cancel()
+            self.observer.published(self.results)
+            self.observer.finished()
+
+
+class HandlerWorker:
+    """Hands due timers to the host's handler until stopped; see the module's docstring.
+
+    - Each pass finds due timers (a page of ``batch_size`` at a time, past those held back),
+      starts a call for each while places are free, and goes on while pages come back full.
+      A leasing store's claims on timers it could not start are released.
+    - A call that returns has its timer marked ``Reached`` (marks are batched, beside the
+      calls); one that raises or times out is retried after its own delay and quarantined
+      after ``max_attempts`` (:attr:`quarantined`, :meth:`retry_quarantined`); the others are
+      not delayed. Quarantine is kept in memory: after a restart the timer is tried again.
+    - Instrumentation is the broker path's: ``firing_started`` per pass (its observer sees
+      the handlers' results as the publish results), ``timers_fired`` once marked,
+      ``publish_failed`` and ``timer_quarantined`` with a :class:`HandlerFailed`.
+    - :meth:`stop` ends the passes; calls in flight get ``shutdown_grace_s`` to finish, the
+      rest are cancelled and stay ``Scheduled``; what finished is marked before :meth:`run`
+      returns.
+    """
+
+    def __init__(
+        self,
+        store: TimerStore,
+        handler: DueTimeHandler,
+        clock: Clock,
+        *,
+        settings: HandlerSettings | None = None,
+        polling_interval: float = 5.0,
+        batch_size: int = 100,
+        ids: EnvelopeIdGenerator | None = None,
+        instrumentation: Instrumentation = NO_INSTRUMENTATION,
+        retention: timedelta | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        if not callable(handler):
+            raise ValidationError(f"handler must be callable, got {handler!r}")
+        self._store = store
+        self._handler = handler
+        self._is_async = inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(
+            getattr(handler, "__call__", None)  # noqa: B004 (an object with async __call__)
+        )
+        self._clock = clock
+        self._settings = settings or HandlerSettings()
+        self._interval = polling_interval
+        self._batch_size = batch_size
+        self._ids = ids or Uuid7EnvelopeIds()
+        self._instrumentation = instrumentation
+        self._retention = retention
+        self._next_purge_at = 0.0
+        self._rng = rng or random.Random()
+        self._wake = asyncio.Event()
+        self._stop = asyncio.Event()
+        self._asleep = asyncio.Event()
+        self._sleep_until = 0.0  # monotonic end of the idle sleep
+        self._marks_wanted = asyncio.Event()
+        self._wake_at: datetime | None = None
+        self._running: dict[TimerKey, tuple[TimerEntry, asyncio.Task[None]]] = {}
+        self._timed_out: set[TimerKey] = set()
+        self._to_mark: list[TimerEntry] = []
+        self._marking: dict[TimerKey, datetime] = {}  # handled, not marked yet: key -> due_at
+        self._failing: dict[TimerKey, _Failing] = {}
+        self._cursor: DueCursor | None = None
+        self._drain_started = 0.0
+        self._drain_seen: set[TimerKey] = set()
+        self._next_quarantine_check = 0.0
+        self._starved = False
+        self._executor: ThreadPoolExecutor | None = None
+        self.last_pass_at: float | None = None
+        """Monotonic time the last pass completed without a store error (for health checks)."""
+        self.passes = 0
+        """How many passes completed."""
+
+    # -- what the Timer reads and calls ---------------------------------------------------
+
+    @property
+    def quarantined(self) -> list[QuarantinedTimer]:
+        """Timers whose handler failed ``max_attempts`` times, in the order they were."""
+        return [
+            QuarantinedTimer(r.entry, r.failures, r.error, r.quarantined_at)
+            for r in self._failing.values()
+            if r.quarantined_at is not None
+        ]
+
+    def retry_quarantined(self, keys: Iterable[TimerKey] | None = None) -> int:
+        """Put quarantined timers (all, or those of ``keys``) back with a fresh count of
+        attempts; returns how many. Wakes the worker."""
+        wanted = None if keys is None else set(keys)
+        retried = [
+            key
+            for key, record in self._failing.items()
+            if record.quarantined_at is not None and (wanted is None or key in wanted)
+        ]
+        for key in retried:
+            del self._failing[key]
+        if retried:
+            log.info("retrying %d quarantined timers", len(retried))
+            self._instrumentation.quarantine_size(len(self.quarantined))
+            self._wake.set()
+        return len(retried)
+
+    def notify_scheduled(self, due_at: datetime) -> None:
+        """A timer is due at ``due_at``: wake now if that is before the planned wake-up."""
+        if self._cursor is not None and due_at < self._cursor.due_at:
+            self._cursor = None  # due before the page the drain is at: start over
+        if self._wake_at is None or due_at < self._wake_at:
+            self._wake.set()
+
+    def stop(self) -> None:
+        """Ask :meth:`run` to stop handing out timers and wind down (see the class notes)."""
+        self._stop.set()
+        self._wake.set()
+
+    async def wait_until_idle(self) -> None:
+        """Return once nothing due is waiting, running or waiting for its mark."""
+        while not self._idle_now():
+            if self._asleep.is_set():
+                await asyncio.sleep(0)
+                if self._running or self._marking:
+                    await asyncio.sleep(0.001)  # handlers run on real time
+            else:
+                await self._asleep.wait()
+
+    def _idle_now(self) -> bool:
+        return (
+            self._asleep.is_set()
+            and not self._wake.is_set()
+            and self._clock.monotonic() < self._sleep_until
+            and not self._running
+            and not self._marking
+        )
+
+    # -- the loop --------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Hand out due timers until :meth:`stop`; never raises for a failed pass."""
+        marker = asyncio.create_task(self._mark_loop(), name="timer handler marks")
+        try:
+            await self._loop()
+        finally:
+            await self._wind_down()
+            self._marks_wanted.set()
+            self._stop.set()
+            await marker
+            if self._executor is not None:
+                self._executor.shutdown(wait=False, cancel_futures=True)
+
+    async def _loop(self) -> None:
+        failures = 0
+        while not self._stop.is_set():
+            self._wake.clear()
+            self._wake_at = None
+            try:
+                more = await self._pass()
+            except Exception as exc:  # one bad pass must not kill the loop
+                failures += 1
+                delay = min(self._interval, 0.05 * 2 ** min(failures - 1, 30))
+                self._instrumentation.worker_error(exc)
+                log.log(
+                    logging.WARNING if isinstance(exc, StoreError) else logging.ERROR,
+                    "handler worker pass failed (%s); retrying in %.2fs",
+                    exc,
+                    delay,
+                    exc_info=not isinstance(exc, StoreError),
+                )
+                await self._sleep(delay, wakeable=False)
+                continue
+            failures = 0
+            if more:
+                await asyncio.sleep(0)  # let the calls just started run
+                continue
+            await self._idle()
+
+    async def _pass(self) -> bool:
+        """One page of due timers handed out; whether to look again at once."""
+        started = self._clock.monotonic()
+        free = self._settings.max_concurrency - len(self._running)
+        self._starved = free <= 0
+        if self._starved:
+            return False
+        if self._cursor is None:  # a drain from the first due timer begins
+            self._drain_started = started
+            self._drain_seen.clear()
+        now = self._clock.now()
+        # No more than there are places for: a page read beyond them would be read again.
+        limit = min(self._batch_size, free)
+        page = await self._store.find_due(now, limit, after=self._cursor)
+        full = len(page) == limit
+        chosen = [entry for entry in page if self._eligible(entry)]
+        if self._failing:
+            self._drain_seen.update(entry.key for entry in page)
+        self._cursor = _cursor_of(page[-1]) if full else None
+        if not full and self._failing:
+            self._forget_settled_backoffs()
+        if chosen:
+            self._start(chosen, now)
+        self.last_pass_at = self._clock.monotonic()
+        self.passes += 1
+        self._instrumentation.poll_completed(self.last_pass_at - started, len(chosen))
+        return full
+
+    def _forget_settled_backoffs(self) -> None:
+        """At the end of a drain: drop backoffs that were over when it began and whose timer
+        it did not find (cancelled, rescheduled or fired elsewhere), so no retry is waited
+        for that will never come."""
+        gone = [
+            key
+            for key, record in self._failing.items()
+            if record.quarantined_at is None
+            and record.retry_at <= self._drain_started
+            and key not in self._drain_seen
+        ]
+        for key in gone:
+            del self._failing[key]
+
+    async def _forget_stale_quarantine(self) -> None:
+        """Once a minute: drop quarantined timers cancelled, fired or rescheduled meanwhile."""
+        now = self._clock.monotonic()
+        if now < self._next_quarantine_check:
+            return
+        self._next_quarantine_check = now + 60.0
+        stale = []
+        for key, record in self._failing.items():
+            if record.quarantined_at is None:
+                continue
+            current = await self._store.get(key.tenant_id, key.service_call_id)
+            if current is None or not current.is_scheduled or current.due_at != record.entry.due_at:
+                stale.append(key)
+        for key in stale:
+            self._failing.pop(key, None)
+        if stale:
+            self._instrumentation.quarantine_size(len(self.quarantined))
+
+    def _eligible(self, entry: TimerEntry) -> bool:
+        key = entry.key
+        if key in self._running or self._marking.get(key) == entry.due_at:
+            return False
+        record = self._failing.get(key)
+        if record is None:
+            return True
+        if record.entry.due_at != entry.due_at:  # rescheduled: a new timer
+            del self._failing[key]
+            return True
+        return record.quarantined_at is None and record.retry_at <= self._clock.monotonic()
+
+    def _start(self, entries: list[TimerEntry], now: datetime) -> None:
+        # One instant for the batch, as the broker path has: the events' fast path.
+        reached_at = floor_ms(now)
+        envelopes = [build_due_event(entry, reached_at, self._ids) for entry in entries]
+        observer = self._instrumentation.firing_started(envelopes)
+        batch = _Batch(observer, entries, envelopes)
+        loop = asyncio.get_running_loop()
+        running = self._running
+        finished = self._finished
+        call = cast(_Call, self._handler) if self._is_async else self._call_in_thread
+        for index, envelope in enumerate(batch.envelopes):
+            task = loop.create_task(call(envelope))
+            batch.tasks.append(task)
+            running[batch.keys[index]] = (entries[index], task)
+            task.add_done_callback(functools.partial(finished, batch, index))
+        batch.deadline = loop.call_later(self._settings.timeout_s, self._time_out, batch)
+
+    async def _call_in_thread(self, envelope: MessageEnvelope[DueTimeReached]) -> None:
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(
+                self._settings.max_concurrency, thread_name_prefix="timer-handler"
+            )
+        context = contextvars.copy_context()
+        await asyncio.get_running_loop().run_in_executor(
+            self._executor, context.run, self._handler, envelope
+        )
+
+    def _time_out(self, batch: _Batch) -> None:
+        for key, task in zip(batch.keys, batch.tasks, strict=True):
+            if not task.done():
+                self._timed_out.add(key)
+                task.cancel()
+
+    def _finished(self, batch: _Batch, index: int, task: asyncio.Task[None]) -> None:
+        key = batch.keys[index]
+        entry = batch.entries[index]
+        del self._running[key]
+        if not task.cancelled() and task.exception() is None:
+            self._to_mark.append(entry._reached(batch.envelopes[index].payload.reached_at))
+            self._marking[key] = entry.due_at
+            if self._failing:
+                self._failing.pop(key, None)
+            self._marks_wanted.set()
+            batch.done(index, None)
+        else:
+            timed_out = key in self._timed_out
+            self._timed_out.discard(key)
+            if task.cancelled() and not timed_out:
+                # Cut off by the shutdown: it stays Scheduled and is delivered again later.
+                batch.done(index, HandlerFailed(f"{_name(entry)}: cancelled by the shutdown"))
+                return
+            error = None if timed_out else task.exception()
+            why = (
+                f"timed out after {self._settings.timeout_s:g}s"
+                if error is None
+                else f"{type(error).__name__}: {error}"
+            )
+            failure = HandlerFailed(f"the handler of {_name(entry)} failed: {why}")
+            failure.__cause__ = error
+            self._note_failure(entry, failure, error)
+            batch.done(index, failure)
+        if self._starved or self._asleep.is_set():
+            self._wake.set()  # a place is free, or a held-back timer no longer masks others
+
+    def _note_failure(
+        self, entry: TimerEntry, failure: HandlerFailed, error: BaseException | None
+    ) -> None:
+        record = self._failing.get(entry.key)
+        if record is None or record.entry.due_at != entry.due_at:
+            record = self._failing[entry.key] = _Failing(entry)
+        record.failures += 1
+        record.error = str(failure)
+        settings = self._settings
+        self._instrumentation.publish_failed(entry, failure)
+        if record.failures >= settings.max_attempts:
+            record.quarantined_at = self._clock.now()
+            log.error(
+                "timer %s (due %s) quarantined: its handler failed %d times (last: %s); it "
+                "stays Scheduled and is left out until retried",
+                _name(entry),
+                entry.due_at.isoformat(),
+                record.failures,
+                failure,
+                exc_info=error,
+                extra={"tenant_id": entry.tenant_id, "service_call_id": entry.service_call_id},
+            )
+            self._instrumentation.timer_quarantined(entry, failure, record.failures)
+            self._instrumentation.quarantine_size(len(self.quarantined))
+            return
+        delay = settings.retry_delay(record.failures, self._rng.random())
+        record.retry_at = self._clock.monotonic() + delay
+        log.warning(
+            "%s; attempt %d of %d, next in %.3fs",
+            failure,
+            record.failures,
+            settings.max_attempts,
+            delay,
+            exc_info=error,
+        )
+        # A retry sooner than the planned wake-up: the sleep must be shortened.
+        self._wake.set()
+
+    # -- marks --------------------------------------------------------------------------
+
+    async def _mark_loop(self) -> None:
+        failures = 0
+        while True:
+            if not self._to_mark:
+                if self._stop.is_set() and not self._running:
+                    return
+                self._marks_wanted.clear()
+                await self._marks_wanted.wait()
+                continue
+            batch, self._to_mark = self._to_mark[:_MARK_BATCH], self._to_mark[_MARK_BATCH:]
+            try:
+                await self._store.mark_reached(batch)
+            except Exception as exc:
+                failures += 1
+                self._to_mark[:0] = batch
+                if self._stop.is_set() and not self._running:
+                    log.warning(
+                        "could not mark %d handled timers at shutdown (%s); they will be "
+                        "delivered again",
+                        len(self._to_mark),
+                        exc,
+                    )
+                    return
+                delay = min(self._interval, 0.05 * 2 ** min(failures - 1, 30))
+                log.warning("marking handled timers failed (%s); retrying in %.2fs", exc, delay)
+                await self._sleep(delay, wakeable=False)
+                continue
+            failures = 0
+            for entry in batch:
+                if self._marking.get(entry.key) == entry.due_at:
+                    del self._marking[entry.key]
+            self._instrumentation.timers_fired(batch)
+            if not self._marking:
+                self._wake.set()  # a test's wait_until_idle is waiting for this
+
+    # -- sleeping -----------------------------------------------------------------------
+
+    async def _idle(self) -> None:
+        now = self._clock.now()
+        delay = self._interval
+        # With every place taken, a call that ends wakes the worker; until then it waits.
+        if len(self._running) < self._settings.max_concurrency:
+            next_due = await self._next_due(now)
+            if next_due is not None:
+                delay = min(delay, max(0.0, (next_due - now).total_seconds()))
+            retry_in = self._next_retry_in()
+            if retry_in is not None:
+                delay = min(delay, retry_in)
+        await self._purge_expired()
+        if self._failing:
+            try:
+                await self._forget_stale_quarantine()
+            except StoreError as exc:
+                log.warning("could not check the quarantined timers (%s)", exc)
+        self._wake_at = now + timedelta(seconds=delay)
+        self._sleep_until = self._clock.monotonic() + delay
+        self._asleep.set()
+        try:
+            await self._sleep(delay, wakeable=True)
+        finally:
+            self._asleep.clear()
+
+    async def _next_due(self, now: datetime) -> datetime | None:
+        """The earliest due time of a timer not held back here, as far as can be told."""
+        held = len(self._running) + len(self._marking) + len(self._failing)
+        if not held:
+            return await self._store.next_due_at()
+        if isinstance(self._store, LeasesClaims):
+            # Looking past held timers would claim timers not due: poll instead, less often
+            # when only quarantined timers are held (the broker path's masked poll).
+            quarantined_only = not (self._running or self._marking) and all(
+                record.quarantined_at is not None for record in self._failing.values()
+            )
+            poll = _QUARANTINED_POLL_S if quarantined_only else _MASKED_POLL_S
+            return now + timedelta(seconds=poll)
+        horizon = now + timedelta(seconds=self._interval)
+        for entry in await self._store.find_due(horizon, held + 1):
+            if self._eligible(entry):
+                return entry.due_at
+        return None
+
+    def _next_retry_in(self) -> float | None:
+        pending = [r.retry_at for r in self._failing.values() if r.quarantined_at is None]
+        if not pending:
+            return None
+        return max(0.0, min(pending) - self._clock.monotonic())
+
+    async def _purge_expired(self) -> None:
+        """Retention, as the broker path keeps it: fired timers past it, once a minute."""
+        if self._retention is None or self._clock.monotonic() < self._next_purge_at:
+            return
+        self._next_purge_at = self._clock.monotonic() + 60.0
+        try:
+            deleted = await self._store.purge_reached(self._clock.now() - self._retention, 500)
+        except StoreError as exc:
+            log.warning("retention purge failed (%s); trying again later", exc)
+            return
+        if deleted == 500:
+            self._next_purge_at = 0.0  # more to delete: again at the next idle moment
+        if deleted:
+            log.info("retention: deleted %d fired timers", deleted)
+
+    async def _sleep(self, seconds: float, *, wakeable: bool) -> None:
+        if seconds <= 0 or self._stop.is_set():
+            await asyncio.sleep(0)
+            return
+        waits: set[asyncio.Future[Any]] = {asyncio.ensure_future(self._clock.sleep(seconds))}
+        waits.add(asyncio.ensure_future(self._wake.wait() if wakeable else self._stop.wait()))
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in waits:
+                task.cancel()
+
+    # -- shutdown -----------------------------------------------------------------------
+
+    async def _wind_down(self) -> None:
+        """Give calls in flight the grace period, cancel the rest, release their claims."""
+        if not self._running:
+            return
+        tasks = [task for _, task in self._running.values()]
+        log.info(
+            "waiting up to %gs for %d handler calls", self._settings.shutdown_grace_s, len(tasks)
+        )
+        _, late = await asyncio.wait(tasks, timeout=self._settings.shutdown_grace_s)
+        if not late:
+            return
+        unfinished = [entry for entry, task in list(self._running.values()) if task in late]
+        for task in late:
+            task.cancel()
+        await asyncio.wait(late)
+        log.warning(
+            "%d handler calls did not finish within %gs of the shutdown; they stay Scheduled "
+            "and are delivered again",
+            len(unfinished),
+            self._settings.shutdown_grace_s,
+        )
+        if unfinished and isinstance(self._store, LeasesClaims):
+            try:
+                await self._store.release_claims(unfinished)
+            except StoreError as exc:
+                log.warning("releasing unfinished timers' claims failed (%s)", exc)
+
+
+def _cursor_of(entry: TimerEntry) -> DueCursor:
+    return DueCursor(entry.due_at, entry.tenant_id, entry.service_call_id)
+
+
+def _name(entry: TimerEntry) -> str:
+    return f"{entry.tenant_id}/{entry.service_call_id}"

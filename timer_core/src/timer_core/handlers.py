@@ -27,11 +27,13 @@ from typing import Any, TypeAlias, cast
 import attrs
 
 from timer_core._entry import TimerEntry, TimerKey
+from timer_core._failures import FailureBook, QuarantinedTimer
 from timer_core._messages import DueTimeReached, MessageEnvelope
 from timer_core._time import floor_ms
 from timer_core.errors import HandlerFailed, StoreError, ValidationError
 from timer_core.events import build_due_event
 from timer_core.instrumentation import NO_INSTRUMENTATION, BatchObserver, Instrumentation
+from timer_core.maintenance import Retention
 from timer_core.ports import (
     Clock,
     DueCursor,
@@ -40,7 +42,6 @@ from timer_core.ports import (
     TimerStore,
     Uuid7EnvelopeIds,
 )
-from timer_core.worker import QuarantinedTimer
 
 __all__ = ["DueTimeHandler", "HandlerSettings", "HandlerWorker"]
 
@@ -102,17 +103,6 @@ class HandlerSettings:
         """The delay after ``failures`` failed calls; ``draw`` in [0, 1) takes off jitter."""
         doubled = self.retry_delay_s * 2 ** min(failures - 1, 30)
         return float(min(self.max_retry_delay_s, doubled) * (1 - self.jitter * draw))
-
-
-@attrs.define
-class _Failing:
-    """One timer whose handler failed: attempts so far, when to try again, the last error."""
-
-    entry: TimerEntry
-    failures: int = 0
-    retry_at: float = 0.0
-    error: str = ""
-    quarantined_at: datetime | None = None
 
 
 class _Batch:
@@ -191,8 +181,11 @@ class HandlerWorker:
         self._batch_size = batch_size
         self._ids = ids or Uuid7EnvelopeIds()
         self._instrumentation = instrumentation
-        self._retention = retention
-        self._next_purge_at = 0.0
+        self._retention = (
+            None
+            if retention is None
+            else Retention(store, clock, keep=retention, batch=500, every=60.0)
+        )
         self._rng = rng or random.Random()
         self._wake = asyncio.Event()
         self._stop = asyncio.Event()
@@ -204,11 +197,10 @@ class HandlerWorker:
         self._timed_out: set[TimerKey] = set()
         self._to_mark: list[TimerEntry] = []
         self._marking: dict[TimerKey, datetime] = {}  # handled, not marked yet: key -> due_at
-        self._failing: dict[TimerKey, _Failing] = {}
+        self._failing = FailureBook(store, clock, instrumentation, log)
         self._cursor: DueCursor | None = None
         self._drain_started = 0.0
         self._drain_seen: set[TimerKey] = set()
-        self._next_quarantine_check = 0.0
         self._starved = False
         self._executor: ThreadPoolExecutor | None = None
         self.last_pass_at: float | None = None
@@ -221,28 +213,15 @@ class HandlerWorker:
     @property
     def quarantined(self) -> list[QuarantinedTimer]:
         """Timers whose handler failed ``max_attempts`` times, in the order they were."""
-        return [
-            QuarantinedTimer(r.entry, r.failures, r.error, r.quarantined_at)
-            for r in self._failing.values()
-            if r.quarantined_at is not None
-        ]
+        return self._failing.quarantined
 
     def retry_quarantined(self, keys: Iterable[TimerKey] | None = None) -> int:
         """Put quarantined timers (all, or those of ``keys``) back with a fresh count of
         attempts; returns how many. Wakes the worker."""
-        wanted = None if keys is None else set(keys)
-        retried = [
-            key
-            for key, record in self._failing.items()
-            if record.quarantined_at is not None and (wanted is None or key in wanted)
-        ]
-        for key in retried:
-            del self._failing[key]
+        retried = self._failing.retry(keys)
         if retried:
-            log.info("retrying %d quarantined timers", len(retried))
-            self._instrumentation.quarantine_size(len(self.quarantined))
             self._wake.set()
-        return len(retried)
+        return retried
 
     def notify_scheduled(self, due_at: datetime) -> None:
         """A timer is due at ``due_at``: wake now if that is before the planned wake-up."""
@@ -350,31 +329,13 @@ class HandlerWorker:
         for that will never come."""
         gone = [
             key
-            for key, record in self._failing.items()
+            for key, record in self._failing.records.items()
             if record.quarantined_at is None
             and record.retry_at <= self._drain_started
             and key not in self._drain_seen
         ]
         for key in gone:
-            del self._failing[key]
-
-    async def _forget_stale_quarantine(self) -> None:
-        """Once a minute: drop quarantined timers cancelled, fired or rescheduled meanwhile."""
-        now = self._clock.monotonic()
-        if now < self._next_quarantine_check:
-            return
-        self._next_quarantine_check = now + 60.0
-        stale = []
-        for key, record in self._failing.items():
-            if record.quarantined_at is None:
-                continue
-            current = await self._store.get(key.tenant_id, key.service_call_id)
-            if current is None or not current.is_scheduled or current.due_at != record.entry.due_at:
-                stale.append(key)
-        for key in stale:
-            self._failing.pop(key, None)
-        if stale:
-            self._instrumentation.quarantine_size(len(self.quarantined))
+            self._failing.pop(key)
 
     def _eligible(self, entry: TimerEntry) -> bool:
         key = entry.key
@@ -384,7 +345,7 @@ class HandlerWorker:
         if record is None:
             return True
         if record.entry.due_at != entry.due_at:  # rescheduled: a new timer
-            del self._failing[key]
+            self._failing.pop(key)
             return True
         return record.quarantined_at is None and record.retry_at <= self._clock.monotonic()
 
@@ -429,7 +390,7 @@ class HandlerWorker:
             self._to_mark.append(entry._reached(batch.envelopes[index].payload.reached_at))
             self._marking[key] = entry.due_at
             if self._failing:
-                self._failing.pop(key, None)
+                self._failing.pop(key)
             self._marks_wanted.set()
             batch.done(index, None)
         else:
@@ -455,27 +416,14 @@ class HandlerWorker:
     def _note_failure(
         self, entry: TimerEntry, failure: HandlerFailed, error: BaseException | None
     ) -> None:
-        record = self._failing.get(entry.key)
-        if record is None or record.entry.due_at != entry.due_at:
-            record = self._failing[entry.key] = _Failing(entry)
+        record = self._failing.record_of(entry)
         record.failures += 1
         record.error = str(failure)
         settings = self._settings
         self._instrumentation.publish_failed(entry, failure)
         if record.failures >= settings.max_attempts:
-            record.quarantined_at = self._clock.now()
-            log.error(
-                "timer %s (due %s) quarantined: its handler failed %d times (last: %s); it "
-                "stays Scheduled and is left out until retried",
-                _name(entry),
-                entry.due_at.isoformat(),
-                record.failures,
-                failure,
-                exc_info=error,
-                extra={"tenant_id": entry.tenant_id, "service_call_id": entry.service_call_id},
-            )
-            self._instrumentation.timer_quarantined(entry, failure, record.failures)
-            self._instrumentation.quarantine_size(len(self.quarantined))
+            why = f"its handler failed {record.failures} times"
+            self._failing.quarantine(record, failure, why, cause=error)
             return
         delay = settings.retry_delay(record.failures, self._rng.random())
         record.retry_at = self._clock.monotonic() + delay
@@ -532,6 +480,7 @@ class HandlerWorker:
     async def _idle(self) -> None:
         now = self._clock.now()
         delay = self._interval
+        next_due: datetime | None = None
         # With every place taken, a call that ends wakes the worker; until then it waits.
         if len(self._running) < self._settings.max_concurrency:
             next_due = await self._next_due(now)
@@ -540,12 +489,12 @@ class HandlerWorker:
             retry_in = self._next_retry_in()
             if retry_in is not None:
                 delay = min(delay, retry_in)
-        await self._purge_expired()
+        if self._retention is not None:
+            await self._retention.purge(
+                next_due, lambda: self._stop.is_set() or self._wake.is_set()
+            )
         if self._failing:
-            try:
-                await self._forget_stale_quarantine()
-            except StoreError as exc:
-                log.warning("could not check the quarantined timers (%s)", exc)
+            await self._failing.forget_stale()
         self._wake_at = now + timedelta(seconds=delay)
         self._sleep_until = self._clock.monotonic() + delay
         self._asleep.set()
@@ -563,7 +512,7 @@ class HandlerWorker:
             # Looking past held timers would claim timers not due: poll instead, less often
             # when only quarantined timers are held (the broker path's masked poll).
             quarantined_only = not (self._running or self._marking) and all(
-                record.quarantined_at is not None for record in self._failing.values()
+                record.quarantined_at is not None for record in self._failing
             )
             poll = _QUARANTINED_POLL_S if quarantined_only else _MASKED_POLL_S
             return now + timedelta(seconds=poll)
@@ -574,25 +523,10 @@ class HandlerWorker:
         return None
 
     def _next_retry_in(self) -> float | None:
-        pending = [r.retry_at for r in self._failing.values() if r.quarantined_at is None]
+        pending = [r.retry_at for r in self._failing if r.quarantined_at is None]
         if not pending:
             return None
         return max(0.0, min(pending) - self._clock.monotonic())
-
-    async def _purge_expired(self) -> None:
-        """Retention, as the broker path keeps it: fired timers past it, once a minute."""
-        if self._retention is None or self._clock.monotonic() < self._next_purge_at:
-            return
-        self._next_purge_at = self._clock.monotonic() + 60.0
-        try:
-            deleted = await self._store.purge_reached(self._clock.now() - self._retention, 500)
-        except StoreError as exc:
-            log.warning("retention purge failed (%s); trying again later", exc)
-            return
-        if deleted == 500:
-            self._next_purge_at = 0.0  # more to delete: again at the next idle moment
-        if deleted:
-            log.info("retention: deleted %d fired timers", deleted)
 
     async def _sleep(self, seconds: float, *, wakeable: bool) -> None:
         if seconds <= 0 or self._stop.is_set():

@@ -13,9 +13,8 @@ import math
 from collections.abc import Iterable
 from datetime import datetime, timedelta
 
-import attrs
-
-from timer_core._entry import TimerEntry, TimerKey, TimerState
+from timer_core._entry import TimerEntry, TimerKey
+from timer_core._failures import Failing, FailureBook, QuarantinedTimer
 from timer_core.errors import PublishError, StoreError, ValidationError
 from timer_core.firing import (
     DrainReport,
@@ -42,47 +41,12 @@ log = logging.getLogger(__name__)
 # store's next due time says nothing of the others: the worker then looks this often.
 _MASKED_POLL_S = 0.25
 _RETRY_EPSILON_S = 0.001
-# How often quarantined timers are checked against the store (cancelled, rescheduled).
-_QUARANTINE_CHECK_S = 60.0
 # Batches in a row of which nothing was published: after this many the drain ends instead
 # of stepping through the whole backlog (which would leave a backoff record per due timer, a
 # million for a million); the next drain looks past them at once (they may be poison timers,
 # the broker fine) and, when its batches fail as well, the broker is taken to be down: no
 # more timers are backed off one by one until something is published again.
 _OUTAGE_BATCHES = 2
-
-
-@attrs.frozen
-class QuarantinedTimer:
-    """A timer whose ``DueTimeReached`` kept failing to publish while others went out.
-
-    It stays ``Scheduled`` in the store and is left out of every pass until it is retried
-    (:meth:`TimerWorker.retry_quarantined`) or the worker restarts.
-    """
-
-    entry: TimerEntry
-    """The timer as last found due."""
-    failures: int
-    """Failed publishes so far."""
-    error: str
-    """The last publish error."""
-    since: datetime
-    """When it was quarantined (the worker's clock)."""
-
-
-@attrs.define
-class _Failing:
-    """One timer whose publish failed: its backoff and how the broker fared meanwhile."""
-
-    entry: TimerEntry
-    failures: int = 0
-    # Failures while other timers were published: evidence against this one, not the broker.
-    strikes: int = 0
-    retry_at: float = 0.0
-    # Timers published (worker total) when this one last failed.
-    published_then: int = 0
-    error: str = ""
-    quarantined_at: datetime | None = None
 
 
 class TimerWorker:
@@ -175,9 +139,8 @@ class TimerWorker:
         self._marking: PendingMark | None = None
         self._quarantine_after = quarantine_after
         # Timers whose last publish failed, by key, until one succeeds (or they are retried).
-        self._failing: dict[TimerKey, _Failing] = {}
+        self._failing = FailureBook(store, clock, instrumentation, log)
         self._published = 0
-        self._next_quarantine_check = 0.0
         self._drain_started = 0.0
         # Batches in a row (across drains) of which none was published.
         self._unpublished_batches = 0
@@ -185,28 +148,15 @@ class TimerWorker:
     @property
     def quarantined(self) -> list[QuarantinedTimer]:
         """The timers quarantined now, in the order they were."""
-        return [
-            QuarantinedTimer(record.entry, record.failures, record.error, record.quarantined_at)
-            for record in self._failing.values()
-            if record.quarantined_at is not None
-        ]
+        return self._failing.quarantined
 
     def retry_quarantined(self, keys: Iterable[TimerKey] | None = None) -> int:
         """Put quarantined timers (all, or those of ``keys``) back in the next pass, with a
         fresh count of failures; returns how many. Wakes the worker."""
-        wanted = None if keys is None else set(keys)
-        retried = [
-            key
-            for key, record in self._failing.items()
-            if record.quarantined_at is not None and (wanted is None or key in wanted)
-        ]
-        for key in retried:
-            del self._failing[key]
+        retried = self._failing.retry(keys)
         if retried:
-            log.info("retrying %d quarantined timers", len(retried))
-            self._instrumentation.quarantine_size(len(self.quarantined))
             self._wake.set()
-        return len(retried)
+        return retried
 
     def notify_scheduled(self, due_at: datetime) -> None:
         """Tell the worker a timer is due at ``due_at``; it wakes now if that is earlier."""
@@ -353,7 +303,7 @@ class TimerWorker:
             self._unpublished_batches += 1
         if self._failing:
             for entry in report.fired:
-                record = self._failing.pop(entry.key, None)
+                record = self._failing.pop(entry.key)
                 if record is not None and record.failures > 1:
                     log.info(
                         "timer %s/%s published after %d failed attempts",
@@ -369,7 +319,7 @@ class TimerWorker:
             return False  # a rescheduled timer is a new one
         return record.quarantined_at is not None or not self._retry_due(record)
 
-    def _retry_due(self, record: _Failing, at: float | None = None) -> bool:
+    def _retry_due(self, record: Failing, at: float | None = None) -> bool:
         """Whether its backoff is over (at monotonic time ``at``, default now)."""
         # Within a millisecond counts as over: a clock's rounding must not make a sleep of
         # nothing that ends with the timer still left out.
@@ -382,9 +332,7 @@ class TimerWorker:
         now = self._clock.monotonic()
         published_before = self._published - fired
         for entry, error in failed:
-            record = self._failing.get(entry.key)
-            if record is None or record.entry.due_at != entry.due_at:
-                record = self._failing[entry.key] = _Failing(entry, published_then=published_before)
+            record = self._failing.record_of(entry, published_then=published_before)
             record.entry = entry
             record.failures += 1
             if self._published > record.published_then:
@@ -397,65 +345,26 @@ class TimerWorker:
                 and record.strikes >= self._quarantine_after
                 and record.quarantined_at is None
             ):
-                self._quarantine(record, error)
-
-    def _quarantine(self, record: _Failing, error: PublishError) -> None:
-        record.quarantined_at = self._clock.now()
-        entry = record.entry
-        log.error(
-            "timer %s/%s (due %s) quarantined: its publish failed %d times while other timers "
-            "were published (last error: %s); it stays Scheduled and is left out until "
-            "retried (retry_quarantined)",
-            entry.tenant_id,
-            entry.service_call_id,
-            entry.due_at.isoformat(),
-            record.failures,
-            error,
-            extra={"tenant_id": entry.tenant_id, "service_call_id": entry.service_call_id},
-        )
-        self._instrumentation.timer_quarantined(entry, error, record.failures)
-        self._instrumentation.quarantine_size(len(self.quarantined))
-
-    async def _forget_stale_quarantine(self) -> None:
-        """Drop quarantined timers that were cancelled, fired elsewhere or rescheduled."""
-        now = self._clock.monotonic()
-        if now < self._next_quarantine_check:
-            return
-        self._next_quarantine_check = now + _QUARANTINE_CHECK_S
-        stale = []
-        for key, record in list(self._failing.items()):
-            if record.quarantined_at is None:
-                continue
-            try:
-                current = await self._store.get(key.tenant_id, key.service_call_id)
-            except StoreError:
-                return
-            if (
-                current is None
-                or current.state is not TimerState.SCHEDULED
-                or current.due_at != record.entry.due_at
-            ):
-                stale.append(key)
-        for key in stale:
-            self._failing.pop(key, None)
-        if stale:
-            log.info("%d quarantined timers were cancelled or changed meanwhile", len(stale))
-            self._instrumentation.quarantine_size(len(self.quarantined))
+                self._failing.quarantine(
+                    record,
+                    error,
+                    f"its publish failed {record.failures} times while other timers were published",
+                )
 
     def _forget_settled_backoffs(self) -> None:
         """Drop backoffs that were over when the last drain began: that drain did not find
         the timer failing again, so it was cancelled, rescheduled or fired elsewhere."""
         over = [
             key
-            for key, record in self._failing.items()
+            for key, record in self._failing.records.items()
             if record.quarantined_at is None and self._retry_due(record, self._drain_started)
         ]
         for key in over:
-            del self._failing[key]
+            self._failing.pop(key)
 
     def _next_retry_in(self) -> float | None:
         """Seconds until the first backing-off timer may be tried again, if any."""
-        pending = [r for r in self._failing.values() if r.quarantined_at is None]
+        pending = [r for r in self._failing if r.quarantined_at is None]
         if not pending:
             return None
         if any(self._retry_due(record) for record in pending):
@@ -475,7 +384,7 @@ class TimerWorker:
             )
         if self._failing:
             self._forget_settled_backoffs()
-            await self._forget_stale_quarantine()
+            await self._failing.forget_stale()
         now = self._clock.now()
         delay = self._interval
         if next_due is not None:

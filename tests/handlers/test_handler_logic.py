@@ -252,3 +252,29 @@ class TestConfiguration:
             HandlerSettings(max_concurrency=0)
         with pytest.raises(ValidationError, match="timeout_s"):
             HandlerSettings(timeout_s=-1)
+
+
+class TestLeasingStore:
+    async def test_a_slow_handler_on_a_leasing_store_is_marked_after_later_passes(self) -> None:
+        """Passes that find the timer again while its handler runs claim it anew; the mark
+        goes under the latest claim, so the timer ends Reached, handled once."""
+        release = asyncio.Event()
+        calls: list[Event] = []
+
+        async def slow(event: Event) -> None:
+            calls.append(event)
+            await release.wait()
+
+        clock = FakeClock(T0)
+        async with Timer(MemoryTimerStore(lease_s=30.0), handler=slow, clock=clock) as timer:
+            await timer.schedule("shop-1", "order-1", T0)
+            while not calls:
+                await asyncio.sleep(0.001)
+            for _ in range(3):  # passes while the call runs: each claims the timer again
+                clock.advance(1)
+                await asyncio.sleep(0.01)
+            release.set()
+            await timer.wait_until_idle()
+            stored = await timer.get("shop-1", "order-1")
+        assert stored is not None and stored.state is TimerState.REACHED
+        assert len(calls) == 1

@@ -19,7 +19,7 @@ import inspect
 import logging
 import math
 import random
-from collections.abc import Awaitable, Callable, Coroutine, Iterable
+from collections.abc import Awaitable, Callable, Coroutine, Hashable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
 from typing import Any, TypeAlias, cast
@@ -197,6 +197,8 @@ class HandlerWorker:
         self._timed_out: set[TimerKey] = set()
         self._to_mark: list[TimerEntry] = []
         self._marking: dict[TimerKey, datetime] = {}  # handled, not marked yet: key -> due_at
+        # Claims a leasing store's find took anew on timers waiting for their mark.
+        self._reclaimed: dict[TimerKey, Hashable] = {}
         self._failing = FailureBook(store, clock, instrumentation, log)
         self._cursor: DueCursor | None = None
         self._drain_started = 0.0
@@ -310,7 +312,7 @@ class HandlerWorker:
         limit = min(self._batch_size, free)
         page = await self._store.find_due(now, limit, after=self._cursor)
         full = len(page) == limit
-        chosen = [entry for entry in page if self._eligible(entry)]
+        chosen = [entry for entry in page if self._eligible(entry) or self._claimed_again(entry)]
         if self._failing:
             self._drain_seen.update(entry.key for entry in page)
         self._cursor = _cursor_of(page[-1]) if full else None
@@ -336,6 +338,20 @@ class HandlerWorker:
         ]
         for key in gone:
             self._failing.pop(key)
+
+    def _claimed_again(self, entry: TimerEntry) -> bool:
+        """A leasing store's find claimed a timer held here (its call running, its mark
+        waiting) anew: that claim fences out the earlier one, so the mark must carry it.
+        Never chosen (returns False)."""
+        if entry.claim is None:
+            return False
+        key = entry.key
+        held = self._running.get(key)
+        if held is not None and held[0].due_at == entry.due_at:
+            self._running[key] = (entry, held[1])
+        elif self._marking.get(key) == entry.due_at:
+            self._reclaimed[key] = entry.claim
+        return False
 
     def _eligible(self, entry: TimerEntry) -> bool:
         key = entry.key
@@ -384,8 +400,7 @@ class HandlerWorker:
 
     def _finished(self, batch: _Batch, index: int, task: asyncio.Task[None]) -> None:
         key = batch.keys[index]
-        entry = batch.entries[index]
-        del self._running[key]
+        entry, _ = self._running.pop(key)  # with the latest claim on it
         if not task.cancelled() and task.exception() is None:
             self._to_mark.append(entry._reached(batch.envelopes[index].payload.reached_at))
             self._marking[key] = entry.due_at
@@ -450,6 +465,8 @@ class HandlerWorker:
                 await self._marks_wanted.wait()
                 continue
             batch, self._to_mark = self._to_mark[:_MARK_BATCH], self._to_mark[_MARK_BATCH:]
+            if self._reclaimed:
+                batch = [self._latest_claim(entry) for entry in batch]
             try:
                 await self._store.mark_reached(batch)
             except Exception as exc:
@@ -468,12 +485,21 @@ class HandlerWorker:
                 await self._sleep(delay, wakeable=False)
                 continue
             failures = 0
+            if self._reclaimed:
+                # Claimed anew while the mark ran: that mark was fenced out, so again.
+                again = [entry for entry in batch if entry.key in self._reclaimed]
+                self._to_mark[:0] = again
+                batch = [entry for entry in batch if entry.key not in self._reclaimed]
             for entry in batch:
                 if self._marking.get(entry.key) == entry.due_at:
                     del self._marking[entry.key]
             self._instrumentation.timers_fired(batch)
             if not self._marking:
                 self._wake.set()  # a test's wait_until_idle is waiting for this
+
+    def _latest_claim(self, entry: TimerEntry) -> TimerEntry:
+        claim = self._reclaimed.pop(entry.key, None)
+        return entry if claim is None else attrs.evolve(entry, claim=claim)
 
     # -- sleeping -----------------------------------------------------------------------
 

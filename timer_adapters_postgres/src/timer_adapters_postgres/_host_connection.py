@@ -80,6 +80,10 @@ class PsycopgWriter:
     def __init__(self, connection: psycopg.Connection[Any]) -> None:
         self._connection = connection
 
+    def get_execution_options(self) -> Mapping[str, Any]:
+        """None of SQLAlchemy's options: the writes run in the caller's transaction."""
+        return {}
+
     def execute(self, statement: sa.TextClause, parameters: Mapping[str, Any]) -> _Result:
         with self._connection.cursor(row_factory=namedtuple_row) as cursor:
             cursor.execute(pyformat(statement), dict(parameters))

@@ -13,10 +13,10 @@ from typing import TypeVar
 
 import sqlalchemy as sa
 
+from timer_adapters_sqlite._disk import driver_of
 from timer_adapters_sqlite._rows import entry_from_row, read_timestamp
 from timer_adapters_sqlite._schema import TABLE, TOMBSTONES
 from timer_adapters_sqlite._sql import COLUMNS, NEXT_DUE_AT
-from timer_adapters_sqlite._threads import driver_of
 from timer_core import (
     CorrelationId,
     DueCursor,

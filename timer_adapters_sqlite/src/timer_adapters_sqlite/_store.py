@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 import sqlalchemy as sa
 
 from timer_adapters_sqlite._census import SqliteCensus
+from timer_adapters_sqlite._disk import driver_of
 from timer_adapters_sqlite._errors import translate_error
 from timer_adapters_sqlite._paths import database_path, require_directory
 from timer_adapters_sqlite._rows import entry_from_row, read_timestamp, write_timestamp
@@ -43,7 +44,7 @@ from timer_adapters_sqlite._sql import (
     PURGE_REACHED,
     PURGE_TOMBSTONES,
 )
-from timer_adapters_sqlite._threads import ApplyJob, CallJob, OpenJob, Reader, Writer, driver_of
+from timer_adapters_sqlite._threads import ApplyJob, CallJob, OpenJob, Reader, Writer
 from timer_adapters_sqlite._writes import batch_of
 from timer_core import (
     CommandOutcome,

@@ -1,6 +1,6 @@
 """The store's threads: a reader and a writer, each on a connection of its own fed through a
-queue, and the checkpointer and the syncer beside the writer. Results go back to each
-caller's event loop.
+queue, and the checkpointer and the syncer (:mod:`._disk`) beside the writer. Results go
+back to each caller's event loop.
 
 All writes run on the one writer thread and connection; concurrent ``apply`` calls queued
 while a transaction commits are written together in the next one (group commit). Reads run
@@ -10,25 +10,32 @@ on the reader thread, which WAL lets proceed while the writer writes.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import os
 import queue
 import sqlite3
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
 import attrs
 import sqlalchemy as sa
 
+from timer_adapters_sqlite._disk import (
+    STOP,
+    WAL_SIZE_LIMIT_BYTES,
+    WRITER_AUTOCHECKPOINT_PAGES,
+    Checkpointer,
+    Result,
+    Syncer,
+    deliver,
+    driver_of,
+)
 from timer_adapters_sqlite._errors import translate_error
 from timer_adapters_sqlite._schema import StoreMode, Synchronous, migrate_connection
 from timer_adapters_sqlite._writes import Batch, write_batches
 from timer_core import CommandOutcome, StoreError, StoreUnavailable
 
-__all__ = ["ApplyJob", "CallJob", "OpenJob", "Reader", "Writer", "driver_of"]
+__all__ = ["ApplyJob", "CallJob", "OpenJob", "Reader", "Writer"]
 
 log = logging.getLogger(__name__)
 
@@ -67,35 +74,6 @@ class OpenJob:
 
 
 _Job = ApplyJob | CallJob | OpenJob
-_STOP = object()
-"""Queued after the last job: the thread finishes what came before it, then ends."""
-
-# (the caller's future, the result, or the error to raise in the caller)
-_Result = tuple[asyncio.Future[Any], Any, BaseException | None]
-
-
-def _settle(results: list[_Result]) -> None:
-    """Resolve callers' futures; runs on their event loop."""
-    for future, result, error in results:
-        # A caller cancelled while its write was in flight: the write stands, nobody waits.
-        if future.done():
-            continue
-        if error is None:
-            future.set_result(result)
-        else:
-            future.set_exception(error)
-
-
-def _deliver(results: list[_Result]) -> None:
-    """Hand results to each caller's event loop: one wake-up per loop, not per caller."""
-    by_loop: dict[asyncio.AbstractEventLoop, list[_Result]] = {}
-    for result in results:
-        by_loop.setdefault(result[0].get_loop(), []).append(result)
-    for loop, batch in by_loop.items():
-        try:
-            loop.call_soon_threadsafe(_settle, batch)
-        except RuntimeError:
-            log.debug("event loop closed before a timer store result could be delivered")
 
 
 class _ConnectionThread:
@@ -125,7 +103,7 @@ class _ConnectionThread:
 
     def stop(self) -> None:
         """Finish the jobs queued so far, then close the connection and end the thread."""
-        self._queue.put(_STOP)
+        self._queue.put(STOP)
 
     def join(self) -> None:
         self._thread.join()
@@ -147,7 +125,7 @@ class _ConnectionThread:
                 if isinstance(item, ApplyJob | CallJob | OpenJob):
                     leftovers.append(item)
             closed = StoreUnavailable(f"the timer store on {self._where} is closed")
-            _deliver([(job.future, None, closed) for job in leftovers])
+            deliver([(job.future, None, closed) for job in leftovers])
         finally:
             self._close()
 
@@ -170,12 +148,12 @@ class Reader(_ConnectionThread):
     _role = "reader"
 
     def _work(self) -> list[_Job]:
-        while (job := self._queue.get()) is not _STOP:
+        while (job := self._queue.get()) is not STOP:
             assert isinstance(job, CallJob)
-            _deliver([self._read(job.fn, job.future)])
+            deliver([self._read(job.fn, job.future)])
         return []
 
-    def _read(self, fn: Callable[[sa.Connection], Any], future: asyncio.Future[Any]) -> _Result:
+    def _read(self, fn: Callable[[sa.Connection], Any], future: asyncio.Future[Any]) -> Result:
         try:
             if self._connection is None:
                 self._connection = self._engine.connect()
@@ -191,192 +169,11 @@ class Reader(_ConnectionThread):
             return future, None, translate_error(exc, self._where)
 
 
-# The writer checkpoints on its own only past this many WAL pages (32 MiB at 4 KiB pages):
-# normally the checkpointer thread has copied the WAL back long before. Past the size limit
-# the WAL file is cut back to it whenever it restarts.
-_WRITER_AUTOCHECKPOINT_PAGES = 8192
-_WAL_SIZE_LIMIT_BYTES = 64 * 1024 * 1024
-# The shortest time from one checkpoint's start to the next one's.
-_CHECKPOINT_SPACING_S = 0.05
-
-
-def driver_of(connection: sa.Connection) -> sqlite3.Connection:
-    """The sqlite3 connection under a SQLAlchemy one, for the statements run directly."""
-    driver = connection.connection.driver_connection
-    assert isinstance(driver, sqlite3.Connection)
-    return driver
-
-
-class _Checkpointer:
-    """The thread that copies committed WAL pages back into the database file.
-
-    SQLite's default has the committing connection checkpoint every 1000 WAL pages, and a
-    batch of upserts with random keys dirties pages all over five indexes: nearly every
-    commit of 1000 timers paid for a checkpoint (copy and sync) before the writer could
-    take the next batch. Here, after each commit, a PASSIVE checkpoint on a connection of
-    its own runs beside the writer (it never blocks writers or readers).
-    Measured: 1000-upsert transactions 13,000 -> 21,000/s (bench/README.md).
-
-    Checkpoints start at most every ``spacing_s``: the commits of that time are copied back
-    by one checkpoint. Small, frequent commits (the marks of a drain, 100 timers each) keep
-    rewriting the same index pages, and a checkpoint per commit copied and synced each of
-    them again every time (a third of a core at batch 100, bench/README.md).
-    """
-
-    def __init__(
-        self, engine: sa.Engine, where: str, spacing_s: float = _CHECKPOINT_SPACING_S
-    ) -> None:
-        self._engine = engine
-        self._where = where
-        self._spacing_s = spacing_s
-        self._wake = threading.Event()
-        self._stopped = threading.Event()
-        self._thread = threading.Thread(
-            target=self._run, name="timer-sqlite-checkpointer", daemon=True
-        )
-        self.checkpoints = 0
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def poke(self) -> None:
-        """A commit happened: checkpoint when the one in progress (if any) is done."""
-        self._wake.set()
-
-    def stop(self) -> None:
-        self._stopped.set()
-        self._wake.set()
-        if self._thread.is_alive():
-            self._thread.join()
-
-    def _run(self) -> None:
-        connection: sa.Connection | None = None
-        try:
-            while True:
-                self._wake.wait()
-                self._wake.clear()
-                if self._stopped.is_set():
-                    return
-                started = time.monotonic()
-                try:
-                    if connection is None:
-                        connection = self._engine.connect()
-                    busy, frames, copied = (
-                        driver_of(connection).execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
-                    )
-                    if not busy and frames == copied:
-                        self.checkpoints += 1  # the WAL is all in the file now
-                except Exception as exc:
-                    # The writer's own checkpoint past the page limit is the fallback.
-                    log.debug("checkpoint of %s failed: %s", self._where, exc)
-                    if connection is not None:
-                        with contextlib.suppress(Exception):
-                            connection.close()
-                        connection = None
-                # Commits meanwhile wait for the next checkpoint (pokes are kept).
-                self._stopped.wait(max(0.0, self._spacing_s - (time.monotonic() - started)))
-        finally:
-            if connection is not None:
-                with contextlib.suppress(Exception):
-                    connection.close()
-
-
-class _Syncer:
-    """The thread that puts commits on disk before their callers hear back (``FULL``).
-
-    The writer commits at ``NORMAL`` (the write-ahead log written, not synced) and hands the
-    results here; this thread syncs the log (``fsync``) and only then resolves the callers,
-    one sync for every commit queued meanwhile. At ``FULL`` in SQLite's own way the sync ran
-    inside the commit, holding the write lock: every write queued behind it, the marks of
-    fired timers too, waited for the disk (steady 1,000 timers/s: p99 lateness 40-52 ms
-    against 25-29 at ``NORMAL`` on a loaded machine, bench/README.md).
-
-    The log is written in order, so a sync covers every commit before it. A commit whose
-    frames a checkpoint copied into the database file before the sync is durable there: a
-    checkpoint syncs the database file before the log can be restarted. A failed sync fails
-    its callers (:class:`~timer_core.errors.StoreUnavailable`): their commands are not
-    acknowledged and come again, applied idempotently.
-    """
-
-    def __init__(self, path: str) -> None:
-        self._path = path
-        self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
-        self._fd: int | None = None
-        self._thread = threading.Thread(target=self._run, name="timer-sqlite-syncer", daemon=True)
-        self.syncs = 0
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def submit(self, results: list[_Result]) -> None:
-        self._queue.put(results)
-
-    def stop(self) -> None:
-        """Sync and deliver what was submitted, then end."""
-        self._queue.put(_STOP)
-        if self._thread.is_alive():
-            self._thread.join()
-
-    def _run(self) -> None:
-        try:
-            stopping = False
-            while not stopping:
-                items = [self._queue.get()]
-                with contextlib.suppress(queue.Empty):
-                    while True:
-                        items.append(self._queue.get_nowait())
-                stopping = any(item is _STOP for item in items)
-                results = [r for item in items if item is not _STOP for r in item]  # type: ignore[attr-defined]
-                if results:
-                    _deliver(self._synced(results))
-        finally:
-            if self._fd is not None:
-                with contextlib.suppress(OSError):
-                    os.close(self._fd)
-
-    def _synced(self, results: list[_Result]) -> list[_Result]:
-        if all(error is not None for _, _, error in results):
-            return results  # nothing was committed
-        try:
-            self._sync()
-        except OSError as exc:
-            failed = StoreUnavailable(f"could not sync {self._path}'s log to disk: {exc}")
-            log.error("%s", failed)
-            return [(future, None, error or failed) for future, _, error in results]
-        self.syncs += 1
-        return results
-
-    def _sync(self) -> None:
-        if self._fd is None:
-            try:
-                self._fd = os.open(f"{self._path}-wal", os.O_RDONLY)
-            except FileNotFoundError:
-                # No log: everything is in the database file (checkpointed); sync that.
-                fd = os.open(self._path, os.O_RDONLY)
-                try:
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
-                return
-            # The log's name in its directory must survive too (once: it is kept open).
-            directory = os.open(os.path.dirname(os.path.abspath(self._path)), os.O_RDONLY)
-            try:
-                os.fsync(directory)
-            finally:
-                os.close(directory)
-        try:
-            os.fsync(self._fd)
-        except OSError:
-            os.close(self._fd)
-            self._fd = None
-            raise
-
-
 class Writer(_ConnectionThread):
     """The one thread that writes: drains the queue and commits each drained group at once.
 
     At ``synchronous="FULL"`` the connection commits at ``NORMAL`` and the callers of
-    synced writes hear back through the :class:`_Syncer` once their commit is on disk.
+    synced writes hear back through the :class:`~._disk.Syncer` once their commit is on disk.
     """
 
     _role = "writer"
@@ -391,8 +188,8 @@ class Writer(_ConnectionThread):
         super().__init__(engine, where)
         self._max_ops = max_group_operations
         self._driver: sqlite3.Connection | None = None
-        self._checkpointer = _Checkpointer(engine, where)
-        self._syncer = _Syncer(where) if synchronous == "FULL" else None
+        self._checkpointer = Checkpointer(engine, where)
+        self._syncer = Syncer(where) if synchronous == "FULL" else None
         self.transactions = 0
 
     @property
@@ -422,7 +219,7 @@ class Writer(_ConnectionThread):
                 # A bug here must not kill the only writer and leave every caller waiting.
                 log.exception("timer store writer on %s failed", self._where)
                 error = StoreError(f"timer store writer on {self._where} failed: {exc!r}")
-                _deliver([(job.future, None, error) for job in jobs])
+                deliver([(job.future, None, error) for job in jobs])
         self._checkpointer.stop()
         if self._syncer is not None:
             self._syncer.stop()  # before the connection closes: the callers waiting hear back
@@ -443,7 +240,7 @@ class Writer(_ConnectionThread):
                     item = self._queue.get_nowait()
                 except queue.Empty:
                     return jobs, [], False
-            if item is _STOP:
+            if item is STOP:
                 return jobs, incoming, True
             assert isinstance(item, ApplyJob | CallJob | OpenJob)
             if isinstance(item, ApplyJob):
@@ -457,7 +254,7 @@ class Writer(_ConnectionThread):
         index = 0
         while index < len(jobs):
             job = jobs[index]
-            results: list[_Result]
+            results: list[Result]
             synced = True
             if isinstance(job, OpenJob):
                 results = [self._open(job)]
@@ -486,17 +283,17 @@ class Writer(_ConnectionThread):
             if synced and self._syncer is not None:
                 self._syncer.submit(results)
             else:
-                _deliver(results)
+                deliver(results)
 
-    def _open(self, job: OpenJob) -> _Result:
+    def _open(self, job: OpenJob) -> Result:
         try:
             connection = self._engine.connect()
             self._connection = connection
             driver = self._driver = driver_of(connection)
             if self._syncer is not None:
                 driver.execute("PRAGMA synchronous = NORMAL")  # the syncer syncs
-            driver.execute(f"PRAGMA wal_autocheckpoint = {_WRITER_AUTOCHECKPOINT_PAGES}")
-            driver.execute(f"PRAGMA journal_size_limit = {_WAL_SIZE_LIMIT_BYTES}")
+            driver.execute(f"PRAGMA wal_autocheckpoint = {WRITER_AUTOCHECKPOINT_PAGES}")
+            driver.execute(f"PRAGMA journal_size_limit = {WAL_SIZE_LIMIT_BYTES}")
             if job.migrate:
                 migrate_connection(connection, mode=job.mode, where=self._where)
             return job.future, None, None
@@ -511,7 +308,7 @@ class Writer(_ConnectionThread):
     def _not_open(self) -> StoreUnavailable:
         return StoreUnavailable(f"the timer store on {self._where} is not open")
 
-    def _call(self, job: CallJob) -> _Result:
+    def _call(self, job: CallJob) -> Result:
         connection, driver = self._connection, self._driver
         if connection is None or driver is None:
             return job.future, None, self._not_open()
@@ -533,7 +330,7 @@ class Writer(_ConnectionThread):
         except Exception as exc:
             return job.future, None, self._error(exc)
 
-    def _call_group(self, calls: list[CallJob]) -> list[_Result]:
+    def _call_group(self, calls: list[CallJob]) -> list[Result]:
         """Run writes queued together in one transaction; if one fails, each alone again."""
         if len(calls) == 1:
             return [self._call(calls[0])]
@@ -561,7 +358,7 @@ class Writer(_ConnectionThread):
         self._checkpointer.poke()
         return [(job.future, outcome, None) for job, outcome in zip(calls, outcomes, strict=True)]
 
-    def _apply_group(self, group: list[ApplyJob]) -> list[_Result]:
+    def _apply_group(self, group: list[ApplyJob]) -> list[Result]:
         driver = self._driver
         if driver is None:
             closed = self._not_open()
@@ -576,7 +373,7 @@ class Writer(_ConnectionThread):
             # the others that happened to share its transaction: redo them one by one.
             log.debug("group commit of %d calls failed (%s); retrying each", len(group), error)
             return [self._apply_alone(driver, job) for job in group]
-        results: list[_Result] = []
+        results: list[Result] = []
         start = 0
         for job in group:
             end = start + len(job.batch)
@@ -584,7 +381,7 @@ class Writer(_ConnectionThread):
             start = end
         return results
 
-    def _apply_alone(self, driver: sqlite3.Connection, job: ApplyJob) -> _Result:
+    def _apply_alone(self, driver: sqlite3.Connection, job: ApplyJob) -> Result:
         try:
             return job.future, self._apply_ops(driver, [job.batch]), None
         except Exception as exc:

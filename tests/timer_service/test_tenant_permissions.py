@@ -299,11 +299,13 @@ class TestReplySubjectAttacks:
             "timer.commands.tenant-b",
         ]
         async with connected(deployment, "timer-service") as service:
-            # Something to purge: B's own bad command, dead-lettered.
+            # Something to purge: B's own bad command, dead-lettered. The deployment is the
+            # module's: wait for this one, not for what earlier tests left in the stream.
+            already = (await service.jetstream.stream_info("TIMER_DLQ")).state.messages
             async with connected(deployment, "tenant-b") as b:
                 forged = TimerClient(b).cancel_envelope("tenant-a", "x")
                 await b.jetstream.publish("timer.commands.tenant-b", encode_envelope(forged))
-            await wait_for_dead_letters(service, 1)
+            await wait_for_dead_letters(service, already + 1)
             before = await broker_state(service)
             async with connected(deployment, "tenant-a") as a:
                 for subject, body in carriers:

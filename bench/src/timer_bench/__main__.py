@@ -18,6 +18,8 @@ SCENARIOS = {
     "backlog-sqlite": ("backlog", "a big overdue backlog drained on SQLite"),
     "backlog-postgres": ("backlog", "a big overdue backlog drained by services on PostgreSQL"),
     "compare": ("compare", "Timer beside pgqueuer and APScheduler on the same machine"),
+    "large-sqlite": ("large", "the service on SQLite with millions of pending and fired timers"),
+    "large-postgres": ("large", "services on PostgreSQL with millions of pending and fired timers"),
     "store": ("store", "SqliteTimerStore against raw sqlite3"),
     "publish": ("publish", "acked JetStream publishing, sequential and windowed"),
     "otel": ("otel", "what OpenTelemetry costs the fire path"),

@@ -339,12 +339,14 @@ async def scenario_storm(run: Run) -> None:
 
 
 async def steady_lateness(
-    broker: Broker, rate_per_s: int, seconds: float, wait: Any = None
+    broker: Broker, rate_per_s: int, seconds: float, wait: Any = None, prefix: str = "steady"
 ) -> tuple[int, dict[str, float], dict[str, float], int]:
     """``rate_per_s`` ``ScheduleTimer`` a second through ``TIMER_COMMANDS`` in ticks of 10 ms,
     each due at a random millisecond 1-2 s ahead, every event read back by a live consumer:
     how many were sent, and per timer ``reachedAt - dueAt`` and (read - due), in ms, and how
-    many fired early. ``wait()`` is called while waiting for the last events."""
+    many fired early. ``wait()`` is called while waiting for the last events; ``prefix``
+    starts every service call id (a fired key is never armed again: runs on one database
+    need prefixes of their own)."""
     per_tick, tick = max(1, rate_per_s // 100), 0.01
     readable: dict[str, float] = {}
     reached: dict[str, float] = {}
@@ -377,7 +379,7 @@ async def steady_lateness(
         envelopes = [
             sender.schedule_envelope(
                 f"tenant-{(sent + i) % TENANTS:02d}",
-                f"steady-{sent + i:08d}",
+                f"{prefix}-{sent + i:08d}",
                 from_epoch_ms(base + 1000 + random.randrange(1000)),
             )
             for i in range(per_tick)

@@ -1,6 +1,7 @@
-"""Timer beside its peers on the same machine, round by round: pgqueuer on the same
-PostgreSQL server, APScheduler 4 on SQLite with Timer's settings, each with its own raw
-yardstick measured in the same round.
+"""Timer beside its peers on the same machine, round by round: Timer on PostgreSQL beside
+pgqueuer and DBOS (delayed workflows) on the same PostgreSQL server; Timer on SQLite beside
+APScheduler 4 and DBOS on SQLite with Timer's settings; each with its own raw yardstick
+measured in the same round.
 
 The peers, at the versions pinned in ``PEERS``, go into a virtualenv of their own in a
 temporary directory (never into Timer's environment). Every system does the same three
@@ -22,15 +23,17 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from datetime import timedelta
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Final
 
 from timer_adapters_nats import NatsBroker, NatsServerProcess, NatsSettings
+from timer_adapters_postgres import PostgresTimerStore
 from timer_adapters_sqlite import SqliteTimerStore
 from timer_bench import kit, sqlite, yardsticks
 from timer_bench.procs import WatchedPublisher, postgres
-from timer_core import SystemClock, TenantId, Timer, TimerEntry
+from timer_core import SystemClock, TenantId, Timer, TimerEntry, TimerStore
 
 #: The peers and everything they import, pinned: the versions the figures are for.
 PEERS = {
@@ -41,7 +44,10 @@ PEERS = {
     "greenlet": "3.5.6",
     "aiosqlite": "0.22.1",
     "sniffio": "1.3.1",  # APScheduler 4.0.0a6 imports it; newer anyio no longer pulls it in
+    "dbos": "3.4.0",
 }
+#: Every system of the race: (key, how its round runs).
+SYSTEMS = ("timer", "timer-postgres", "pgqueuer", "dbos-postgres", "apscheduler", "dbos-sqlite")
 #: PostgreSQL as durable as the SQLite every system runs on here (WAL, synchronous=NORMAL):
 #: every commit survives a crash of the process, the last ones may be lost on power loss.
 POSTGRES = {"fsync": "on", "synchronous_commit": "off", "full_page_writes": "on"}
@@ -74,14 +80,28 @@ def peer_round(python: Path, arguments: list[str]) -> dict[str, Any]:
     return dict(json.loads(done.stdout.strip().splitlines()[-1]))
 
 
-async def timer_round(directory: Path, nats_url: str, jobs: int, rate: int, seconds: float) -> Any:
+async def timer_round(
+    directory: Path,
+    nats_url: str,
+    jobs: int,
+    rate: int,
+    seconds: float,
+    postgres_url: Callable[[str], str] | None = None,
+) -> Any:
+    """Timer's three phases on SQLite files in ``directory``, or (``postgres_url``: a fresh
+    database's URL by name) on PostgreSQL databases of their own."""
     clock = SystemClock()
+
+    def make(phase: str) -> TimerStore:
+        if postgres_url is None:
+            return SqliteTimerStore(directory / f"{phase}.db", synchronous=TIMER_SYNCHRONOUS)
+        return PostgresTimerStore(postgres_url(phase), owner_id=f"compare-{phase}")
 
     def batches(due: Any, now: Any) -> list[list[TimerEntry]]:
         entries = [TimerEntry(f"tenant-{i % 50}", f"call-{i}", due, now) for i in range(jobs)]
         return [entries[start : start + BATCH] for start in range(0, jobs, BATCH)]
 
-    async with SqliteTimerStore(directory / "schedule.db", synchronous=TIMER_SYNCHRONOUS) as store:
+    async with make("schedule") as store:
         now = clock.now()
         watch = kit.Stopwatch()
         for batch in batches(now + timedelta(hours=1), now):
@@ -89,7 +109,7 @@ async def timer_round(directory: Path, nats_url: str, jobs: int, rate: int, seco
         schedule_per_s = kit.rate(jobs, watch.elapsed())
 
     async with NatsBroker(NatsSettings(url=nats_url)) as broker:
-        async with SqliteTimerStore(directory / "fire.db", synchronous=TIMER_SYNCHRONOUS) as store:
+        async with make("fire") as store:
             now = clock.now()
             for batch in batches(now, now):
                 await store.apply(batch)
@@ -97,7 +117,7 @@ async def timer_round(directory: Path, nats_url: str, jobs: int, rate: int, seco
             fire_per_s = kit.rate(jobs, await watched.fire_all(store, batch=BATCH))
 
         total = int(rate * seconds)
-        store = SqliteTimerStore(directory / "steady.db", synchronous=TIMER_SYNCHRONOUS)
+        store = make("steady")
         async with Timer(store, broker.publisher) as timer:
             watch = kit.Stopwatch()
             for i in range(total):
@@ -114,7 +134,11 @@ async def timer_round(directory: Path, nats_url: str, jobs: int, rate: int, seco
         "fire_per_s": fire_per_s,
         "fired": len(lateness),
         "lateness": kit.percentiles(lateness),
-        "yardstick": await timer_yardstick(directory / "raw.db", nats_url, jobs),
+        "yardstick": (
+            await timer_yardstick(directory / "raw.db", nats_url, jobs)
+            if postgres_url is None
+            else await timer_pg_yardstick(postgres_url("raw"), nats_url, jobs)
+        ),
     }
 
 
@@ -125,6 +149,66 @@ async def timer_yardstick(path: Path, nats_url: str, jobs: int) -> dict[str, flo
     rows = list(sqlite.timer_rows(jobs, prefix="raw", due_ms=lambda i: now - 1000))
     insert_per_s = yardsticks.upserts(sqlite.create(path), rows, BATCH)
     claim_per_s, _ = await yardsticks.fire_pipeline(path, nats_url, BATCH)
+    return {"insert_per_s": insert_per_s, "claim_delete_per_s": claim_per_s}
+
+
+async def timer_pg_yardstick(url: str, nats_url: str, jobs: int) -> dict[str, float]:
+    """Timer's work by hand on Timer's PostgreSQL schema: ``INSERT ... SELECT FROM unnest``
+    of 100 rows a statement; then claim 100 due (``FOR UPDATE SKIP LOCKED``), acked
+    JetStream publishes, one ``UPDATE`` marking them ``Reached``, one commit per batch."""
+    import nats
+    import psycopg
+
+    async with PostgresTimerStore(url, owner_id="raw", listen=False):
+        pass  # Timer's schema, made by its migrations
+    conninfo = url.replace("postgresql+psycopg://", "postgresql://")
+    now = datetime.now(UTC)
+    async with await psycopg.AsyncConnection.connect(conninfo, autocommit=True) as conn:
+        watch = kit.Stopwatch()
+        for start in range(0, jobs, BATCH):
+            ids = [f"raw-{i}" for i in range(start, min(jobs, start + BATCH))]
+            await conn.execute(
+                "INSERT INTO timer_schedules (tenant_id, service_call_id, due_at, registered_at) "
+                "SELECT 'tenant-' || (n %% 50), c, %s, %s FROM unnest(%s::text[]) "
+                "WITH ORDINALITY AS u(c, n) ON CONFLICT (tenant_id, service_call_id) DO UPDATE "
+                "SET due_at = excluded.due_at WHERE timer_schedules.state = 'Scheduled'",
+                (now, now, ids),
+            )
+        insert_per_s = kit.rate(jobs, watch.elapsed())
+        nc = await nats.connect(nats_url)
+        js = nc.jetstream(timeout=10)
+        watch, done = kit.Stopwatch(), 0
+        while True:
+            async with conn.transaction():
+                rows = await (
+                    await conn.execute(
+                        "SELECT tenant_id, service_call_id, due_at FROM timer_schedules "
+                        "WHERE state = 'Scheduled' AND due_at <= now() "
+                        "ORDER BY due_at, tenant_id, service_call_id LIMIT %s "
+                        "FOR UPDATE SKIP LOCKED",
+                        (BATCH,),
+                    )
+                ).fetchall()
+                if not rows:
+                    break
+                acks = [
+                    js.publish(
+                        f"timer.events.{tenant}",
+                        json.dumps({"tenantId": tenant, "serviceCallId": call}).encode(),
+                        stream="TIMER_EVENTS",
+                    )
+                    for tenant, call, _ in rows
+                ]
+                await asyncio.gather(*acks)
+                await conn.execute(
+                    "UPDATE timer_schedules SET state = 'Reached', reached_at = now() "
+                    "WHERE (tenant_id, service_call_id) IN "
+                    "(SELECT * FROM unnest(%s::text[], %s::text[]))",
+                    ([r[0] for r in rows], [r[1] for r in rows]),
+                )
+            done += len(rows)
+        claim_per_s = kit.rate(done, watch.elapsed())
+        await nc.close()
     return {"insert_per_s": insert_per_s, "claim_delete_per_s": claim_per_s}
 
 
@@ -167,6 +251,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--jobs", type=int, default=10_000, help="for Timer and pgqueuer")
     parser.add_argument("--apscheduler-jobs", type=int, default=1_000)
+    parser.add_argument("--dbos-jobs", type=int, default=2_000)
+    parser.add_argument("--systems", default=",".join(SYSTEMS), help="comma-separated")
     parser.add_argument("--rate", type=int, default=20, help="steady jobs/s for lateness")
     parser.add_argument("--seconds", type=float, default=10.0)
 
@@ -174,13 +260,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     if args.quick:
         args.rounds, args.jobs, args.apscheduler_jobs, args.seconds = 1, 1_000, 200, 3.0
+        args.dbos_jobs = 200
     scratch = Path(tempfile.mkdtemp(prefix="timer-compare-"))
     os.chmod(scratch, 0o755)
     machine = kit.machine()
     kit.progress(f"peers: {', '.join(f'{k} {v}' for k, v in PEERS.items())}")
     python = peer_python(scratch)
     server = NatsServerProcess(scratch / "nats", host="127.0.0.1", port=0)
-    rounds: dict[str, list[dict[str, Any]]] = {"timer": [], "pgqueuer": [], "apscheduler": []}
+    systems = [name for name in args.systems.split(",") if name]
+    if unknown := set(systems) - set(SYSTEMS):
+        raise SystemExit(f"unknown systems: {', '.join(sorted(unknown))}")
+    rounds: dict[str, list[dict[str, Any]]] = {name: [] for name in systems}
     try:
         with postgres(POSTGRES) as pg:
             with pg.admin() as connection:
@@ -198,6 +288,27 @@ def main(args: argparse.Namespace) -> int:
                 if system == "timer":
                     return asyncio.run(
                         timer_round(work, server.url, args.jobs, args.rate, args.seconds)
+                    )
+                if system == "timer-postgres":
+                    return asyncio.run(
+                        timer_round(
+                            work,
+                            server.url,
+                            args.jobs,
+                            args.rate,
+                            args.seconds,
+                            lambda phase: pg.create_database(f"timer_{n}_{phase}"),
+                        )
+                    )
+                if system == "dbos-postgres":
+                    url = f"postgresql://{pg.user}@127.0.0.1:{pg.port}/dbos_{n}"
+                    return peer_round(
+                        python, ["dbos", "--dsn", url, "--jobs", str(args.dbos_jobs), *common]
+                    )
+                if system == "dbos-sqlite":
+                    url = f"sqlite:///{work / 'dbos.db'}"
+                    return peer_round(
+                        python, ["dbos", "--dsn", url, "--jobs", str(args.dbos_jobs), *common]
                     )
                 if system == "pgqueuer":
                     return peer_round(
@@ -230,8 +341,11 @@ def main(args: argparse.Namespace) -> int:
             "rounds": args.rounds,
             "jobs": {
                 "timer": args.jobs,
+                "timer-postgres": args.jobs,
                 "pgqueuer": args.jobs,
                 "apscheduler": args.apscheduler_jobs,
+                "dbos-postgres": args.dbos_jobs,
+                "dbos-sqlite": args.dbos_jobs,
             },
             "batch": BATCH,
             "steady_rate_per_s": args.rate,

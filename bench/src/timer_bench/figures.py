@@ -170,11 +170,11 @@ def compare(d: dict[str, Any]) -> Figures:
         "settings": render.compare_settings(d),
     }
     for key, name, _ in render.compare_systems(d):
-        s = d["systems"][key]
-        out[f"{key}_name"] = name
-        out[f"{key}_schedule"] = per_s(s["schedule_per_s"]["median"])
-        out[f"{key}_fire"] = per_s(s["fire_per_s"]["median"])
-        out[f"{key}_p99"] = f"{render.late(s['lateness.p99_ms']['median'])} ms"
+        s, prefix = d["systems"][key], key.replace("-", "_")
+        out[f"{prefix}_name"] = name
+        out[f"{prefix}_schedule"] = per_s(s["schedule_per_s"]["median"])
+        out[f"{prefix}_fire"] = per_s(s["fire_per_s"]["median"])
+        out[f"{prefix}_p99"] = f"{render.late(s['lateness.p99_ms']['median'])} ms"
     return out
 
 

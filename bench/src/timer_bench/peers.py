@@ -262,9 +262,114 @@ def sqlite_yardstick(path: str, jobs: int) -> dict[str, float]:
     return {"insert_per_s": round(insert_per_s, 1), "claim_delete_per_s": round(claim_per_s, 1)}
 
 
+# --- DBOS: delayed workflows on PostgreSQL or SQLite ---------------------------------------
+
+_RAN: list[float] = []
+
+
+def dbos_round(
+    url: str, jobs: int, rate: int, seconds: float, yardstick_jobs: int
+) -> dict[str, Any]:
+    """DBOS at its defaults: a queue (polled every second), each job a workflow enqueued with
+    ``SetEnqueueOptions(delay_seconds=...)``; a workflow records how late it started."""
+    from dbos import DBOS, SetEnqueueOptions
+
+    DBOS(config={"name": "compare", "system_database_url": url, "run_admin_server": False})
+
+    @DBOS.workflow()  # type: ignore[untyped-decorator]
+    def noop(due: float) -> None:
+        _RAN.append((time.time() - due) * 1000)
+
+    DBOS.launch()
+    queue = DBOS.register_queue("compare")
+    try:
+        # Schedule: one enqueue per job (no batch call), each due in an hour.
+        started = time.perf_counter()
+        for _ in range(jobs):
+            with SetEnqueueOptions(delay_seconds=3600):
+                queue.enqueue(noop, 0.0)
+        schedule_per_s = jobs / (time.perf_counter() - started)
+
+        # Fire: jobs all due at one instant, enqueued before it; from then until all ran.
+        _RAN.clear()
+        due = time.time() + 1.0 + 1.5 * jobs / schedule_per_s
+        for _ in range(jobs):
+            with SetEnqueueOptions(delay_seconds=max(0.0, due - time.time())):
+                queue.enqueue(noop, due)
+        deadline = due + 600
+        while len(_RAN) < jobs and time.time() < deadline:
+            time.sleep(0.01)
+        fire_per_s = len(_RAN) / max(1e-9, time.time() - due)
+
+        # Lateness: `rate` jobs/s for `seconds`, each due 1-2 s ahead.
+        _RAN.clear()
+        total = int(rate * seconds)
+        started = time.perf_counter()
+        for i in range(total):
+            delay = random.randint(1000, 2000) / 1000
+            with SetEnqueueOptions(delay_seconds=delay):
+                queue.enqueue(noop, time.time() + delay)
+            time.sleep(max(0.0, (i + 1) / rate - (time.perf_counter() - started)))
+        deadline = time.time() + seconds + 120
+        while len(_RAN) < total and time.time() < deadline:
+            time.sleep(0.01)
+        lateness = list(_RAN)
+    finally:
+        DBOS.destroy()
+    if url.startswith("sqlite"):
+        yardstick = sqlite_yardstick(url.removeprefix("sqlite:///") + ".raw", yardstick_jobs)
+    else:
+        yardstick = asyncio.run(plain_pg_yardstick(url, yardstick_jobs))
+    return {
+        "schedule_per_s": round(schedule_per_s, 1),
+        "fire_per_s": round(fire_per_s, 1),
+        "fired": len(lateness),
+        "lateness": percentiles(lateness),
+        "yardstick": yardstick,
+    }
+
+
+async def plain_pg_yardstick(dsn: str, jobs: int) -> dict[str, float]:
+    """Raw asyncpg doing a one-at-a-time enqueue's work: one insert a commit into a plain
+    table with a due-time index; then claim 100 due (``FOR UPDATE SKIP LOCKED``) and delete
+    them, one commit each."""
+    import asyncpg
+
+    connection = await asyncpg.connect(dsn)
+    await connection.execute(
+        "CREATE TABLE IF NOT EXISTS raw_jobs (id bigserial PRIMARY KEY, "
+        "execute_after timestamptz NOT NULL, payload bytea)"
+    )
+    await connection.execute("CREATE INDEX IF NOT EXISTS raw_jobs_due ON raw_jobs (execute_after)")
+    started = time.perf_counter()
+    for _ in range(jobs):
+        await connection.execute(
+            "INSERT INTO raw_jobs (execute_after, payload) VALUES (now(), NULL)"
+        )
+    insert_per_s = jobs / (time.perf_counter() - started)
+    started, done = time.perf_counter(), 0
+    while True:
+        async with connection.transaction():
+            ids = await connection.fetch(
+                "SELECT id FROM raw_jobs WHERE execute_after <= now() ORDER BY execute_after "
+                "LIMIT $1 FOR UPDATE SKIP LOCKED",
+                BATCH,
+            )
+            if ids:
+                await connection.execute(
+                    "DELETE FROM raw_jobs WHERE id = ANY($1::bigint[])", [r["id"] for r in ids]
+                )
+        if not ids:
+            break
+        done += len(ids)
+    claim_per_s = done / (time.perf_counter() - started)
+    await connection.close()
+    return {"insert_per_s": round(insert_per_s, 1), "claim_delete_per_s": round(claim_per_s, 1)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("peer", choices=["pgqueuer", "apscheduler"])
+    parser.add_argument("peer", choices=["pgqueuer", "apscheduler", "dbos"])
     parser.add_argument("--dsn")
     parser.add_argument("--db")
     parser.add_argument("--jobs", type=int, required=True)
@@ -272,6 +377,10 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, required=True)
     parser.add_argument("--yardstick-jobs", type=int, required=True)
     args = parser.parse_args()
+    if args.peer == "dbos":
+        result = dbos_round(args.dsn, args.jobs, args.rate, args.seconds, args.yardstick_jobs)
+        print(json.dumps(result))
+        return
     if args.peer == "pgqueuer":
         run = pgqueuer_round(args.dsn, args.jobs, args.rate, args.seconds, args.yardstick_jobs)
     else:

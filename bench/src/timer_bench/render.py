@@ -225,32 +225,62 @@ def backlog_block(document: dict[str, Any]) -> str:
 YARDSTICKS = {
     "timer": "raw `sqlite3` upserts, 100 a commit; select 100 due, acked nats-py publishes, "
     "mark, one commit",
+    "timer-postgres": "raw psycopg: `INSERT ... SELECT FROM unnest(...)` of 100 rows; select "
+    "100 due `FOR UPDATE SKIP LOCKED`, acked nats-py publishes, one `UPDATE` to `Reached`",
     "pgqueuer": "raw asyncpg: `INSERT ... unnest(...)` of 100 rows; `UPDATE ... FOR UPDATE "
     "SKIP LOCKED LIMIT 100 RETURNING` then `DELETE`",
+    "dbos-postgres": "raw asyncpg: one insert a commit; select 100 due `FOR UPDATE SKIP "
+    "LOCKED` and delete them, one commit",
     "apscheduler": "raw `sqlite3`: one insert a commit (as `add_schedule`); select 100 due and "
+    "delete them, one commit",
+    "dbos-sqlite": "raw `sqlite3`: one insert a commit (as `enqueue`); select 100 due and "
     "delete them, one commit",
 }
 
 
 def compare_systems(document: dict[str, Any]) -> list[tuple[str, str, str]]:
-    """(key, name and version, what it runs on) of each system, Timer first."""
+    """(key, name and version, what it runs on and does per item) of each system measured,
+    each Timer before its peers on the same database."""
     peers = document["peers"]
     postgres = document["machine"]["postgres"].split(" (")[0]
-    return [
+    dbos = f"DBOS {peers.get('dbos', '?')}"
+    every = [
+        (
+            "timer-postgres",
+            f"Timer {document['timer_version']}",
+            f"{postgres}, in-process (`TimerStore.apply`, `TimerWorker`); each firing a claim "
+            "under a lease, an acked JetStream publish, a mark to `Reached`",
+        ),
+        (
+            "pgqueuer",
+            f"pgqueuer {peers['pgqueuer']}",
+            f"{postgres}, asyncpg {peers['asyncpg']}; each job a no-op, deleted when done",
+        ),
+        (
+            "dbos-postgres",
+            dbos,
+            f"{postgres}; each job a delayed workflow (`SetEnqueueOptions(delay_seconds=...)`), "
+            "its status and output kept",
+        ),
         (
             "timer",
             f"Timer {document['timer_version']}",
             "SQLite, in-process (`TimerStore.apply`, `TimerWorker`); each firing an acked "
             "JetStream publish",
         ),
-        ("pgqueuer", f"pgqueuer {peers['pgqueuer']}", f"{postgres}, asyncpg {peers['asyncpg']}"),
         (
             "apscheduler",
             f"APScheduler {peers['apscheduler[sqlalchemy]']}",
             f"SQLite via SQLAlchemy {peers['sqlalchemy[asyncio]']} + aiosqlite "
-            f"{peers['aiosqlite']}",
+            f"{peers['aiosqlite']}; each job a no-op coroutine",
+        ),
+        (
+            "dbos-sqlite",
+            dbos,
+            "SQLite (DBOS's own settings); each job a delayed workflow, its status and output kept",
         ),
     ]
+    return [system for system in every if system[0] in document["systems"]]
 
 
 def late(value: float) -> str:

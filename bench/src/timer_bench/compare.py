@@ -45,9 +45,18 @@ PEERS = {
     "aiosqlite": "0.22.1",
     "sniffio": "1.3.1",  # APScheduler 4.0.0a6 imports it; newer anyio no longer pulls it in
     "dbos": "3.4.0",
+    "awa-pg": "0.6.9",
 }
 #: Every system of the race: (key, how its round runs).
-SYSTEMS = ("timer", "timer-postgres", "pgqueuer", "dbos-postgres", "apscheduler", "dbos-sqlite")
+SYSTEMS = (
+    "timer",
+    "timer-postgres",
+    "pgqueuer",
+    "dbos-postgres",
+    "awa",
+    "apscheduler",
+    "dbos-sqlite",
+)
 #: PostgreSQL as durable as the SQLite every system runs on here (WAL, synchronous=NORMAL):
 #: every commit survives a crash of the process, the last ones may be lost on power loss.
 POSTGRES = {"fsync": "on", "synchronous_commit": "off", "full_page_writes": "on"}
@@ -305,6 +314,12 @@ def main(args: argparse.Namespace) -> int:
                     return peer_round(
                         python, ["dbos", "--dsn", url, "--jobs", str(args.dbos_jobs), *common]
                     )
+                if system == "awa":
+                    url = f"postgresql://{pg.user}@127.0.0.1:{pg.port}/awa_{n}"
+                    pg.create_database(f"awa_{n}")
+                    return peer_round(
+                        python, ["awa", "--dsn", url, "--jobs", str(args.jobs), *common]
+                    )
                 if system == "dbos-sqlite":
                     url = f"sqlite:///{work / 'dbos.db'}"
                     return peer_round(
@@ -345,6 +360,7 @@ def main(args: argparse.Namespace) -> int:
                 "pgqueuer": args.jobs,
                 "apscheduler": args.apscheduler_jobs,
                 "dbos-postgres": args.dbos_jobs,
+                "awa": args.jobs,
                 "dbos-sqlite": args.dbos_jobs,
             },
             "batch": BATCH,

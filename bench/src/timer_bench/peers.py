@@ -262,6 +262,73 @@ def sqlite_yardstick(path: str, jobs: int) -> dict[str, float]:
     return {"insert_per_s": round(insert_per_s, 1), "claim_delete_per_s": round(claim_per_s, 1)}
 
 
+# --- awa on PostgreSQL ---------------------------------------------------------------------
+
+
+async def awa_round(
+    dsn: str, jobs: int, rate: int, seconds: float, yardstick_jobs: int
+) -> dict[str, Any]:
+    """awa at its defaults (200 ms polling): jobs with ``run_at``, inserted 100 at a time by
+    its COPY batch call; a handler records how late it started."""
+    from dataclasses import dataclass
+
+    import awa
+
+    @dataclass
+    class Noop:
+        due: float
+
+    ran: list[float] = []
+    client = awa.AsyncClient(dsn)
+    await client.migrate()
+
+    @client.task(Noop, queue="compare")  # type: ignore[untyped-decorator]
+    async def handle(job: Any) -> None:
+        ran.append((time.time() - job.args.due) * 1000)
+
+    # Schedule: jobs due in an hour, 100 a call.
+    later = datetime.now(UTC) + timedelta(hours=1)
+    started = time.perf_counter()
+    for start in range(0, jobs, BATCH):
+        n = min(BATCH, jobs - start)
+        await client.insert_many_copy([Noop(0.0)] * n, queue="compare", run_at=later)
+    schedule_per_s = jobs / (time.perf_counter() - started)
+
+    # Fire: jobs due now, inserted before the workers start; from the start until all ran.
+    due = time.time()
+    for start in range(0, jobs, BATCH):
+        n = min(BATCH, jobs - start)
+        await client.insert_many_copy([Noop(due)] * n, queue="compare")
+    started = time.perf_counter()
+    await client.start([("compare", BATCH)])
+    deadline = started + 600
+    while len(ran) < jobs and time.perf_counter() < deadline:
+        await asyncio.sleep(0.01)
+    fire_per_s = len(ran) / (time.perf_counter() - started)
+
+    # Lateness: `rate` jobs/s for `seconds`, each due 1-2 s ahead.
+    ran.clear()
+    total = int(rate * seconds)
+    started = time.perf_counter()
+    for i in range(total):
+        at = time.time() + random.randint(1000, 2000) / 1000
+        await client.insert(Noop(at), queue="compare", run_at=datetime.fromtimestamp(at, UTC))
+        await asyncio.sleep(max(0.0, (i + 1) / rate - (time.perf_counter() - started)))
+    deadline = time.perf_counter() + seconds + 120
+    while len(ran) < total and time.perf_counter() < deadline:
+        await asyncio.sleep(0.01)
+    lateness = list(ran)
+    await client.shutdown()
+    await client.close()
+    return {
+        "schedule_per_s": round(schedule_per_s, 1),
+        "fire_per_s": round(fire_per_s, 1),
+        "fired": len(lateness),
+        "lateness": percentiles(lateness),
+        "yardstick": await plain_pg_yardstick(dsn, yardstick_jobs),
+    }
+
+
 # --- DBOS: delayed workflows on PostgreSQL or SQLite ---------------------------------------
 
 _RAN: list[float] = []
@@ -369,7 +436,7 @@ async def plain_pg_yardstick(dsn: str, jobs: int) -> dict[str, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("peer", choices=["pgqueuer", "apscheduler", "dbos"])
+    parser.add_argument("peer", choices=["pgqueuer", "apscheduler", "dbos", "awa"])
     parser.add_argument("--dsn")
     parser.add_argument("--db")
     parser.add_argument("--jobs", type=int, required=True)
@@ -381,7 +448,9 @@ def main() -> None:
         result = dbos_round(args.dsn, args.jobs, args.rate, args.seconds, args.yardstick_jobs)
         print(json.dumps(result))
         return
-    if args.peer == "pgqueuer":
+    if args.peer == "awa":
+        run = awa_round(args.dsn, args.jobs, args.rate, args.seconds, args.yardstick_jobs)
+    elif args.peer == "pgqueuer":
         run = pgqueuer_round(args.dsn, args.jobs, args.rate, args.seconds, args.yardstick_jobs)
     else:
         run = apscheduler_round(args.db, args.jobs, args.rate, args.seconds, args.yardstick_jobs)

@@ -231,6 +231,8 @@ YARDSTICKS = {
     "SKIP LOCKED LIMIT 100 RETURNING` then `DELETE`",
     "dbos-postgres": "raw asyncpg: one insert a commit; select 100 due `FOR UPDATE SKIP "
     "LOCKED` and delete them, one commit",
+    "awa": "raw asyncpg: one insert a commit; select 100 due `FOR UPDATE SKIP LOCKED` and "
+    "delete them, one commit",
     "apscheduler": "raw `sqlite3`: one insert a commit (as `add_schedule`); select 100 due and "
     "delete them, one commit",
     "dbos-sqlite": "raw `sqlite3`: one insert a commit (as `enqueue`); select 100 due and "
@@ -261,6 +263,12 @@ def compare_systems(document: dict[str, Any]) -> list[tuple[str, str, str]]:
             dbos,
             f"{postgres}; each job a delayed workflow (`SetEnqueueOptions(delay_seconds=...)`), "
             "its status and output kept",
+        ),
+        (
+            "awa",
+            f"awa {peers.get('awa-pg', '?')}",
+            f"{postgres}; each job a no-op async handler (its Rust runtime claims, runs and "
+            "completes it)",
         ),
         (
             "timer",

@@ -159,6 +159,44 @@ def backlog(d: dict[str, Any]) -> Figures:
     }
 
 
+def large(d: dict[str, Any]) -> Figures:
+    """``p99_<instances>x_<rate>`` (and ``fired_...``, ``purge_...``) of each steady run on the
+    large table; ``empty_p99`` of the run on an empty one."""
+    where = (
+        "one `timer-service` on SQLite"
+        if d["store"] == "sqlite"
+        else "`timer-service` processes on one PostgreSQL database"
+    )
+    setup = (
+        f"{d['pending']:,} pending timers over {d['tenants']:,} tenants and {d['reached']:,} "
+        f"fired ones past the retention, {where} at the defaults, new timers each due 1-2 s "
+        "after it was sent"
+    )
+    out = {
+        **_sources(d, f"large-{d['store']}", setup, f"{d['pending']:,} pending, {where}"),
+        "pending": count(d["pending"]),
+        "reached": count(d["reached"]),
+        "bytes_per_timer": f"{d['sizes']['bytes_per_timer']:,.0f} bytes",
+        "schedule_vs_empty": times(d["schedule"]["large_vs_empty"]),
+        "rss": f"{max(max(r['peak_rss_mib']) for r in d['steady']):.0f} MiB",
+    }
+    for r in d["steady"]:
+        key = f"{r['instances']}x_{r['rate_per_s']}"
+        if r["table"] == "empty":
+            out["empty_p99"] = f"{ms(r['reached_lateness']['p99_ms'])} ms"
+            continue
+        out[f"p99_{key}"] = f"{ms(r['reached_lateness']['p99_ms'])} ms"
+        out[f"fired_{key}"] = f"{r['fired']:,} of {r['sent']:,}"
+        out[f"purge_{key}"] = times(r["purge_vs_fire"])
+    out["table"] = kit.markdown_table(
+        "steady run | fired | lateness p50 / p99 / max | retention purge vs fire rate | "
+        "peak RSS | load",
+        render.large_steady_rows(d),
+        "lrrrrr",
+    )
+    return out
+
+
 def compare(d: dict[str, Any]) -> Figures:
     setup = (
         "Timer on SQLite in-process, pgqueuer on PostgreSQL, APScheduler 4 on SQLite, in turn "
@@ -242,6 +280,8 @@ PAGES: dict[str, Callable[[dict[str, Any]], Figures]] = {
     "scale-out-steady": scale_out_steady,
     "backlog-sqlite": backlog,
     "backlog-postgres": backlog,
+    "large-sqlite": large,
+    "large-postgres": large,
     "compare": compare,
     "otel": otel,
     "fairness": fairness,

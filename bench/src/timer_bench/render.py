@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -176,7 +176,7 @@ def scale_out_block(document: dict[str, Any]) -> str:
 
 def scale_out_steady_block(document: dict[str, Any]) -> str:
     settings = document["settings"]
-    rows = []
+    rows: list[str | Sequence[object]] = []
     for n, one in document["instances"].items():
         reached, readable = one["reached_lateness"], one["readable_lateness"]
         cores = ", ".join(f"{g} {c:.2f}" for g, c in one["cores"].items())
@@ -217,6 +217,79 @@ def backlog_block(document: dict[str, Any]) -> str:
     return (
         f"Run: `python -m timer_bench backlog-{document['store']}` on {document['date']}: "
         f"{backlog_line(document)}. {checks_line(document['checks'])} {machine_line(document)}"
+    )
+
+
+# -- the large table -------------------------------------------------------------------------
+
+
+def large_steady_rows(document: dict[str, Any]) -> list[str | Sequence[object]]:
+    rows: list[str | Sequence[object]] = []
+    for r in document["steady"]:
+        lateness = r["reached_lateness"]
+        rows.append(
+            (
+                f"{r['table']}, {r['instances']} service(s), {per_s(r['rate_per_s'])}",
+                f"{r['fired']:,} of {r['sent']:,}",
+                " / ".join(ms(lateness[f"{q}_ms"]) for q in ("p50", "p99", "max")) + " ms",
+                (
+                    f"{times(r['purge_vs_fire'])} ({per_s(r['purged_per_s'])})"
+                    if r["table"] == "large"
+                    else "-"
+                ),
+                " / ".join(f"{peak:.0f}" for peak in r["peak_rss_mib"]) + " MiB",
+                f"{r['load'][0]:.1f}",
+            )
+        )
+    return rows
+
+
+def large_block(document: dict[str, Any]) -> str:
+    sizes, schedule = document["sizes"], document["schedule"]
+    index_bytes = sum(sizes["index_bytes"].values())
+    rows = document["pending"] + document["reached"]
+    where = (
+        "one `timer-service` on SQLite"
+        if document["store"] == "sqlite"
+        else "`timer-service` processes on one PostgreSQL database (`fsync`, "
+        "`synchronous_commit` on; `auto_explain` sampling 2% of statements)"
+    )
+    return "\n\n".join(
+        [
+            f"Run: `python -m timer_bench large-{document['store']} --pending "
+            f"{document['pending']}` on {document['date']}: {document['pending']:,} pending "
+            f"timers due over the next 30 days over {document['tenants']:,} tenants and "
+            f"{document['reached']:,} fired 7-14 days ago (all past the default retention), "
+            f"loaded by bulk SQL at {per_s(document['load_per_s'])} rows; {where}, at the "
+            "defaults; steady runs of "
+            f"{document['seconds']:.0f} s, each timer due 1-2 s after it was sent.",
+            markdown_table(
+                "measure | value",
+                [
+                    (
+                        "table + indexes, bytes per stored timer",
+                        f"{sizes['bytes_per_timer']:,.0f} ({sizes['table_bytes'] / rows:,.0f} "
+                        f"+ {index_bytes / rows:,.0f})",
+                    ),
+                    (
+                        f"schedule rate, {schedule['commands']:,} commands, large / empty "
+                        "(alternated)",
+                        f"**{times(schedule['large_vs_empty'])}** (rounds "
+                        + " / ".join(f"{x:.2f}" for x in schedule["rounds_vs_empty"])
+                        + f"; large {spread(schedule['large_per_s'])}/s, empty "
+                        f"{spread(schedule['empty_per_s'])}/s)",
+                    ),
+                ],
+                "lr",
+            ),
+            markdown_table(
+                "steady run | fired | lateness p50 / p99 / max | retention purge vs fire "
+                "rate | peak RSS | load",
+                large_steady_rows(document),
+                "lrrrrr",
+            ),
+            f"{checks_line(document['checks'])} {machine_line(document, 'sqlite', 'postgres')}",
+        ]
     )
 
 
@@ -414,7 +487,7 @@ def fairness_block(document: dict[str, Any]) -> str:
 
 
 def store_block(document: dict[str, Any]) -> str:
-    rows = []
+    rows: list[str | Sequence[object]] = []
     for row in document["rows"]:
         if "store_us" in row:
             store = f"{row['store_us']:.0f} us (p99 {row['store_p99_us']:.0f})"
@@ -595,6 +668,8 @@ BLOCKS: dict[str, Callable[[dict[str, Any]], str]] = {
     "scale-out-steady": scale_out_steady_block,
     "backlog-sqlite": backlog_block,
     "backlog-postgres": backlog_block,
+    "large-sqlite": large_block,
+    "large-postgres": large_block,
     "compare": compare_block,
     "otel": otel_block,
     "fairness": fairness_block,

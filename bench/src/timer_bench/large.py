@@ -79,6 +79,7 @@ def mib(kib: float) -> float:
 class Large(Protocol):
     kind: str
 
+    def store(self, db: str) -> Any: ...
     def create(self, name: str) -> str: ...
     def load(self, db: str, pending: int, reached: int, base_ms: int) -> None: ...
     def env(self, db: str, index: int) -> dict[str, str]: ...
@@ -159,6 +160,11 @@ class SqliteLarge:
 
     def env(self, db: str, index: int) -> dict[str, str]:
         return {"TIMER_DB_PATH": str(self.path(db))}
+
+    def store(self, db: str) -> Any:
+        from timer_adapters_sqlite import SqliteTimerStore
+
+        return SqliteTimerStore(self.path(db))
 
     def _one(self, db: str, sql: str, args: tuple[Any, ...] = ()) -> Any:
         connection = bench_sqlite.connect(self.path(db))
@@ -332,6 +338,11 @@ class PostgresLarge:
                     conn.execute(sql)
             conn.execute("VACUUM ANALYZE timer_schedules")
 
+    def store(self, db: str) -> Any:
+        from timer_adapters_postgres import PostgresTimerStore
+
+        return PostgresTimerStore(self.cluster.url(db), owner_id="calls", listen=False)
+
     def env(self, db: str, index: int) -> dict[str, str]:
         return {
             "TIMER_DATABASE_URL": str(self.cluster.url(db)),
@@ -469,6 +480,33 @@ def outline(node: dict[str, Any], depth: int = 0) -> list[str]:
 # -- the runs --------------------------------------------------------------------------------
 
 
+async def store_calls(store: Large, db: str, samples: int = 5) -> dict[str, float]:
+    """The worker's and the service's store calls on the table, through the store's own API,
+    nothing due (the earliest pending timer is a minute ahead): median ms of ``samples``."""
+    from datetime import UTC, datetime
+
+    timers = store.store(db)
+    calls: dict[str, Callable[[], Any]] = {
+        "count_scheduled": timers.count_scheduled,
+        "next_due_at": timers.next_due_at,
+        "find_due (batch 100)": lambda: timers.find_due(datetime.now(UTC), 100),
+    }
+    if getattr(timers, "finds_due_by_tenant", False):
+        calls["find_due_by_tenant (batch 100)"] = lambda: timers.find_due_by_tenant(
+            datetime.now(UTC), 100, after={}
+        )
+    out: dict[str, float] = {}
+    async with timers:
+        for name, call in calls.items():
+            taken = []
+            for _ in range(samples):
+                began = time.perf_counter()
+                await call()
+                taken.append((time.perf_counter() - began) * 1000)
+            out[name] = round(kit.median(taken), 2)
+    return out
+
+
 def start_services(
     store: Large, db: str, root: Path, label: str, broker_url: str, instances: int
 ) -> list[Service]:
@@ -603,6 +641,8 @@ async def run(store: Large, root: Path, args: argparse.Namespace) -> dict[str, A
     kit.progress(f"loaded in {out['load_s']} s; sizes and plans")
     out["sizes"] = await asyncio.to_thread(store.sizes, big)
     out["static_plans"] = await asyncio.to_thread(store.static_plans, big)
+    out["store_calls_ms"] = await store_calls(store, big)
+    kit.progress(f"store calls on the large table, ms: {out['store_calls_ms']}")
 
     async def measure(side: str, round_: int) -> dict[str, Any]:
         load = kit.load_average()[0]

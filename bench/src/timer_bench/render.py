@@ -260,7 +260,7 @@ def large_block(document: dict[str, Any]) -> str:
             f"{document['pending']}` on {document['date']}: {document['pending']:,} pending "
             f"timers due over the next 30 days over {document['tenants']:,} tenants and "
             f"{document['reached']:,} fired 7-14 days ago (all past the default retention), "
-            f"loaded by bulk SQL at {per_s(document['load_per_s'])} rows; {where}, at the "
+            f"loaded by bulk SQL at {count(document['load_per_s'])} rows/s; {where}, at the "
             "defaults; steady runs of "
             f"{document['seconds']:.0f} s, each timer due 1-2 s after it was sent.",
             markdown_table(

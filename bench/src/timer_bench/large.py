@@ -28,6 +28,7 @@ import asyncio
 import contextlib
 import importlib
 import json
+import os
 import pkgutil
 import re
 import shutil
@@ -47,10 +48,12 @@ from timer_bench.procs import (
     Broker,
     CheckFailed,
     Service,
+    Usage,
     nats_server_version,
     postgres,
     postgres_version,
     vm_kib,
+    with_children,
 )
 
 TENANTS = 1000
@@ -90,6 +93,7 @@ class Large(Protocol):
     def first_registered(self, db: str, prefix: str) -> float: ...
     def static_plans(self, db: str) -> dict[str, list[str]]: ...
     def log_offset(self) -> int: ...
+    def server_pids(self) -> list[int]: ...
     def logged_plans(self, since: int) -> list[dict[str, Any]]: ...
 
 
@@ -270,6 +274,9 @@ class SqliteLarge:
     def log_offset(self) -> int:
         return 0
 
+    def server_pids(self) -> list[int]:
+        return []
+
     def logged_plans(self, since: int) -> list[dict[str, Any]]:
         return []
 
@@ -416,6 +423,9 @@ class PostgresLarge:
 
     def static_plans(self, db: str) -> dict[str, list[str]]:
         return {}
+
+    def server_pids(self) -> list[int]:
+        return with_children(self.cluster.pid)
 
     @property
     def log(self) -> Path:
@@ -585,11 +595,19 @@ async def steady(
 
             purgeable_at_start = await asyncio.to_thread(store.purgeable, db, now_ms())
             sampling = asyncio.create_task(sampler())
+            groups = {
+                "services": [s.pid for s in services],
+                "database": store.server_pids(),
+                "nats-server": [broker.pid] if broker.pid else [],
+                "bench": [os.getpid()],
+            }
+            usage = Usage.now(groups)
             stream_started = time.perf_counter()
             sent, reached, readable, early = await steady_lateness(
                 broker, rate, seconds, check, prefix=label
             )
             stream_s = time.perf_counter() - stream_started
+            cores = usage.cores(Usage.now(groups))
             purgeable_at_end = await asyncio.to_thread(store.purgeable, db, now_ms())
             sampling.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -621,6 +639,11 @@ async def steady(
         "purged_per_s": kit.rate(purged, stream_s),
         "purge_vs_fire": round(purged / max(fired, 1), 2),
         "purge_exhausted": purgeable_at_end == 0,
+        "cores": {group: round(used, 3) for group, used in cores.items()},
+        "cpu_ms_per_timer": {
+            group: round(cores[group] * stream_s * 1000 / max(fired, 1), 4)
+            for group in ("services", "database", "nats-server")
+        },
         "load": kit.load_average(),
         "samples": samples,
         "plans": store.logged_plans(offset),

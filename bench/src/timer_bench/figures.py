@@ -194,7 +194,82 @@ def large(d: dict[str, Any]) -> Figures:
         render.large_steady_rows(d),
         "lrrrrr",
     )
+    if d["store"] == "postgres":
+        out.update(sizing(d))
     return out
+
+
+#: The sizing table's grid and the lines it draws (assumptions, stated with the table).
+SIZING_PENDING = (10_000_000, 100_000_000, 1_000_000_000)
+SIZING_RATES = (1_000, 10_000, 100_000)
+RETENTION_DAYS = 7
+ONE_SERVER_CORES = 16  # a large but ordinary PostgreSQL server
+UNPARTITIONED_BYTES = 2**40  # past this one table's vacuum and purge take hours: partition
+ONE_SERVER_BYTES = 4 * 2**40  # what one server's disk holds comfortably
+STREAM_CORES = 1.0  # a JetStream stream is served by its leader: about one core
+
+
+def _bytes(value: float) -> str:
+    for unit, size in (("TiB", 2**40), ("GiB", 2**30)):
+        if value >= size:
+            return f"{value / size:,.1f} {unit}"
+    return f"{value / 2**20:,.0f} MiB"
+
+
+def sizing(d: dict[str, Any]) -> Figures:
+    """Past one machine, on paper: from the bytes a stored timer takes and the CPU a fired one
+    costs (services, PostgreSQL, nats-server) at the heaviest steady run on the large table."""
+    heaviest = max(
+        (r for r in d["steady"] if r["table"] == "large"),
+        key=lambda r: (r["rate_per_s"], r["instances"]),
+    )
+    cpu = heaviest["cpu_ms_per_timer"]
+    per_timer = d["sizes"]["bytes_per_timer"]
+    rows = []
+    for pending in SIZING_PENDING:
+        for rate in SIZING_RATES:
+            fired = rate * RETENTION_DAYS * 86_400
+            stored = (pending + fired) * per_timer
+            db_cores = rate * cpu["database"] / 1000
+            service_cores = rate * cpu["services"] / 1000
+            nats_cores = rate * cpu["nats-server"] / 1000
+            if db_cores <= ONE_SERVER_CORES / 2 and stored <= UNPARTITIONED_BYTES:
+                layout = "one PostgreSQL"
+            elif db_cores <= ONE_SERVER_CORES / 2 and stored <= ONE_SERVER_BYTES:
+                layout = "one PostgreSQL, fired rows partitioned by day (retention drops them)"
+            else:
+                servers = max(db_cores / (ONE_SERVER_CORES / 2), stored / ONE_SERVER_BYTES)
+                layout = f"tenants sharded over {max(2, round(servers + 0.5)):,} databases"
+            streams = max(1, round(nats_cores / STREAM_CORES + 0.5))
+            rows.append(
+                (
+                    count(pending),
+                    per_s(rate),
+                    _bytes(stored),
+                    f"{service_cores:,.1f} / {db_cores:,.1f} / {nats_cores:,.1f}",
+                    layout,
+                    "one stream" if streams == 1 else f"{streams:,} streams by tenant",
+                )
+            )
+    return {
+        "sizing_table": kit.markdown_table(
+            "pending timers | firings | stored (pending + fired kept) | cores: services / "
+            "PostgreSQL / nats-server | database layout | JetStream",
+            rows,
+            "rrrrll",
+        ),
+        "sizing_basis": (
+            f"{per_timer:,.0f} bytes a stored timer (table and indexes, at "
+            f"{count(d['pending'])} pending); per fired timer at a steady "
+            f"{per_s(heaviest['rate_per_s'])} with {heaviest['instances']} service(s): "
+            f"{cpu['services']:.3f} ms CPU in the services, {cpu['database']:.3f} ms in "
+            f"PostgreSQL, {cpu['nats-server']:.3f} ms in nats-server; fired timers kept "
+            f"{RETENTION_DAYS} days; one PostgreSQL while it needs at most {ONE_SERVER_CORES // 2} "
+            f"of a {ONE_SERVER_CORES}-core server, one table up to {_bytes(UNPARTITIONED_BYTES)}, "
+            f"partitions up to {_bytes(ONE_SERVER_BYTES)}; a stream per {STREAM_CORES:g} core "
+            "of nats-server"
+        ),
+    }
 
 
 def compare(d: dict[str, Any]) -> Figures:

@@ -32,6 +32,7 @@ from timer_adapters_nats import NatsBroker, NatsServerProcess, NatsSettings
 from timer_adapters_postgres import PostgresTimerStore
 from timer_adapters_sqlite import SqliteTimerStore
 from timer_bench import kit, sqlite, yardsticks
+from timer_bench.large import PostgresLarge
 from timer_bench.procs import WatchedPublisher, postgres
 from timer_core import SystemClock, TenantId, Timer, TimerEntry, TimerStore
 
@@ -261,12 +262,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--jobs", type=int, default=10_000, help="for Timer and pgqueuer")
     parser.add_argument("--apscheduler-jobs", type=int, default=1_000)
     parser.add_argument("--dbos-jobs", type=int, default=2_000)
-    parser.add_argument("--systems", default=",".join(SYSTEMS), help="comma-separated")
+    parser.add_argument("--systems", help="comma-separated (default: all of the scenario)")
+    parser.add_argument(
+        "--pending",
+        type=int,
+        default=None,
+        help="future jobs stored in each PostgreSQL system's table first (compare-pending: "
+        "1,000,000; not DBOS: its API enqueues one at a time)",
+    )
     parser.add_argument("--rate", type=int, default=20, help="steady jobs/s for lateness")
     parser.add_argument("--seconds", type=float, default=10.0)
 
 
+#: compare-pending: the PostgreSQL systems whose tables can be filled in bulk.
+PENDING_SYSTEMS = "timer-postgres,pgqueuer,awa"
+
+
 def main(args: argparse.Namespace) -> int:
+    with_pending = args.scenario == "compare-pending"
+    if args.pending is None:
+        args.pending = (20_000 if args.quick else 1_000_000) if with_pending else 0
+    if args.systems is None:
+        args.systems = PENDING_SYSTEMS if with_pending else ",".join(SYSTEMS)
     if args.quick:
         args.rounds, args.jobs, args.apscheduler_jobs, args.seconds = 1, 1_000, 200, 3.0
         args.dbos_jobs = 200
@@ -288,7 +305,7 @@ def main(args: argparse.Namespace) -> int:
             server.start()
             dsn = f"postgresql://{pg.user}@127.0.0.1:{pg.port}/postgres"
             common = ["--rate", str(args.rate), "--seconds", str(args.seconds)]
-            common += ["--yardstick-jobs", str(args.jobs)]
+            common += ["--yardstick-jobs", str(args.jobs), "--pending", str(args.pending)]
 
             def measure(system: str, n: int) -> dict[str, Any]:
                 kit.progress(f"round {n}: {system}")
@@ -299,14 +316,20 @@ def main(args: argparse.Namespace) -> int:
                         timer_round(work, server.url, args.jobs, args.rate, args.seconds)
                     )
                 if system == "timer-postgres":
+
+                    def database(phase: str) -> str:
+                        name = f"timer_{n}_{phase}"
+                        if not args.pending:
+                            return str(pg.create_database(name))
+                        loader = PostgresLarge(pg)
+                        loader.create(name)
+                        loader.load(name, args.pending, 0, kit.now_ms())
+                        return str(pg.url(name))
+
+                    urls = {p: database(p) for p in ("schedule", "fire", "steady", "raw")}
                     return asyncio.run(
                         timer_round(
-                            work,
-                            server.url,
-                            args.jobs,
-                            args.rate,
-                            args.seconds,
-                            lambda phase: pg.create_database(f"timer_{n}_{phase}"),
+                            work, server.url, args.jobs, args.rate, args.seconds, urls.__getitem__
                         )
                     )
                 if system == "dbos-postgres":
@@ -364,6 +387,7 @@ def main(args: argparse.Namespace) -> int:
                 "dbos-sqlite": args.dbos_jobs,
             },
             "batch": BATCH,
+            "pending": args.pending,
             "steady_rate_per_s": args.rate,
             "steady_seconds": args.seconds,
             "postgres": POSTGRES,

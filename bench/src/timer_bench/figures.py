@@ -358,6 +358,7 @@ PAGES: dict[str, Callable[[dict[str, Any]], Figures]] = {
     "large-sqlite": large,
     "large-postgres": large,
     "compare": compare,
+    "compare-pending": compare,
     "otel": otel,
     "fairness": fairness,
     "handlers": handlers,

@@ -30,7 +30,7 @@ BATCH = 100
 
 
 async def pgqueuer_round(
-    dsn: str, jobs: int, rate: int, seconds: float, yardstick_jobs: int
+    dsn: str, jobs: int, rate: int, seconds: float, yardstick_jobs: int, pending: int = 0
 ) -> dict[str, Any]:
     import asyncpg
     from pgqueuer import Queries, QueueManager
@@ -44,6 +44,15 @@ async def pgqueuer_round(
     except Exception:  # not installed yet
         pass
     await queries.install()
+    table = queries.qbe.settings.queue_table
+    if pending:
+        # Jobs of an entrypoint no worker serves, due over the next 30 days from tomorrow.
+        await setup.execute(
+            f"INSERT INTO {table} (priority, status, entrypoint, execute_after, payload) "
+            "SELECT 0, 'queued', 'pending', now() + interval '1 day' "
+            f"+ random() * interval '30 days', NULL FROM generate_series(1, {pending})"
+        )
+        await setup.execute(f"VACUUM ANALYZE {table}")
 
     # Schedule: jobs due in an hour, enqueued in batches of 100 (its batch API).
     started = time.perf_counter()
@@ -51,7 +60,7 @@ async def pgqueuer_round(
         n = min(BATCH, jobs - start)
         await queries.enqueue(["noop"] * n, [None] * n, [0] * n, [timedelta(hours=1)] * n)
     schedule_per_s = jobs / (time.perf_counter() - started)
-    await queries.clear_queue()
+    await queries.clear_queue("noop")
 
     # Fire: jobs due now, executed by one QueueManager (batch 100) until the queue is drained.
     for start in range(0, jobs, BATCH):
@@ -100,7 +109,7 @@ async def pgqueuer_round(
     except (asyncio.CancelledError, Exception):
         pass
 
-    yardstick = await pg_yardstick(setup, queries.qbe.settings.queue_table, yardstick_jobs)
+    yardstick = await pg_yardstick(setup, table, yardstick_jobs)
     await queries.uninstall()
     await setup.close()
     return {
@@ -266,7 +275,7 @@ def sqlite_yardstick(path: str, jobs: int) -> dict[str, float]:
 
 
 async def awa_round(
-    dsn: str, jobs: int, rate: int, seconds: float, yardstick_jobs: int
+    dsn: str, jobs: int, rate: int, seconds: float, yardstick_jobs: int, pending: int = 0
 ) -> dict[str, Any]:
     """awa at its defaults (200 ms polling): jobs with ``run_at``, inserted 100 at a time by
     its COPY batch call; a handler records how late it started."""
@@ -285,6 +294,12 @@ async def awa_round(
     @client.task(Noop, queue="compare")  # type: ignore[untyped-decorator]
     async def handle(job: Any) -> None:
         ran.append((time.time() - job.args.due) * 1000)
+
+    # Pending: jobs due tomorrow, inserted 10,000 a call.
+    tomorrow = datetime.now(UTC) + timedelta(days=1)
+    for start in range(0, pending, 10_000):
+        n = min(10_000, pending - start)
+        await client.insert_many_copy([Noop(0.0)] * n, queue="compare", run_at=tomorrow)
 
     # Schedule: jobs due in an hour, 100 a call.
     later = datetime.now(UTC) + timedelta(hours=1)
@@ -443,15 +458,20 @@ def main() -> None:
     parser.add_argument("--rate", type=int, required=True)
     parser.add_argument("--seconds", type=float, required=True)
     parser.add_argument("--yardstick-jobs", type=int, required=True)
+    parser.add_argument("--pending", type=int, default=0, help="future jobs stored first")
     args = parser.parse_args()
     if args.peer == "dbos":
         result = dbos_round(args.dsn, args.jobs, args.rate, args.seconds, args.yardstick_jobs)
         print(json.dumps(result))
         return
     if args.peer == "awa":
-        run = awa_round(args.dsn, args.jobs, args.rate, args.seconds, args.yardstick_jobs)
+        run = awa_round(
+            args.dsn, args.jobs, args.rate, args.seconds, args.yardstick_jobs, args.pending
+        )
     elif args.peer == "pgqueuer":
-        run = pgqueuer_round(args.dsn, args.jobs, args.rate, args.seconds, args.yardstick_jobs)
+        run = pgqueuer_round(
+            args.dsn, args.jobs, args.rate, args.seconds, args.yardstick_jobs, args.pending
+        )
     else:
         run = apscheduler_round(args.db, args.jobs, args.rate, args.seconds, args.yardstick_jobs)
     result = asyncio.run(run)

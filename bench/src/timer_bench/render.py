@@ -313,6 +313,10 @@ YARDSTICKS = {
 }
 
 
+#: The systems of the race on SQLite (the others are on PostgreSQL).
+SQLITE = ("timer", "apscheduler", "dbos-sqlite")
+
+
 def compare_systems(document: dict[str, Any]) -> list[tuple[str, str, str]]:
     """(key, name and version, what it runs on and does per item) of each system measured,
     each Timer before its peers on the same database."""
@@ -402,10 +406,23 @@ def compare_tables(document: dict[str, Any]) -> str:
 
 def compare_settings(document: dict[str, Any]) -> str:
     settings, jobs = document["settings"], document["settings"]["jobs"]
+    measured = {key: name for key, name, _ in compare_systems(document)}
+    counts: dict[int, list[str]] = {}
+    for key, name in measured.items():
+        counts.setdefault(jobs[key], []).append(
+            f"{name} ({'SQLite' if key in SQLITE else 'PostgreSQL'})"
+        )
+    pending = settings.get("pending", 0)
     return (
-        f"Schedule and fire: {jobs['timer']:,} jobs for Timer and pgqueuer, "
-        f"{jobs['apscheduler']:,} for APScheduler (its rates do not depend on the count), "
-        f"batches of {settings['batch']}; lateness: {settings['steady_rate_per_s']} new jobs/s "
+        "Schedule and fire: "
+        + "; ".join(f"{n:,} jobs for {', '.join(names)}" for n, names in counts.items())
+        + f" (the slower ones' rates do not depend on the count); batches of {settings['batch']}"
+        + (
+            f"; {pending:,} future jobs already stored in each system's table before it ran"
+            if pending
+            else ""
+        )
+        + f"; lateness: {settings['steady_rate_per_s']} new jobs/s "
         f"for {settings['steady_seconds']:.0f} s, each due 1-2 s ahead; medians of "
         f"{settings['rounds']} rounds, the systems in turn in every round. SQLite: "
         f"{settings['sqlite']}. PostgreSQL: "
@@ -417,8 +434,9 @@ def compare_settings(document: dict[str, Any]) -> str:
 def compare_block(document: dict[str, Any]) -> str:
     return "\n\n".join(
         [
-            f"Run: `python -m timer_bench compare` on {document['date']}. "
-            + compare_settings(document),
+            f"Run: `python -m timer_bench "
+            f"{'compare-pending' if document['settings'].get('pending') else 'compare'}` on "
+            f"{document['date']}. " + compare_settings(document),
             compare_tables(document),
             machine_line(document, "sqlite", "postgres"),
         ]
@@ -671,6 +689,7 @@ BLOCKS: dict[str, Callable[[dict[str, Any]], str]] = {
     "large-sqlite": large_block,
     "large-postgres": large_block,
     "compare": compare_block,
+    "compare-pending": compare_block,
     "otel": otel_block,
     "fairness": fairness_block,
     "store": store_block,

@@ -288,6 +288,8 @@ def compare(d: dict[str, Any]) -> Figures:
         out[f"{prefix}_schedule"] = per_s(s["schedule_per_s"]["median"])
         out[f"{prefix}_fire"] = per_s(s["fire_per_s"]["median"])
         out[f"{prefix}_p99"] = f"{render.late(s['lateness.p99_ms']['median'])} ms"
+    for figure, v in render.timer_vs_pgqueuer(d).items():
+        out[f"timer_postgres_vs_pgqueuer_{figure.removesuffix('_per_s')}"] = times(v["median"])
     return out
 
 

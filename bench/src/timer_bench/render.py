@@ -431,6 +431,20 @@ def compare_settings(document: dict[str, Any]) -> str:
     )
 
 
+def timer_vs_pgqueuer(document: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Timer on PostgreSQL over pgqueuer on the same server: per figure, the median of the
+    rounds' own ratios and each round's (the systems ran in turn in every round)."""
+    rounds = document["rounds"]
+    if not rounds.get("timer-postgres") or not rounds.get("pgqueuer"):
+        return {}
+    out = {}
+    for figure in ("schedule_per_s", "fire_per_s"):
+        timer = [r[figure] for r in rounds["timer-postgres"]]
+        peer = [r[figure] for r in rounds["pgqueuer"]]
+        out[figure] = {"median": kit.median_ratio(timer, peer), "rounds": kit.ratios(timer, peer)}
+    return out
+
+
 def compare_block(document: dict[str, Any]) -> str:
     return "\n\n".join(
         [
@@ -438,6 +452,21 @@ def compare_block(document: dict[str, Any]) -> str:
             f"{'compare-pending' if document['settings'].get('pending') else 'compare'}` on "
             f"{document['date']}. " + compare_settings(document),
             compare_tables(document),
+            *(
+                [
+                    "Timer on PostgreSQL over pgqueuer, median of the rounds' own ratios: "
+                    + "; ".join(
+                        f"{what} **{times(v['median'])}** (rounds "
+                        + " / ".join(f"{x:.2f}" for x in v["rounds"])
+                        + ")"
+                        for what, v in zip(
+                            ("schedule", "fire"), timer_vs_pgqueuer(document).values(), strict=True
+                        )
+                    )
+                ]
+                if timer_vs_pgqueuer(document)
+                else []
+            ),
             machine_line(document, "sqlite", "postgres"),
         ]
     )

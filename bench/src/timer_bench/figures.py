@@ -273,16 +273,24 @@ def sizing(d: dict[str, Any]) -> Figures:
 
 
 def compare(d: dict[str, Any]) -> Figures:
+    systems = render.compare_systems(d)
+    on = {
+        key: f"{name} on {'SQLite' if key in render.SQLITE else 'PostgreSQL'}"
+        for key, name, _ in systems
+    }
+    pending = d["settings"].get("pending", 0)
     setup = (
-        "Timer on SQLite in-process, pgqueuer on PostgreSQL, APScheduler 4 on SQLite, in turn "
-        f"in each of {d['settings']['rounds']} rounds"
+        ", ".join(on.values())
+        + (f", {pending:,} future jobs stored in each table first" if pending else "")
+        + f", in turn in each of {d['settings']['rounds']} rounds"
     )
+    command = "compare-pending" if pending else "compare"
     out = {
-        **_sources(d, "compare", setup, "Timer and APScheduler on SQLite, pgqueuer on PostgreSQL"),
+        **_sources(d, command, setup, "; ".join(on.values())),
         "table": render.compare_tables(d),
         "settings": render.compare_settings(d),
     }
-    for key, name, _ in render.compare_systems(d):
+    for key, name, _ in systems:
         s, prefix = d["systems"][key], key.replace("-", "_")
         out[f"{prefix}_name"] = name
         out[f"{prefix}_schedule"] = per_s(s["schedule_per_s"]["median"])

@@ -196,6 +196,9 @@ def large(d: dict[str, Any]) -> Figures:
     )
     if d["store"] == "postgres":
         out.update(sizing(d))
+        purge = purge_ms_per_row(d)
+        if purge is not None:
+            out["purge_ms_per_row"] = f"{purge:.2f} ms"
     return out
 
 
@@ -203,10 +206,22 @@ def large(d: dict[str, Any]) -> Figures:
 SIZING_PENDING = (10_000_000, 100_000_000, 1_000_000_000)
 SIZING_RATES = (1_000, 10_000, 100_000)
 RETENTION_DAYS = 7
+RETENTION_BATCH = 500  # the worker's retention batch
 ONE_SERVER_CORES = 16  # a large but ordinary PostgreSQL server
 UNPARTITIONED_BYTES = 2**40  # past this one table's vacuum and purge take hours: partition
 ONE_SERVER_BYTES = 4 * 2**40  # what one server's disk holds comfortably
 STREAM_CORES = 1.0  # a JetStream stream is served by its leader: about one core
+
+
+def purge_ms_per_row(d: dict[str, Any]) -> float | None:
+    """PostgreSQL's time per fired timer the retention purge deleted (its sampled batches)."""
+    purges = [
+        plan["mean_ms"] / RETENTION_BATCH
+        for r in d["steady"]
+        for plan in r.get("plans", [])
+        if plan["query"].startswith("DELETE FROM timer_schedules")
+    ]
+    return kit.median(purges) if purges else None
 
 
 def _bytes(value: float) -> str:
@@ -225,12 +240,13 @@ def sizing(d: dict[str, Any]) -> Figures:
     )
     cpu = heaviest["cpu_ms_per_timer"]
     per_timer = d["sizes"]["bytes_per_timer"]
+    purge = purge_ms_per_row(d) or 0.0
     rows = []
     for pending in SIZING_PENDING:
         for rate in SIZING_RATES:
             fired = rate * RETENTION_DAYS * 86_400
             stored = (pending + fired) * per_timer
-            db_cores = rate * cpu["database"] / 1000
+            db_cores = rate * (cpu["database"] + purge) / 1000
             service_cores = rate * cpu["services"] / 1000
             nats_cores = rate * cpu["nats-server"] / 1000
             if db_cores <= ONE_SERVER_CORES / 2 and stored <= UNPARTITIONED_BYTES:
@@ -263,7 +279,8 @@ def sizing(d: dict[str, Any]) -> Figures:
             f"{count(d['pending'])} pending); per fired timer at a steady "
             f"{per_s(heaviest['rate_per_s'])} with {heaviest['instances']} service(s): "
             f"{cpu['services']:.3f} ms CPU in the services, {cpu['database']:.3f} ms in "
-            f"PostgreSQL, {cpu['nats-server']:.3f} ms in nats-server; fired timers kept "
+            f"PostgreSQL (and {purge:.2f} ms more to purge it, row by row), "
+            f"{cpu['nats-server']:.3f} ms in nats-server; fired timers kept "
             f"{RETENTION_DAYS} days; one PostgreSQL while it needs at most {ONE_SERVER_CORES // 2} "
             f"of a {ONE_SERVER_CORES}-core server, one table up to {_bytes(UNPARTITIONED_BYTES)}, "
             f"partitions up to {_bytes(ONE_SERVER_BYTES)}; a stream per {STREAM_CORES:g} core "

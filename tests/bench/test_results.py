@@ -3,6 +3,7 @@ every results file there; these tests fail when the two part ways."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -65,10 +66,14 @@ class TestComparison:
         for requirement, version in compare.PEERS.items():
             assert frozen[requirement.split("[")[0]] == version, requirement
 
-    def test_every_system_ran_every_round(self) -> None:
-        """Timer, pgqueuer and APScheduler each have one result per round."""
-        document = kit.read_result("compare")
-        assert set(document["systems"]) == {"timer", "pgqueuer", "apscheduler"}
+    @pytest.mark.parametrize(
+        ("scenario", "systems"),
+        [("compare", compare.SYSTEMS), ("compare-pending", compare.PENDING_SYSTEMS.split(","))],
+    )
+    def test_every_system_ran_every_round(self, scenario: str, systems: Sequence[str]) -> None:
+        """Every system of the race has one result per round, each with lateness measured."""
+        document = kit.read_result(scenario)
+        assert set(document["systems"]) == set(systems)
         for name, results in document["rounds"].items():
             assert len(results) == document["settings"]["rounds"], name
             assert all(r["lateness"]["count"] > 0 for r in results), name

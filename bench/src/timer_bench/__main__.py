@@ -13,6 +13,7 @@ from timer_bench import kit
 #: Scenario -> (module, what it measures). Each writes results/<scenario>.json.
 SCENARIOS = {
     "e2e": ("e2e", "the service end to end on SQLite against raw yardsticks"),
+    "fire-tenants": ("e2e", "the fire path at the defaults over 50 tenants, 5 alternated rounds"),
     "scale-out": ("scale_out", "1, 2 and 4 services on PostgreSQL against raw pipelines"),
     "scale-out-steady": ("scale_out", "steady lateness of 1, 2 and 4 services on PostgreSQL"),
     "backlog-sqlite": ("backlog", "a big overdue backlog drained on SQLite"),

@@ -220,6 +220,24 @@ def backlog_block(document: dict[str, Any]) -> str:
     )
 
 
+def fire_tenants_block(document: dict[str, Any]) -> str:
+    service = document["service"]
+    fire = document["results"]["fire"][str(service["batch_size"])]
+    raw = document["results"]["yardsticks"]["raw_pipeline"][str(service["yardstick_batch"])]
+    return (
+        f"Run: `python -m timer_bench fire-tenants` on {document['date']}: "
+        f"{fire['timers']:,} overdue timers over 50 tenants fired by one service at the "
+        f"defaults (`TIMER_BATCH_SIZE={service['batch_size']}`, claims shared among the "
+        f"tenants) against the raw pipeline (batches of {service['yardstick_batch']}), "
+        f"{service['rounds']} alternated rounds: **{times(fire['vs_raw'])}** (rounds "
+        + " / ".join(f"{x:.2f}" for x in fire.get("rounds_vs_raw", [fire["vs_raw"]]))
+        + f"; service {spread(fire.get('rounds_per_s', [fire['per_s']]))}/s, raw "
+        f"{spread(raw.get('rounds_per_s', [raw['per_s']]))}/s; load average "
+        + " / ".join(f"{x:.1f}" for x in fire.get("rounds_load", [fire["load"]]))
+        + f"). {checks_line(document['checks'])} {machine_line(document)}"
+    )
+
+
 # -- the large table -------------------------------------------------------------------------
 
 
@@ -711,6 +729,7 @@ def durability_block(document: dict[str, Any]) -> str:
 
 BLOCKS: dict[str, Callable[[dict[str, Any]], str]] = {
     "e2e": e2e_block,
+    "fire-tenants": fire_tenants_block,
     "scale-out": scale_out_block,
     "scale-out-steady": scale_out_steady_block,
     "backlog-sqlite": backlog_block,

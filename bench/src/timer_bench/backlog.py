@@ -111,6 +111,7 @@ class PostgresBacklog:
         import psycopg
 
         from timer_adapters_postgres import PostgresTimerStore
+        from timer_bench.large import secondary_indexes
 
         async def migrate() -> None:
             async with PostgresTimerStore(self.url, owner_id="preload", listen=False):
@@ -118,11 +119,7 @@ class PostgresBacklog:
 
         asyncio.run(migrate())
         with psycopg.connect(self.cluster.conninfo("backlog"), autocommit=True) as conn:
-            indexes = conn.execute(
-                "SELECT i.indexname, i.indexdef FROM pg_indexes i "
-                "WHERE i.tablename = 'timer_schedules' AND NOT EXISTS ("
-                "  SELECT 1 FROM pg_constraint c WHERE c.conname = i.indexname)"
-            ).fetchall()
+            indexes = secondary_indexes(conn)
             with conn.transaction():
                 for name, _ in indexes:
                     conn.execute(f'DROP INDEX "{name}"')
@@ -310,6 +307,4 @@ def main(args: argparse.Namespace) -> int:
     from timer_bench.render import backlog_line
 
     print(backlog_line(document))
-    for name, ok in checks.items():
-        print(f"  [{'ok  ' if ok else 'FAIL'}] {name}")
-    return 0 if all(checks.values()) else 1
+    return kit.report_checks(checks)

@@ -236,6 +236,13 @@ def spread(values: Sequence[float], fmt: Callable[[float], str] = count) -> str:
 # -- results files ---------------------------------------------------------------------------
 
 
+def report_checks(checks: dict[str, bool]) -> int:
+    """Print each check of a scenario; its exit code (1 when one failed)."""
+    for name, ok in checks.items():
+        print(f"  [{'ok  ' if ok else 'FAIL'}] {name}")
+    return 0 if all(checks.values()) else 1
+
+
 def results_path(name: str) -> Path:
     return RESULTS / f"{name}.json"
 

@@ -298,6 +298,17 @@ class SqliteLarge:
         return []
 
 
+def secondary_indexes(conn: Any) -> list[tuple[str, str]]:
+    """Name and definition of each index of ``timer_schedules`` but its primary key: what a
+    bulk load drops first and builds after."""
+    rows = conn.execute(
+        "SELECT i.indexname, i.indexdef FROM pg_indexes i "
+        "WHERE i.tablename = 'timer_schedules' AND NOT EXISTS ("
+        "  SELECT 1 FROM pg_constraint c WHERE c.conname = i.indexname)"
+    ).fetchall()
+    return [(name, sql) for name, sql in rows]
+
+
 class PostgresLarge:
     """Databases of one durable PostgreSQL cluster whose log keeps a sample of plans."""
 
@@ -329,11 +340,7 @@ class PostgresLarge:
         )
         base = f"to_timestamp({base_ms} / 1000.0)"
         with self.connect(db) as conn:
-            indexes = conn.execute(
-                "SELECT i.indexname, i.indexdef FROM pg_indexes i "
-                "WHERE i.tablename = 'timer_schedules' AND NOT EXISTS ("
-                "  SELECT 1 FROM pg_constraint c WHERE c.conname = i.indexname)"
-            ).fetchall()
+            indexes = secondary_indexes(conn)
             with conn.transaction():
                 conn.execute("SET LOCAL maintenance_work_mem = '512MB'")
                 for name, _ in indexes:
@@ -806,9 +813,7 @@ def main(args: argparse.Namespace) -> int:
     }
     kit.write_result(document, args.output)
     print(summary(document))
-    for name, ok in checks.items():
-        print(f"  [{'ok  ' if ok else 'FAIL'}] {name}")
-    return 0 if all(checks.values()) else 1
+    return kit.report_checks(checks)
 
 
 def summary(document: dict[str, Any]) -> str:

@@ -653,7 +653,7 @@ def main(args: argparse.Namespace) -> int:
         "checks": run.checks,
     }
     kit.write_result(document, args.output)
-    from timer_bench.render import e2e_block
+    from timer_bench.render import e2e_block, fire_tenants_block
 
-    print(e2e_block(document))
+    print((fire_tenants_block if args.scenario == "fire-tenants" else e2e_block)(document))
     return 1 if any(not c["ok"] for c in run.checks) else 0

@@ -464,3 +464,23 @@ class TestTimestampText:
     def test_fast_writer_matches_format_timestamp(self, instant: datetime) -> None:
         """The store's timestamp writer produces exactly format_timestamp's text."""
         assert write_timestamp(instant) == format_timestamp(instant)
+
+
+class TestDueByTenantWhenAllFit:
+    async def test_tenants_are_listed_only_when_more_is_due_than_the_claim(
+        self, store: SqliteTimerStore, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """find_due_by_tenant reads what is due from the due index when all of it fits in the
+        claim, and lists the tenants (here made to fail) only when more is due."""
+        from timer_adapters_sqlite import _store
+
+        await store.apply([entry(f"tenant-{i % 3}", f"call-{i}", due_in=i) for i in range(5)])
+        monkeypatch.setattr(_store, "DUE_TENANTS", "SELECT no_such_function()")
+        now = T0 + timedelta(seconds=10)
+        found = await store.find_due_by_tenant(now, 5, after={})
+        assert [e.service_call_id for e in found] == [f"call-{i}" for i in range(5)]
+        first = found[0]
+        rest = await store.find_due_by_tenant(now, 5, after={first.tenant_id: DueCursor.of(first)})
+        assert [e.service_call_id for e in rest] == [f"call-{i}" for i in range(1, 5)]
+        with pytest.raises(StoreError):
+            await store.find_due_by_tenant(now, 4, after={})

@@ -407,6 +407,15 @@ class SqliteTimerStore(TimerStore, FindsDueByTenant, ReportsRemoteSchedules, Sql
 
         def find(connection: sa.Connection) -> list[TimerEntry]:
             driver = driver_of(connection)
+            # When every due timer fits in this claim there is nothing to share out: one walk
+            # of the due index (``limit + 1`` entries at most) instead of the tenant scan
+            # below, a few seeks per tenant with pending timers, due or not (2 ms a pass
+            # with a thousand tenants), which a steady stream of timers coming due paid on
+            # every pass. The drain's cursors still leave out what it already took.
+            due = driver.execute(FIND_DUE, (now_text, limit + 1)).fetchall()
+            if len(due) <= limit:
+                fresh = [row for row in due if (row[3], row[1]) > cursors.get(row[0], ("", ""))]
+                return sorted((entry_from_row(row) for row in fresh), key=DueCursor.of)
             # At most ``limit`` tenants take part (one timer each at least): the others are
             # not even listed, so a backlog over many tenants costs no memory per tenant.
             active = [row[0] for row in driver.execute(DUE_TENANTS, (now_text, limit))]

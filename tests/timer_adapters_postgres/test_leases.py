@@ -10,6 +10,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
+import pytest
 
 from tests.pg import wait_until_blocked
 from timer_adapters_memory import MemoryEventBus
@@ -21,6 +22,7 @@ from timer_core import (
     EventPublisher,
     MessageEnvelope,
     PublishError,
+    StoreError,
     SystemClock,
     TimerEntry,
     TimerState,
@@ -161,6 +163,23 @@ class TestClaimingByTenant:
         assert lease_of(postgres_sql, "call-2") == ("Reached", None, 2)
 
 
+class TestDueThatFits:
+    async def test_all_that_fits_is_claimed_without_listing_tenants(
+        self, make_started_store: MakeStore, monkeypatch: Any
+    ) -> None:
+        """A drain's first claim by tenant, with all that is due fitting in it, claims it in
+        due order without the list of tenants (here made to fail); with more due, it lists
+        them."""
+        store = await make_started_store()
+        await store.apply([timer(f"call-{i}", -60 + i, f"tenant-{i % 3}") for i in range(5)])
+        monkeypatch.setattr(_tenants, "DUE_TENANTS_SQL", "SELECT no_such_function()")
+        batch = await store.find_due_by_tenant(datetime.now(UTC), 5, after={})
+        assert [e.service_call_id for e in batch] == [f"call-{i}" for i in range(5)]
+        await store.apply([timer(f"call-{i}", -60 + i, f"tenant-{i % 3}") for i in range(5, 12)])
+        with pytest.raises(StoreError):
+            await store.find_due_by_tenant(datetime.now(UTC), 5, after={})
+
+
 class TestTenantsOfAClaim:
     """The claim by tenant lists the tenants with due timers, and reuses a complete list for
     the next claims of a drain for a moment (a claim is then one statement)."""
@@ -187,7 +206,8 @@ class TestTenantsOfAClaim:
         await store.apply([timer("call-1")])
         assert len(await store.find_due(datetime.now(UTC), 10)) == 1
         await store.find_due_by_tenant(datetime.now(UTC), 10, after={})
-        assert [s.split()[0] for s in statements] == ["UPDATE", "WITH", "UPDATE"]
+        # (All that is due fits in the claim: counted, then claimed in due order.)
+        assert [s.split()[0] for s in statements] == ["UPDATE", "SELECT", "UPDATE"]
 
     async def test_its_threads_run_as_batch_work_and_the_loop_keeps_its_policy(
         self, make_started_store: MakeStore
@@ -244,7 +264,8 @@ class TestTenantsOfAClaim:
             for t in ("tenant-a", "tenant-b", "tenant-c")
         }
         assert counts == {"tenant-a": 4, "tenant-b": 3, "tenant-c": 3}
-        assert len(statements) == 2  # the tenants, then the claim
+        # More is due than the claim holds (counted first), so: the tenants, then the claim.
+        assert [s.split()[0] for s in statements] == ["SELECT", "WITH", "UPDATE"]
 
     async def test_a_full_list_is_read_again_every_claim(
         self, make_started_store: MakeStore, monkeypatch: Any

@@ -13,7 +13,12 @@ import attrs
 from timer_adapters_postgres._lanes import StatementLane
 from timer_adapters_postgres._peers import Peers
 from timer_adapters_postgres._rows import int_array, text_array, timestamp_array
-from timer_adapters_postgres._sql import CLAIM_BY_TENANT_SQL, DUE_TENANTS_SQL
+from timer_adapters_postgres._sql import (
+    CLAIM_BY_TENANT_SQL,
+    CLAIM_FIRST_SQL,
+    DUE_FITS_SQL,
+    DUE_TENANTS_SQL,
+)
 from timer_core import DueCursor, TenantId
 from timer_core.fair_share import FairShare
 
@@ -55,6 +60,14 @@ class TenantClaims:
         self, lane: StatementLane, now: datetime, limit: int, after: Mapping[TenantId, DueCursor]
     ) -> list[Any]:
         """The rows of up to ``limit`` due timers claimed, shared among tenants."""
+        if not after:
+            # A drain's first claim: when all that is due fits, it is claimed in due order
+            # (those another instance holds are skipped), with no list of tenants at all.
+            params = {**self._base, "now": now, "limit": limit}
+            fits = await lane.fetch(_ACTION, DUE_FITS_SQL, params)
+            if fits and fits[0][0]:
+                self._listed = None
+                return await lane.fetch(_ACTION, CLAIM_FIRST_SQL, params)
         claim = _Claim(lane, {**self._base, "now": now}, limit, after)
         listed, self._listed = self._listed, None
         read_at = monotonic()

@@ -14,10 +14,12 @@ from timer_core import (
     ScheduleTimer,
     ServiceCallId,
     TenantId,
+    TimerEntry,
     TimerState,
     TimerWorker,
 )
 from timer_core.commands import schedule_timer
+from timer_core.maintenance import Retention
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
 A = TenantId("tenant-a")
@@ -254,3 +256,37 @@ class TestPurgeYieldsToFiring:
         assert urgent.reached_at - urgent.due_at <= timedelta(seconds=0.4)
         await rig.advance(5)
         assert rig.states() == {"urgent": TimerState.REACHED}
+
+
+class ClockedPurgeStore(RecordingStore):
+    """A store whose purges take 0.1 s of the fake clock each."""
+
+    clock: FakeClock
+
+    async def purge_reached(self, reached_before: datetime, limit: int) -> int:
+        deleted = await super().purge_reached(reached_before, limit)
+        self.clock.advance(0.1)
+        return deleted
+
+
+class TestPurgeOfABusyWorker:
+    async def test_a_worker_never_idle_still_purges_a_tenth_of_the_time(self) -> None:
+        """Interrupted at every call (timers coming due all the time), an unfinished purge
+        still deletes a batch per call, but no sooner than nine times its duration after
+        the last such batch."""
+        store = ClockedPurgeStore()
+        store.clock = clock = FakeClock(T0)
+        await store.start()
+        timers = [TimerEntry(A, ServiceCallId(f"old-{i:02d}"), at(0), at(0)) for i in range(30)]
+        await store.apply(timers)
+        await store.mark_reached([t.reach(at(0)) for t in timers])
+        clock.advance(2 * HOUR)
+        retention = Retention(store, clock, keep=timedelta(hours=1), batch=10, every=60.0)
+        await retention.purge(None, lambda: True)
+        assert [deleted for _, _, deleted in store.purges] == [10]
+        clock.advance(0.5)  # less than nine times the 0.1 s the batch took
+        await retention.purge(None, lambda: True)
+        assert len(store.purges) == 1
+        clock.advance(0.5)
+        await retention.purge(None, lambda: True)
+        assert [deleted for _, _, deleted in store.purges] == [10, 10]

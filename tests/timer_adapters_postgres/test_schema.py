@@ -232,6 +232,45 @@ class TestTraceContextMigration:
         assert versions == [(v,) for v in range(1, SCHEMA_VERSION + 1)]
 
 
+class TestAutovacuumMigration:
+    """Schema version 6 vacuums and analyzes ``timer_schedules`` after 2% of its rows changed."""
+
+    async def test_version_5_database_gets_the_table_autovacuum_settings(
+        self, fresh_postgres_url: str
+    ) -> None:
+        """A database at version 5 gains the three scale factors, keeps its fill factor and
+        its timers."""
+        with connect(fresh_postgres_url) as conn:
+            conn.execute(
+                "CREATE TABLE timer_schema_migrations (version integer PRIMARY KEY, "
+                "description text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())"
+            )
+            for migration in (m for m in MIGRATIONS if m.version <= 5):
+                for statement in migration.statements:
+                    conn.execute(statement)
+                conn.execute(
+                    "INSERT INTO timer_schema_migrations (version, description) VALUES (%s, %s)",
+                    (migration.version, migration.description),
+                )
+            conn.execute(
+                "INSERT INTO timer_schedules (tenant_id, service_call_id, due_at, registered_at)"
+                " VALUES ('t', 'old', '2030-01-01Z', '2030-01-01Z')"
+            )
+        async with PostgresTimerStore(fresh_postgres_url, listen=False) as store:
+            assert await store.get(TenantId("t"), ServiceCallId("old")) == timer("old")
+        with connect(fresh_postgres_url) as conn:
+            options = conn.execute(
+                "SELECT reloptions FROM pg_class WHERE relname = 'timer_schedules'"
+            ).fetchone()
+        assert options is not None
+        assert sorted(options[0]) == [
+            "autovacuum_analyze_scale_factor=0.02",
+            "autovacuum_vacuum_insert_scale_factor=0.02",
+            "autovacuum_vacuum_scale_factor=0.02",
+            "fillfactor=50",
+        ]
+
+
 class TestConstraints:
     """The table itself refuses rows the domain forbids, whoever writes them."""
 

@@ -19,7 +19,7 @@ from timer_core import (
     TimerWorker,
 )
 from timer_core.commands import schedule_timer
-from timer_core.maintenance import Retention
+from timer_core.maintenance import BATCH_BUDGET, Retention
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
 A = TenantId("tenant-a")
@@ -221,13 +221,13 @@ class TestScheduleAfterDeletion:
 
 
 class SlowPurgeStore(RecordingStore):
-    """A store whose every purge batch takes 0.4 s of (fake) time, like a big first purge."""
+    """A store whose purges take 0.04 s of (fake) time a timer, like a big first purge."""
 
     clock: FakeClock
 
     async def purge_reached(self, reached_before: datetime, limit: int) -> int:
         deleted = await super().purge_reached(reached_before, limit)
-        self.clock.advance(0.4)
+        self.clock.advance(0.04 * limit)
         return deleted
 
 
@@ -246,10 +246,12 @@ class TestPurgeYieldsToFiring:
         await rig.schedule("urgent", HOUR + 62)
         store.purges.clear()
         await rig.advance(HOUR + 60)
-        # Batches of 10 take 0.4 s each: the whole purge would take 2.8 s, but the timer due
-        # 2 s after it began fires at most one batch late.
+        # The whole purge would take 2.4 s, but the timer due 2 s after it began fires at
+        # most one (shrunken) batch late.
         async with asyncio.timeout(5):
             while len(rig.bus.published) < 61:
+                if rig.clock.sleepers:
+                    rig.clock.advance(0.01)
                 await asyncio.sleep(0)
         urgent = rig.bus.published[-1].payload
         assert urgent.service_call_id == "urgent"
@@ -259,34 +261,80 @@ class TestPurgeYieldsToFiring:
 
 
 class ClockedPurgeStore(RecordingStore):
-    """A store whose purges take 0.1 s of the fake clock each."""
+    """A store whose purges take ``per_timer`` seconds of the fake clock a timer."""
 
     clock: FakeClock
+    per_timer = 0.0008
 
     async def purge_reached(self, reached_before: datetime, limit: int) -> int:
         deleted = await super().purge_reached(reached_before, limit)
-        self.clock.advance(0.1)
+        self.clock.advance(self.per_timer * limit)
         return deleted
 
 
+def clocked_store() -> tuple[ClockedPurgeStore, FakeClock]:
+    """A clocked store and its fake clock."""
+    store = ClockedPurgeStore()
+    store.clock = clock = FakeClock(T0)
+    return store, clock
+
+
+async def fill(store: ClockedPurgeStore, clock: FakeClock, count: int) -> None:
+    """``count`` timers of tenant-a fired at T0, then the clock two hours on."""
+    await store.start()
+    timers = [TimerEntry(A, ServiceCallId(f"old-{i:02d}"), at(0), at(0)) for i in range(count)]
+    await store.apply(timers)
+    await store.mark_reached([t.reach(at(0)) for t in timers])
+    clock.advance(2 * HOUR)
+
+
 class TestPurgeOfABusyWorker:
-    async def test_a_worker_never_idle_still_purges_a_tenth_of_the_time(self) -> None:
+    async def test_a_worker_never_idle_still_purges_a_quarter_of_the_time(self) -> None:
         """Interrupted at every call (timers coming due all the time), an unfinished purge
-        still deletes a batch per call, but no sooner than nine times its duration after
+        still deletes a batch per call, but no sooner than three times its duration after
         the last such batch."""
-        store = ClockedPurgeStore()
-        store.clock = clock = FakeClock(T0)
-        await store.start()
-        timers = [TimerEntry(A, ServiceCallId(f"old-{i:02d}"), at(0), at(0)) for i in range(30)]
-        await store.apply(timers)
-        await store.mark_reached([t.reach(at(0)) for t in timers])
-        clock.advance(2 * HOUR)
+        store, clock = clocked_store()
+        await fill(store, clock, 30)
         retention = Retention(store, clock, keep=timedelta(hours=1), batch=10, every=60.0)
         await retention.purge(None, lambda: True)
         assert [deleted for _, _, deleted in store.purges] == [10]
-        clock.advance(0.5)  # less than nine times the 0.1 s the batch took
+        clock.advance(0.02)  # less than three times the 0.008 s the batch took
         await retention.purge(None, lambda: True)
         assert len(store.purges) == 1
-        clock.advance(0.5)
+        clock.advance(0.02)
         await retention.purge(None, lambda: True)
         assert [deleted for _, _, deleted in store.purges] == [10, 10]
+
+
+class TestBatchBudget:
+    async def test_batches_shrink_to_the_budget_and_grow_back(self) -> None:
+        """A batch that took longer than BATCH_BUDGET makes the next ones smaller in
+        proportion; quick ones double them again, up to ``batch``."""
+        store, clock = clocked_store()
+        await fill(store, clock, 40)
+        store.per_timer = BATCH_BUDGET / 2.5  # a batch of 10 takes four budgets
+        retention = Retention(store, clock, keep=timedelta(hours=1), batch=10, every=60.0)
+        await retention.purge(None, lambda: False)
+        assert [limit for _, limit, _ in store.purges][:3] == [10, 2, 2]
+        assert retention.size == 2
+        store.per_timer = BATCH_BUDGET / 100
+        await store.apply([TimerEntry(A, ServiceCallId("new"), at(0), at(0))])
+        await store.mark_reached([TimerEntry(A, ServiceCallId("new"), at(0), at(0)).reach(at(0))])
+        clock.advance(60)
+        store.purges.clear()
+        await retention.purge(None, lambda: False)
+        assert [limit for _, limit, _ in store.purges] == [2]
+        assert retention.size == 4
+
+    async def test_no_idle_batch_starts_that_would_run_past_the_next_due_time(self) -> None:
+        """Once a batch has taken longer than the time left until the next timer is due, only
+        the batch a busy worker is owed runs: the timer is not held back by another."""
+        store, clock = clocked_store()
+        await fill(store, clock, 40)
+        store.per_timer = BATCH_BUDGET / 12.5  # a batch of 10 takes 0.8 budgets
+        retention = Retention(store, clock, keep=timedelta(hours=1), batch=10, every=60.0)
+        due_soon = clock.now() + timedelta(seconds=BATCH_BUDGET * 1.5)
+        await retention.purge(due_soon, lambda: False)
+        assert [deleted for _, _, deleted in store.purges] == [10]
+        await retention.purge(clock.now() + timedelta(seconds=BATCH_BUDGET * 2), lambda: False)
+        assert [deleted for _, _, deleted in store.purges] == [10, 10, 10]

@@ -236,14 +236,19 @@ class TestClaimPlan:
         (walk,) = [n for n in plan if n.get("Index Name") == "ix_timer_schedules_due"]
         assert walk["Actual Rows"] == 1
 
-    async def test_purge_walks_the_reached_index(self, storm: sa.Engine) -> None:
-        """Retention deletes a batch of old Reached timers found through their own index."""
-        params = {"before": NOW + timedelta(seconds=1), "limit": 500}
+    @pytest.mark.parametrize("after", [None, NOW], ids=["from-the-oldest", "after-a-batch"])
+    async def test_purge_walks_the_reached_index(
+        self, storm: sa.Engine, after: datetime | None
+    ) -> None:
+        """Retention deletes a batch of old Reached timers found through their own index,
+        from the oldest or from where its last batch ended."""
+        params = {"before": NOW + timedelta(seconds=1), "after": after, "limit": 500}
         for generic in (False, True):
             plan = list(nodes(explain_and_undo(storm, PURGE, params, generic=generic)["Plan"]))
             no_full_scan(plan)
             (walk,) = [n for n in plan if n.get("Index Name") == "ix_timer_schedules_reached"]
             assert walk["Actual Rows"] == 500
+            assert "reached_at >=" in walk["Index Cond"]
 
     async def test_store_claims_a_batch_from_the_storm(self, storm: sa.Engine) -> None:
         """find_due through the store claims the 100 earliest of 100,000 due timers."""

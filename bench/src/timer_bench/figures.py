@@ -206,7 +206,7 @@ def large(d: dict[str, Any]) -> Figures:
 SIZING_PENDING = (10_000_000, 100_000_000, 1_000_000_000)
 SIZING_RATES = (1_000, 10_000, 100_000)
 RETENTION_DAYS = 7
-RETENTION_BATCH = 500  # the worker's retention batch
+RETENTION_BATCH = 500  # the worker's retention batch (at most; results without mean_rows)
 ONE_SERVER_CORES = 16  # a large but ordinary PostgreSQL server
 UNPARTITIONED_BYTES = 2**40  # past this one table's vacuum and purge take hours: partition
 ONE_SERVER_BYTES = 4 * 2**40  # what one server's disk holds comfortably
@@ -216,7 +216,7 @@ STREAM_CORES = 1.0  # a JetStream stream is served by its leader: about one core
 def purge_ms_per_row(d: dict[str, Any]) -> float | None:
     """PostgreSQL's time per fired timer the retention purge deleted (its sampled batches)."""
     purges = [
-        plan["mean_ms"] / RETENTION_BATCH
+        plan["mean_ms"] / max(plan.get("mean_rows", RETENTION_BATCH), 1)
         for r in d["steady"]
         for plan in r.get("plans", [])
         if plan["query"].startswith("DELETE FROM timer_schedules")

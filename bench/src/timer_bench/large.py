@@ -496,19 +496,31 @@ class PostgresLarge:
                 duration = float(head)
                 plan = json.loads("\n".join(lines))
                 query = " ".join(str(plan.get("Query Text", "")).split())
-                seen = by_query.setdefault(query, {"query": query, "sampled": 0, "ms": []})
+                seen = by_query.setdefault(
+                    query, {"query": query, "sampled": 0, "ms": [], "rows": []}
+                )
                 seen["sampled"] += 1
                 seen["ms"].append(duration)
+                seen["rows"].append(plan_rows(plan.get("Plan") or {}))
                 if duration >= max(seen["ms"]):
                     seen["worst_plan"] = plan.get("Plan")
         out = []
         for seen in by_query.values():
             durations = seen.pop("ms")
+            rows = seen.pop("rows")
             seen["mean_ms"] = round(sum(durations) / len(durations), 3)
+            seen["mean_rows"] = round(sum(rows) / len(rows), 1)
             seen["max_ms"] = round(max(durations), 3)
             seen["plan_outline"] = outline(seen.get("worst_plan") or {})
             out.append(seen)
         return sorted(out, key=lambda s: -s["mean_ms"] * s["sampled"])
+
+
+def plan_rows(node: dict[str, Any]) -> int:
+    """The rows a sampled statement handled: the most any of its top two levels' nodes
+    returned (a ``DELETE``'s are its scan's, its own node returning none)."""
+    nodes = [node, *node.get("Plans", [])]
+    return max((int(n.get("Actual Rows", 0)) for n in nodes), default=0)
 
 
 def outline(node: dict[str, Any], depth: int = 0) -> list[str]:

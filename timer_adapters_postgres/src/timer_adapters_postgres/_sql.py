@@ -330,16 +330,29 @@ WHERE state = 'Scheduled'
   AND (lease_until IS NULL OR lease_until < now() OR lease_owner = :owner)
 """
 )
+# Retention deletes in reached_at order, from where its last batch of this purge ended (the
+# latest reached_at it deleted, :after): the entries of the rows it deleted stay in
+# ix_timer_schedules_reached until a vacuum, and a scan from the oldest steps over all of
+# them (a batch of one timer read 5,500 pages, 72 ms, after 300,000 were purged from a
+# table of 13,000,000 rows). Timers fire at the present, never behind a cutoff in the past,
+# so no expired row appears behind the cursor; one skipped because another transaction held
+# it is found by the next purge, which starts from the oldest again.
 PURGE = sa.text(
     """
-DELETE FROM timer_schedules
-WHERE ctid = ANY(ARRAY(
-    SELECT ctid FROM timer_schedules
-    WHERE state = 'Reached' AND reached_at < :before
-    ORDER BY reached_at
-    LIMIT :limit
-    FOR UPDATE SKIP LOCKED
-))
+WITH gone AS (
+    DELETE FROM timer_schedules
+    WHERE ctid = ANY(ARRAY(
+        SELECT ctid FROM timer_schedules
+        WHERE state = 'Reached'
+          AND reached_at < :before
+          AND reached_at >= COALESCE(CAST(:after AS timestamptz), '-infinity')
+        ORDER BY reached_at
+        LIMIT :limit
+        FOR UPDATE SKIP LOCKED
+    ))
+    RETURNING reached_at
+)
+SELECT count(*), max(reached_at) FROM gone
 """
 )
 PURGE_TOMBSTONES = sa.text(

@@ -160,6 +160,8 @@ class PostgresTimerStore(
         self._peers = Peers(self._owner_id, lambda: self._listener)
         self._tenant_claims = TenantClaims(self._owner_id, self._lease, self._peers)
         self._executor: ThreadPoolExecutor | None = None
+        # Where the purge under way got to: the latest reached_at it deleted (see PURGE).
+        self._purged_to: datetime | None = None
         self._listener: ScheduleListener | None = None
         self._announcing: asyncio.Task[None] | None = None
         self._lifecycle = asyncio.Lock()
@@ -431,15 +433,22 @@ class PostgresTimerStore(
         if limit <= 0:
             return 0
         before = require_utc(reached_before)
+        after = self._purged_to
 
-        def purge(conn: sa.Connection) -> int:
-            deleted: int = conn.execute(PURGE, {"before": before, "limit": limit}).rowcount
-            if deleted < limit:
-                rest = {"before": before, "limit": limit - deleted}
-                deleted += conn.execute(PURGE_TOMBSTONES, rest).rowcount
-            return deleted
+        def purge(conn: sa.Connection) -> tuple[int, int, datetime | None]:
+            params = {"before": before, "after": after, "limit": limit}
+            timers, last = conn.execute(PURGE, params).one()
+            tombstones = 0
+            if timers < limit:
+                rest = {"before": before, "limit": limit - timers}
+                tombstones = conn.execute(PURGE_TOMBSTONES, rest).rowcount
+            return int(timers), tombstones, last
 
-        return await self._run("purge reached timers", purge)
+        timers, tombstones, last = await self._run("purge reached timers", purge)
+        # A batch of fewer timers than the limit ends this purge of timers: the next one
+        # starts from the oldest again.
+        self._purged_to = last if timers >= limit else None
+        return timers + tombstones
 
     # -- claiming ----------------------------------------------------------------------------
 

@@ -219,7 +219,7 @@ def purge_ms_per_row(d: dict[str, Any]) -> float | None:
         plan["mean_ms"] / max(plan.get("mean_rows", RETENTION_BATCH), 1)
         for r in d["steady"]
         for plan in r.get("plans", [])
-        if plan["query"].startswith("DELETE FROM timer_schedules")
+        if "DELETE FROM timer_schedules" in plan["query"]
     ]
     return kit.median(purges) if purges else None
 

@@ -12,7 +12,13 @@ import pytest
 import sqlalchemy as sa
 
 from tests.ports import refused_port
-from timer_adapters_postgres import MIGRATIONS, SCHEMA_VERSION, PostgresTimerStore, metadata
+from timer_adapters_postgres import (
+    MIGRATIONS,
+    SCHEMA_VERSION,
+    Migration,
+    PostgresTimerStore,
+    metadata,
+)
 from timer_core import (
     CommandOutcome,
     PositionedOperation,
@@ -180,6 +186,21 @@ class TestMigrations:
             assert collations[column] == "C"
 
 
+def migrate_by_hand(conn: psycopg.Connection[Any], migrations: list[Migration]) -> None:
+    """Run ``migrations`` on an empty database and record them, as an older Timer did."""
+    conn.execute(
+        "CREATE TABLE timer_schema_migrations (version integer PRIMARY KEY, "
+        "description text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())"
+    )
+    for migration in migrations:
+        for statement in migration.statements:
+            conn.execute(statement)
+        conn.execute(
+            "INSERT INTO timer_schema_migrations (version, description) VALUES (%s, %s)",
+            (migration.version, migration.description),
+        )
+
+
 #: The migrations up to the one that adds the trace context (the previous schema version).
 _BEFORE_TRACE_CONTEXT = [
     m
@@ -197,17 +218,7 @@ class TestTraceContextMigration:
         """A database at the previous version gains the trace columns; its timers read back
         without context and keep their command position."""
         with connect(fresh_postgres_url) as conn:
-            conn.execute(
-                "CREATE TABLE timer_schema_migrations (version integer PRIMARY KEY, "
-                "description text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())"
-            )
-            for migration in _BEFORE_TRACE_CONTEXT:
-                for statement in migration.statements:
-                    conn.execute(statement)
-                conn.execute(
-                    "INSERT INTO timer_schema_migrations (version, description) VALUES (%s, %s)",
-                    (migration.version, migration.description),
-                )
+            migrate_by_hand(conn, _BEFORE_TRACE_CONTEXT)
             conn.execute(
                 "INSERT INTO timer_schedules (tenant_id, service_call_id, correlation_id, due_at,"
                 " registered_at, command_position)"
@@ -241,17 +252,7 @@ class TestAutovacuumMigration:
         """A database at version 5 gains the three scale factors, keeps its fill factor and
         its timers."""
         with connect(fresh_postgres_url) as conn:
-            conn.execute(
-                "CREATE TABLE timer_schema_migrations (version integer PRIMARY KEY, "
-                "description text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())"
-            )
-            for migration in (m for m in MIGRATIONS if m.version <= 5):
-                for statement in migration.statements:
-                    conn.execute(statement)
-                conn.execute(
-                    "INSERT INTO timer_schema_migrations (version, description) VALUES (%s, %s)",
-                    (migration.version, migration.description),
-                )
+            migrate_by_hand(conn, [m for m in MIGRATIONS if m.version <= 5])
             conn.execute(
                 "INSERT INTO timer_schedules (tenant_id, service_call_id, due_at, registered_at)"
                 " VALUES ('t', 'old', '2030-01-01Z', '2030-01-01Z')"

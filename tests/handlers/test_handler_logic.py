@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -12,6 +14,7 @@ from timer_adapters_memory import FakeClock, MemoryTimerStore
 from timer_core import (
     BatchObserver,
     ConfigurationError,
+    DueCursor,
     DueTimeReached,
     HandlerFailed,
     HandlerSettings,
@@ -147,10 +150,11 @@ class TestDelivery:
         settings = HandlerSettings(timeout_s=0.05, retry_delay_s=0.01, jitter=0.0)
         async with Timer(MemoryTimerStore(), handler=handler, handler_settings=settings) as timer:
             await timer.schedule("shop-1", "order-1", datetime.now(UTC))
-            for _ in range(200):
-                stored = await timer.get("shop-1", "order-1")
-                if stored is not None and stored.state is TimerState.REACHED:
-                    break
+            deadline = time.monotonic() + 60  # a budget for a busy machine, not a figure
+            while (stored := await timer.get("shop-1", "order-1")) is not None and (
+                stored.state is not TimerState.REACHED
+            ):
+                assert time.monotonic() < deadline, f"not Reached after {calls} calls"
                 await asyncio.sleep(0.01)
         assert calls == 2
         assert stored is not None and stored.state is TimerState.REACHED
@@ -236,6 +240,60 @@ class TestForgetting:
             clock.advance(5)
             await timer.wait_until_idle()
             assert timer.quarantined == []
+
+
+class GatedReads(MemoryTimerStore):
+    """A store whose next find, once armed, answers late (its snapshot taken, its answer
+    held until ``answer`` is set) and whose marks wait for ``commit``: the interleaving of
+    a read and a mark on another thread, made to order."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.armed = False
+        self.reading = asyncio.Event()
+        self.answer = asyncio.Event()
+        self.marking = asyncio.Event()
+        self.commit = asyncio.Event()
+
+    async def find_due(
+        self, now: datetime, limit: int, *, after: DueCursor | None = None
+    ) -> list[TimerEntry]:
+        found = await super().find_due(now, limit, after=after)
+        if self.armed:
+            self.armed = False
+            self.reading.set()
+            await self.answer.wait()
+        return found
+
+    async def mark_reached(self, entries: Sequence[TimerEntry]) -> int:
+        self.marking.set()
+        await self.commit.wait()
+        return await super().mark_reached(entries)
+
+
+class TestMarkedWhileRead:
+    async def test_a_timer_marked_while_a_find_read_is_not_handed_out_again(self) -> None:
+        """A find that read a timer before its mark committed, and answers after, does not
+        hand it to the handler a second time."""
+        handler = Recorder()
+        clock = FakeClock(T0)
+        store = GatedReads()
+        metrics = Counting()
+        async with Timer(store, handler=handler, clock=clock, instrumentation=metrics) as timer:
+            await timer.schedule("shop-1", "order-1", T0)
+            await asyncio.wait_for(store.marking.wait(), 60)  # handled, its mark waits
+            await clock.wait_for_sleepers(timeout=60)  # the worker is idle
+            store.armed = True
+            await timer.schedule("shop-1", "order-2", T0)  # wakes a pass, whose find...
+            await asyncio.wait_for(store.reading.wait(), 60)  # ...read order-1 Scheduled
+            store.commit.set()
+            deadline = time.monotonic() + 60
+            while not metrics.fired:  # the worker has seen the mark end
+                assert time.monotonic() < deadline, "order-1 was never marked"
+                await asyncio.sleep(0.001)
+            store.answer.set()  # the read answers after the mark
+            await timer.wait_until_idle()
+        assert [c.payload.service_call_id for c in handler.calls] == ["order-1", "order-2"]
 
 
 class TestConfiguration:

@@ -20,12 +20,18 @@ class TestSharedWork:
         """Two hosts on one database hand out every due timer once between them, both busy."""
         calls: Counter[str] = Counter()
         by_instance: Counter[str] = Counter()
+        both = asyncio.Event()
 
         def handler_of(name: str) -> object:
             async def handler(event: Event) -> None:
-                await asyncio.sleep(0.02)  # long enough that one instance cannot take all
-                calls[event.payload.service_call_id] += 1
                 by_instance[name] += 1
+                if len(by_instance) == 2:
+                    both.set()
+                # Each instance's first calls hold its places until the other has calls
+                # too, however late it started on a busy machine: both take part.
+                await asyncio.wait_for(both.wait(), 60)
+                await asyncio.sleep(0.005)
+                calls[event.payload.service_call_id] += 1
 
             return handler
 

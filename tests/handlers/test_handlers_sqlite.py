@@ -11,6 +11,7 @@ import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+from timer_adapters_memory import FakeClock
 from timer_adapters_sqlite import SqliteTimerStore
 from timer_core import (
     DueTimeReached,
@@ -26,8 +27,13 @@ HOST = Path(__file__).with_name("host.py")
 ROOT = Path(__file__).resolve().parents[2]
 
 
+T0 = datetime(2030, 1, 1, 9, 0, tzinfo=UTC)
+STEP = 0.01
+
+
 def lateness(events: list[Event]) -> list[float]:
-    """Seconds from each event's due time to when it was handed to the handler."""
+    """Seconds from each event's due time to when it was handed to the handler, by the
+    Timer's own clock (``reachedAt`` is its reading when the pass found the timer due)."""
     return [(e.payload.reached_at - e.payload.due_at).total_seconds() for e in events]
 
 
@@ -39,33 +45,48 @@ async def wait_for(condition: object, budget: float, what: str) -> None:
         await asyncio.sleep(0.01)
 
 
+async def run_clock(timer: Timer, clock: FakeClock, until: datetime) -> None:
+    """Move the Timer's clock to ``until`` in 10 ms steps, letting the worker finish what
+    each step made due before the next (real time does not count: a busy machine only
+    makes each step take longer)."""
+    while clock.now() < until:
+        clock.advance(STEP)
+        await timer.wait_until_idle(timeout=60)
+
+
 class TestIsolation:
     async def test_a_failing_handler_delays_no_other_timer_by_more_than_50_ms(
         self, tmp_path: Path
     ) -> None:
-        """One timer failing over and over (every 10 ms) leaves the others on time."""
+        """One timer failing over and over (every 10 ms of the Timer's clock) leaves the
+        others handed out at their due time."""
         handled: list[Event] = []
+        poison_calls: list[datetime] = []
 
         async def handler(event: Event) -> None:
             if event.payload.service_call_id == "poison":
+                poison_calls.append(event.payload.reached_at)
                 raise RuntimeError("always fails")
             handled.append(event)
 
         settings = HandlerSettings(retry_delay_s=0.01, max_retry_delay_s=0.01, max_attempts=1000)
+        clock = FakeClock(T0)
         store = SqliteTimerStore(tmp_path / "t.db")
-        async with Timer(store, handler=handler, handler_settings=settings) as timer:
-            now = datetime.now(UTC)
-            await timer.schedule("shop-1", "poison", now)
+        async with Timer(store, handler=handler, handler_settings=settings, clock=clock) as timer:
+            await timer.schedule("shop-1", "poison", T0)
             for n in range(1, 5):
-                await timer.schedule("shop-1", f"order-{n}", now + timedelta(seconds=0.3 * n))
-            await wait_for(lambda: len(handled) == 4, 20, "the four healthy timers")
+                await timer.schedule("shop-1", f"order-{n}", T0 + timedelta(seconds=0.3 * n))
+            await run_clock(timer, clock, T0 + timedelta(seconds=1.3))
+        assert [e.payload.service_call_id for e in handled] == [f"order-{n}" for n in range(1, 5)]
         assert max(lateness(handled)) < 0.05, lateness(handled)
+        # It kept failing all along, every step or two, before and after each of the others.
+        assert len(poison_calls) > 60 and poison_calls[-1] > handled[-1].payload.reached_at
 
     async def test_an_always_failing_handler_ends_quarantined_after_the_set_attempts(
         self, tmp_path: Path
     ) -> None:
-        """After max_attempts failures the timer is quarantined with the handler's error and
-        stays Scheduled in the file."""
+        """After max_attempts failures the timer is quarantined with the handler's error, is
+        not called again, and stays Scheduled in the file."""
         calls = 0
 
         async def handler(event: Event) -> None:
@@ -74,11 +95,15 @@ class TestIsolation:
             raise ValueError("the payment service refused")
 
         settings = HandlerSettings(max_attempts=4, retry_delay_s=0.01)
+        clock = FakeClock(T0)
         store = SqliteTimerStore(tmp_path / "t.db")
-        async with Timer(store, handler=handler, handler_settings=settings) as timer:
-            await timer.schedule("shop-1", "order-1", datetime.now(UTC))
-            await wait_for(lambda: timer.quarantined, 20, "the quarantine")
-            await asyncio.sleep(0.2)  # ten retry delays: no fifth call
+        async with Timer(store, handler=handler, handler_settings=settings, clock=clock) as timer:
+            await timer.schedule("shop-1", "order-1", T0)
+            # Four attempts back off 10, 20 and 40 ms (less jitter): quarantined within 0.1 s;
+            # then a whole second more of the Timer's clock brings no fifth call.
+            await run_clock(timer, clock, T0 + timedelta(seconds=0.1))
+            assert len(timer.quarantined) == 1
+            await run_clock(timer, clock, T0 + timedelta(seconds=1.1))
             (quarantined,) = timer.quarantined
             stored = await timer.get("shop-1", "order-1")
         assert calls == 4 and quarantined.failures == 4
@@ -88,27 +113,35 @@ class TestIsolation:
     async def test_a_ten_second_handler_does_not_stop_others_firing_on_time(
         self, tmp_path: Path
     ) -> None:
-        """While one call takes 10 s, the others are handed out on time; on close the slow one
-        is cancelled after the grace period and stays Scheduled."""
+        """While one call takes 10 s of the Timer's clock, each other timer is handed out the
+        moment it is due; on close the slow one is cancelled after the grace period and
+        stays Scheduled."""
         handled: list[Event] = []
-        slow_started = asyncio.Event()
+        called = asyncio.Event()
+        clock = FakeClock(T0)
 
         async def handler(event: Event) -> None:
+            called.set()
             if event.payload.service_call_id == "slow":
-                slow_started.set()
-                await asyncio.sleep(10)
+                await clock.sleep(10)
             handled.append(event)
 
         settings = HandlerSettings(shutdown_grace_s=0.1)
         store = SqliteTimerStore(tmp_path / "t.db")
-        async with Timer(store, handler=handler, handler_settings=settings) as timer:
-            now = datetime.now(UTC)
-            await timer.schedule("shop-1", "slow", now)
+        async with Timer(store, handler=handler, handler_settings=settings, clock=clock) as timer:
+            await timer.schedule("shop-1", "slow", T0)
+            await asyncio.wait_for(called.wait(), 60)
             for n in range(1, 4):
-                await timer.schedule("shop-1", f"order-{n}", now + timedelta(seconds=0.3 * n))
-            await asyncio.wait_for(slow_started.wait(), 10)
-            await wait_for(lambda: len(handled) == 3, 20, "the three others")
-        assert max(lateness(handled)) < 0.05, lateness(handled)
+                due = T0 + timedelta(seconds=0.3 * n)
+                await timer.schedule("shop-1", f"order-{n}", due)
+                called.clear()
+                clock.advance(due - clock.now())  # the clock stands still at the due time
+                await asyncio.wait_for(called.wait(), 60)
+            await wait_for(lambda: len(handled) == 3, 60, "the three others")
+        # reachedAt is the clock's reading when a pass found each due: it never moved past
+        # the due time, so each was handed out by the pass the due time woke.
+        assert lateness(handled) == [0.0, 0.0, 0.0]
+        assert clock.now() < T0 + timedelta(seconds=10)  # the slow call was still running
         async with SqliteTimerStore(tmp_path / "t.db") as reopened:
             slow = await reopened.get("shop-1", "slow")
         assert slow is not None and slow.state is TimerState.SCHEDULED

@@ -31,7 +31,7 @@ from timer_core._failures import FailureBook, QuarantinedTimer
 from timer_core._messages import DueTimeReached, MessageEnvelope
 from timer_core._time import floor_ms
 from timer_core.errors import HandlerFailed, StoreError, ValidationError
-from timer_core.events import build_due_event
+from timer_core.events import due_events
 from timer_core.instrumentation import NO_INSTRUMENTATION, BatchObserver, Instrumentation
 from timer_core.maintenance import Retention
 from timer_core.ports import (
@@ -109,18 +109,31 @@ class _Batch:
     """The timers one pass handed out together: their calls, one deadline for all (they
     started together), and the instrumentation's observer, told when the last one ended."""
 
-    __slots__ = ("deadline", "entries", "envelopes", "keys", "left", "observer", "results", "tasks")
+    __slots__ = (
+        "deadline",
+        "entries",
+        "envelopes",
+        "keys",
+        "left",
+        "observer",
+        "reached_at",
+        "results",
+        "tasks",
+    )
 
     def __init__(
         self,
         observer: BatchObserver,
         entries: list[TimerEntry],
+        keys: list[TimerKey],
         envelopes: list[MessageEnvelope[DueTimeReached]],
+        reached_at: datetime,
     ) -> None:
         self.observer = observer
         self.entries = entries
+        self.keys = keys
         self.envelopes = envelopes
-        self.keys = [entry.key for entry in entries]
+        self.reached_at = reached_at
         self.tasks: list[asyncio.Task[None]] = []
         self.results: list[HandlerFailed | None] = [None] * len(entries)
         self.left = len(entries)
@@ -195,8 +208,12 @@ class HandlerWorker:
         self._wake_at: datetime | None = None
         self._running: dict[TimerKey, tuple[TimerEntry, asyncio.Task[None]]] = {}
         self._timed_out: set[TimerKey] = set()
-        self._to_mark: list[TimerEntry] = []
+        self._to_mark: list[TimerEntry] = []  # handled (as Reached entries), mark not begun
+        self._to_mark_keys: list[TimerKey] = []  # their keys, in the same order
         self._marking: dict[TimerKey, datetime] = {}  # handled, not marked yet: key -> due_at
+        # Marked (as these Reached entries) while the find in flight read: that read may
+        # still see them Scheduled.
+        self._just_marked: dict[TimerKey, TimerEntry] = {}
         # Claims a leasing store's find took anew on timers waiting for their mark.
         self._reclaimed: dict[TimerKey, Hashable] = {}
         self._failing = FailureBook(store, clock, instrumentation, log)
@@ -310,19 +327,25 @@ class HandlerWorker:
         now = self._clock.now()
         # No more than there are places for: a page read beyond them would be read again.
         limit = min(self._batch_size, free)
-        page = await self._store.find_due(now, limit, after=self._cursor)
+        page = await self._find_due(now, limit, self._cursor)
         full = len(page) == limit
-        chosen = [entry for entry in page if self._eligible(entry) or self._claimed_again(entry)]
-        if self._failing:
-            self._drain_seen.update(entry.key for entry in page)
         self._cursor = _cursor_of(page[-1]) if full else None
-        if not full and self._failing:
-            self._forget_settled_backoffs()
-        if chosen:
-            self._start(chosen, now)
+        keys = [entry.key for entry in page]
+        if self._failing:
+            self._drain_seen.update(keys)
+            if not full:
+                self._forget_settled_backoffs()
+        if self._running or self._marking or self._just_marked or self._failing:
+            # Held back here (running, waiting for or just past its mark, backing off).
+            taken = [self._eligible(entry, key) for entry, key in zip(page, keys, strict=True)]
+            if not all(taken):
+                page = [entry for entry, take in zip(page, taken, strict=True) if take]
+                keys = [key for key, take in zip(keys, taken, strict=True) if take]
+        if page:
+            self._start(page, keys, now)
         self.last_pass_at = self._clock.monotonic()
         self.passes += 1
-        self._instrumentation.poll_completed(self.last_pass_at - started, len(chosen))
+        self._instrumentation.poll_completed(self.last_pass_at - started, len(page))
         return full
 
     def _forget_settled_backoffs(self) -> None:
@@ -339,48 +362,82 @@ class HandlerWorker:
         for key in gone:
             self._failing.pop(key)
 
-    def _claimed_again(self, entry: TimerEntry) -> bool:
-        """A leasing store's find claimed a timer held here (its call running, its mark
-        waiting) anew: that claim fences out the earlier one, so the mark must carry it.
-        Never chosen (returns False)."""
-        if entry.claim is None:
-            return False
-        key = entry.key
-        held = self._running.get(key)
-        if held is not None and held[0].due_at == entry.due_at:
-            self._running[key] = (entry, held[1])
-        elif self._marking.get(key) == entry.due_at:
-            self._reclaimed[key] = entry.claim
-        return False
+    async def _find_due(
+        self, now: datetime, limit: int, after: DueCursor | None
+    ) -> list[TimerEntry]:
+        """The store's due timers; what marks finished before this read began it sees
+        ``Reached``, so only those marked while it reads are still held back after it."""
+        self._just_marked.clear()
+        return await self._store.find_due(now, limit, after=after)
 
-    def _eligible(self, entry: TimerEntry) -> bool:
-        key = entry.key
-        if key in self._running or self._marking.get(key) == entry.due_at:
+    def _eligible(self, entry: TimerEntry, key: TimerKey) -> bool:
+        """Whether a timer found due is to be handed out now (not held back here)."""
+        due_at = entry.due_at
+        held = self._running.get(key)
+        if held is not None:
+            if entry.claim is not None and held[0].due_at == due_at:
+                # A leasing store's find claimed it anew while its call runs: that claim
+                # fences out the earlier one, so the mark must carry it.
+                self._running[key] = (entry, held[1])
+            return False
+        if self._marking.get(key) == due_at:
+            if entry.claim is not None:
+                self._reclaimed[key] = entry.claim  # as above, while its mark waits
+            return False
+        marked = self._just_marked.get(key)
+        if marked is not None and marked.due_at == due_at:
+            # Marked while this find read. A leasing store's claim (taken before the mark,
+            # which it then fenced out) leaves it Scheduled: marked again with that claim.
+            if entry.claim is not None:
+                self._marking[key] = due_at
+                self._queue_mark(key, attrs.evolve(marked, claim=entry.claim))
             return False
         record = self._failing.get(key)
         if record is None:
             return True
-        if record.entry.due_at != entry.due_at:  # rescheduled: a new timer
+        if record.entry.due_at != due_at:  # rescheduled: a new timer
             self._failing.pop(key)
             return True
         return record.quarantined_at is None and record.retry_at <= self._clock.monotonic()
 
-    def _start(self, entries: list[TimerEntry], now: datetime) -> None:
+    def _start(self, entries: list[TimerEntry], keys: list[TimerKey], now: datetime) -> None:
         # One instant for the batch, as the broker path has: the events' fast path.
         reached_at = floor_ms(now)
-        envelopes = [build_due_event(entry, reached_at, self._ids) for entry in entries]
+        envelopes = due_events(entries, reached_at, self._ids)
         observer = self._instrumentation.firing_started(envelopes)
-        batch = _Batch(observer, entries, envelopes)
+        batch = _Batch(observer, entries, keys, envelopes, reached_at)
         loop = asyncio.get_running_loop()
         running = self._running
-        finished = self._finished
-        call = cast(_Call, self._handler) if self._is_async else self._call_in_thread
-        for index, envelope in enumerate(batch.envelopes):
-            task = loop.create_task(call(envelope))
-            batch.tasks.append(task)
-            running[batch.keys[index]] = (entries[index], task)
-            task.add_done_callback(functools.partial(finished, batch, index))
+        call = self._call
+        tasks = batch.tasks
+        # The loop's own tasks, made directly (a fifth of a call's cost) unless the host set
+        # a task factory, which then makes them.
+        task_of: Callable[[Coroutine[Any, Any, None]], asyncio.Task[None]] = (
+            functools.partial(asyncio.Task, loop=loop)
+            if loop.get_task_factory() is None
+            else loop.create_task
+        )
+        for index, entry in enumerate(entries):
+            task = task_of(call(batch, index))
+            tasks.append(task)
+            running[keys[index]] = (entry, task)
         batch.deadline = loop.call_later(self._settings.timeout_s, self._time_out, batch)
+
+    async def _call(self, batch: _Batch, index: int) -> None:
+        """One timer's call, in a task of its own; its outcome is noted as it ends."""
+        envelope = batch.envelopes[index]
+        try:
+            if self._is_async:
+                await cast(_Call, self._handler)(envelope)
+            else:
+                await self._call_in_thread(envelope)
+        except asyncio.CancelledError:
+            self._failed(batch, index, None, cancelled=True)
+            raise
+        except Exception as exc:
+            self._failed(batch, index, exc, cancelled=False)
+        else:
+            self._handled(batch, index)
 
     async def _call_in_thread(self, envelope: MessageEnvelope[DueTimeReached]) -> None:
         if self._executor is None:
@@ -398,33 +455,45 @@ class HandlerWorker:
                 self._timed_out.add(key)
                 task.cancel()
 
-    def _finished(self, batch: _Batch, index: int, task: asyncio.Task[None]) -> None:
+    def _handled(self, batch: _Batch, index: int) -> None:
+        """The handler returned: the timer waits for its mark (with the latest claim)."""
         key = batch.keys[index]
-        entry, _ = self._running.pop(key)  # with the latest claim on it
-        if not task.cancelled() and task.exception() is None:
-            self._to_mark.append(entry._reached(batch.envelopes[index].payload.reached_at))
-            self._marking[key] = entry.due_at
-            if self._failing:
-                self._failing.pop(key)
+        entry, _ = self._running.pop(key)
+        self._marking[key] = entry.due_at
+        self._queue_mark(key, entry._reached(batch.reached_at))
+        if self._failing.records:
+            self._failing.pop(key)
+        batch.done(index, None)
+        if self._starved or self._asleep.is_set():
+            self._wake.set()  # a place is free
+
+    def _queue_mark(self, key: TimerKey, reached: TimerEntry) -> None:
+        if not self._to_mark:
             self._marks_wanted.set()
-            batch.done(index, None)
-        else:
-            timed_out = key in self._timed_out
-            self._timed_out.discard(key)
-            if task.cancelled() and not timed_out:
-                # Cut off by the shutdown: it stays Scheduled and is delivered again later.
-                batch.done(index, HandlerFailed(f"{_name(entry)}: cancelled by the shutdown"))
-                return
-            error = None if timed_out else task.exception()
-            why = (
-                f"timed out after {self._settings.timeout_s:g}s"
-                if error is None
-                else f"{type(error).__name__}: {error}"
-            )
-            failure = HandlerFailed(f"the handler of {_name(entry)} failed: {why}")
-            failure.__cause__ = error
-            self._note_failure(entry, failure, error)
-            batch.done(index, failure)
+        self._to_mark.append(reached)
+        self._to_mark_keys.append(key)
+
+    def _failed(
+        self, batch: _Batch, index: int, error: Exception | None, *, cancelled: bool
+    ) -> None:
+        """The call raised, timed out or was cancelled: the timer stays ``Scheduled``."""
+        key = batch.keys[index]
+        entry, _ = self._running.pop(key)
+        timed_out = key in self._timed_out
+        self._timed_out.discard(key)
+        if cancelled and not timed_out:
+            # Cut off by the shutdown: it stays Scheduled and is delivered again later.
+            batch.done(index, HandlerFailed(f"{_name(entry)}: cancelled by the shutdown"))
+            return
+        why = (
+            f"timed out after {self._settings.timeout_s:g}s"
+            if error is None
+            else f"{type(error).__name__}: {error}"
+        )
+        failure = HandlerFailed(f"the handler of {_name(entry)} failed: {why}")
+        failure.__cause__ = error
+        self._note_failure(entry, failure, error)
+        batch.done(index, failure)
         if self._starved or self._asleep.is_set():
             self._wake.set()  # a place is free, or a held-back timer no longer masks others
 
@@ -465,13 +534,18 @@ class HandlerWorker:
                 await self._marks_wanted.wait()
                 continue
             batch, self._to_mark = self._to_mark[:_MARK_BATCH], self._to_mark[_MARK_BATCH:]
+            keys = self._to_mark_keys[:_MARK_BATCH]
+            del self._to_mark_keys[:_MARK_BATCH]
             if self._reclaimed:
-                batch = [self._latest_claim(entry) for entry in batch]
+                batch = [
+                    self._latest_claim(key, entry) for key, entry in zip(keys, batch, strict=True)
+                ]
             try:
                 await self._store.mark_reached(batch)
             except Exception as exc:
                 failures += 1
                 self._to_mark[:0] = batch
+                self._to_mark_keys[:0] = keys
                 if self._stop.is_set() and not self._running:
                     log.warning(
                         "could not mark %d handled timers at shutdown (%s); they will be "
@@ -487,18 +561,24 @@ class HandlerWorker:
             failures = 0
             if self._reclaimed:
                 # Claimed anew while the mark ran: that mark was fenced out, so again.
-                again = [entry for entry in batch if entry.key in self._reclaimed]
-                self._to_mark[:0] = again
-                batch = [entry for entry in batch if entry.key not in self._reclaimed]
-            for entry in batch:
-                if self._marking.get(entry.key) == entry.due_at:
-                    del self._marking[entry.key]
+                again = [i for i, key in enumerate(keys) if key in self._reclaimed]
+                if again:
+                    self._to_mark[:0] = [batch[i] for i in again]
+                    self._to_mark_keys[:0] = [keys[i] for i in again]
+                    left = set(again)
+                    batch = [entry for i, entry in enumerate(batch) if i not in left]
+                    keys = [key for i, key in enumerate(keys) if i not in left]
+            marking, just_marked = self._marking, self._just_marked
+            for key, entry in zip(keys, batch, strict=True):
+                if marking.get(key) == entry.due_at:
+                    del marking[key]
+                    just_marked[key] = entry
             self._instrumentation.timers_fired(batch)
-            if not self._marking:
+            if not marking:
                 self._wake.set()  # a test's wait_until_idle is waiting for this
 
-    def _latest_claim(self, entry: TimerEntry) -> TimerEntry:
-        claim = self._reclaimed.pop(entry.key, None)
+    def _latest_claim(self, key: TimerKey, entry: TimerEntry) -> TimerEntry:
+        claim = self._reclaimed.pop(key, None)
         return entry if claim is None else attrs.evolve(entry, claim=claim)
 
     # -- sleeping -----------------------------------------------------------------------
@@ -543,8 +623,8 @@ class HandlerWorker:
             poll = _QUARANTINED_POLL_S if quarantined_only else _MASKED_POLL_S
             return now + timedelta(seconds=poll)
         horizon = now + timedelta(seconds=self._interval)
-        for entry in await self._store.find_due(horizon, held + 1):
-            if self._eligible(entry):
+        for entry in await self._find_due(horizon, held + 1, None):
+            if self._eligible(entry, entry.key):
                 return entry.due_at
         return None
 

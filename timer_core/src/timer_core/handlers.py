@@ -218,6 +218,10 @@ class HandlerWorker:
         self._reclaimed: dict[TimerKey, Hashable] = {}
         self._failing = FailureBook(store, clock, instrumentation, log)
         self._cursor: DueCursor | None = None
+        # The next page of a drain, read while this one is handed out: (its cursor, its
+        # reading of the clock, the read).
+        self._ahead: tuple[DueCursor, datetime, asyncio.Future[list[TimerEntry]]] | None = None
+        self._reads_ahead = not isinstance(store, LeasesClaims)
         self._drain_started = 0.0
         self._drain_seen: set[TimerKey] = set()
         self._starved = False
@@ -312,7 +316,18 @@ class HandlerWorker:
             if more:
                 await asyncio.sleep(0)  # let the calls just started run
                 continue
+            self._drop_ahead()
             await self._idle()
+        self._drop_ahead()
+
+    def _drop_ahead(self) -> None:
+        """Forget the page read ahead (a pass that could not take it: it is read again)."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:
+            reading = ahead[2]
+            reading.cancel()
+            if reading.done() and not reading.cancelled():
+                reading.exception()  # retrieved: a failed read ahead is not an error
 
     async def _pass(self) -> bool:
         """One page of due timers handed out; whether to look again at once."""
@@ -324,11 +339,21 @@ class HandlerWorker:
         if self._cursor is None:  # a drain from the first due timer begins
             self._drain_started = started
             self._drain_seen.clear()
-        now = self._clock.now()
         # No more than there are places for: a page read beyond them would be read again.
         limit = min(self._batch_size, free)
-        page = await self._find_due(now, limit, self._cursor)
-        full = len(page) == limit
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None and ahead[0] == self._cursor:
+            # The page read ahead, while the last one was handed out.
+            _, now, reading = ahead
+            page = await reading
+            full = len(page) >= self._batch_size or len(page) > limit
+            del page[limit:]
+        else:
+            if ahead is not None:
+                ahead[2].cancel()  # a new drain began (a timer due earlier): read afresh
+            now = self._clock.now()
+            page = await self._find_due(now, limit, self._cursor)
+            full = len(page) == limit
         self._cursor = _cursor_of(page[-1]) if full else None
         keys = [entry.key for entry in page]
         if self._failing:
@@ -341,6 +366,13 @@ class HandlerWorker:
             if not all(taken):
                 page = [entry for entry, take in zip(page, taken, strict=True) if take]
                 keys = [key for key, take in zip(keys, taken, strict=True) if take]
+        if full and self._reads_ahead:
+            # The next page is read while this one is handed out (a store without claims:
+            # a page not handed out at once is only dropped, and read again later).
+            cursor, at = self._cursor, self._clock.now()
+            assert cursor is not None
+            reading = asyncio.ensure_future(self._find_due(at, self._batch_size, cursor))
+            self._ahead = (cursor, at, reading)
         if page:
             self._start(page, keys, now)
         self.last_pass_at = self._clock.monotonic()

@@ -334,11 +334,17 @@ def handlers(d: dict[str, Any]) -> Figures:
         "store_loop_vs_raw": times(sqlite["store_loop"]["vs_raw"]),
         "jobs": count(settings["jobs"]),
     }
+    if "timer_tuned" in sqlite:
+        out["timer_tuned"] = per_s(sqlite["timer_tuned"]["median_per_s"])
+        out["timer_tuned_vs_raw"] = times(sqlite["timer_tuned"]["vs_raw"])
     if "postgres" in d:
         pg = d["postgres"]
         out["pg_timer"] = per_s(pg["timer"]["median_per_s"])
         out["pg_pgqueuer"] = per_s(pg["pgqueuer"]["median_per_s"])
         out["pg_vs_pgqueuer"] = times(pg["timer"]["vs_pgqueuer"])
+        if "timer_tuned" in pg:
+            out["pg_timer_tuned"] = per_s(pg["timer_tuned"]["median_per_s"])
+            out["pg_tuned_vs_pgqueuer"] = times(pg["timer_tuned"]["vs_pgqueuer"])
     return out
 
 

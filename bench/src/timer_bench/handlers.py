@@ -2,14 +2,18 @@
 write by hand, and against pgqueuer's no-op execution on PostgreSQL.
 
 SQLite: ``--jobs`` timers due over the last ``--jobs`` milliseconds are stored in a fresh file
-(not timed); then, in alternated rounds, ``Timer(SqliteTimerStore(...), handler=noop)``
-(``batch_size`` 1000, 1000 calls at once) runs until every timer is marked ``Reached``; the
-yardstick does the same work by hand (select 1000 due rows, call the no-op with each, mark
-them in one transaction, until none is due); and the same loop runs on the store's own API
+(not timed); then, in alternated rounds, ``Timer(SqliteTimerStore(...), handler=noop)`` runs
+until every timer is marked ``Reached``, at its default settings (``batch_size`` 100, 100
+calls at once) and tuned (``batch_size`` 1000, 1000 calls at once); the yardstick does the
+same work by hand (select 1000 due rows, call the no-op with each, mark them in one
+transaction, until none is due); and the same loop runs on the store's own API
 (``find_due``, call, ``mark_reached``), which tells the store's share of the gap from the
-handler path's. ``--postgres`` adds Timer's handler path on ``PostgresTimerStore`` beside
-pgqueuer draining as many no-op jobs (:mod:`timer_bench.peers` in the peers' virtualenv), on
-one throwaway server, alternated.
+handler path's. Every commit that marks is unsynced on each side: the yardstick's
+connection runs at ``synchronous=NORMAL``, the store at its default (``FULL`` syncs the
+commits that store commands; a mark commits as ``NORMAL`` does). ``--postgres`` adds Timer's
+handler path on ``PostgresTimerStore`` (default and tuned) beside pgqueuer draining as many
+no-op jobs (:mod:`timer_bench.peers` in the peers' virtualenv), on one throwaway server,
+alternated.
 """
 
 from __future__ import annotations
@@ -33,8 +37,10 @@ from timer_core import HandlerSettings, Instrumentation, Timer, TimerEntry, Time
 from timer_core.instants import floor_ms
 
 BATCH = 1000
-SQLITE_SIDES = ["timer", "raw", "store_loop"]
-POSTGRES_SIDES = ["timer", "pgqueuer"]
+#: The tuned row's settings (the default row passes none).
+TUNED = {"batch_size": BATCH, "max_concurrency": BATCH}
+SQLITE_SIDES = ["timer", "timer_tuned", "raw", "store_loop"]
+POSTGRES_SIDES = ["timer", "timer_tuned", "pgqueuer"]
 
 
 class _Marked(Instrumentation):
@@ -74,19 +80,25 @@ async def seed(store: TimerStore, jobs: int) -> None:
             )
 
 
-async def timer_round(store: TimerStore, jobs: int) -> float:
-    """Timers handled per second by ``Timer(store, handler=noop)``, start to last mark."""
+async def timer_round(store: TimerStore, jobs: int, *, tuned: bool = False) -> float:
+    """Timers handled per second by ``Timer(store, handler=noop)``, start to last mark; at
+    the default settings, or with :data:`TUNED`'s."""
     marked = _Marked(jobs)
+    settings: dict[str, Any] = {}
+    if tuned:
+        settings = {
+            "batch_size": TUNED["batch_size"],
+            "handler_settings": HandlerSettings(max_concurrency=TUNED["max_concurrency"]),
+        }
     watch = kit.Stopwatch()
-    async with Timer(
-        store,
-        handler=noop,
-        handler_settings=HandlerSettings(max_concurrency=BATCH),
-        batch_size=BATCH,
-        instrumentation=marked,
-    ):
+    async with Timer(store, handler=noop, instrumentation=marked, **settings) as timer:
         await asyncio.wait_for(marked.done.wait(), 600)
-        return kit.rate(jobs, watch.elapsed())
+        rate = kit.rate(jobs, watch.elapsed())
+        # Marks counted once each: none left Scheduled (a timer marked twice would have
+        # ended the round early).
+        left = await timer.store.count_scheduled()
+    assert left == 0, f"{left} timers still Scheduled after {marked.count} marks"
+    return rate
 
 
 async def raw_round(path: Path, jobs: int) -> float:
@@ -146,8 +158,8 @@ async def sqlite_rounds(scratch: Path, rounds: int, jobs: int) -> list[dict[str,
     async def measure(side: str, number: int) -> float:
         path = scratch / f"{side}-{number}.db"
         await seed(SqliteTimerStore(path), jobs)
-        if side == "timer":
-            result = await timer_round(SqliteTimerStore(path), jobs)
+        if side in ("timer", "timer_tuned"):
+            result = await timer_round(SqliteTimerStore(path), jobs, tuned=side == "timer_tuned")
         elif side == "raw":
             result = await raw_round(path, jobs)
         else:
@@ -167,9 +179,10 @@ def postgres_rounds(scratch: Path, rounds: int, jobs: int) -> list[dict[str, flo
             database = f"{side}_{number}"
             url = pg.create_database(database)
             try:
-                if side == "timer":
+                if side in ("timer", "timer_tuned"):
                     await seed(PostgresTimerStore(url), jobs)
-                    result = await timer_round(PostgresTimerStore(url), jobs)
+                    tuned = side == "timer_tuned"
+                    result = await timer_round(PostgresTimerStore(url), jobs, tuned=tuned)
                 else:
                     dsn = f"postgresql://{pg.user}@127.0.0.1:{pg.port}/{database}"
                     arguments = ["pgqueuer", "--dsn", dsn, "--jobs", str(jobs), "--rate", "10"]
@@ -220,8 +233,12 @@ def main(args: argparse.Namespace) -> int:
             "rounds": args.rounds,
             "jobs": args.jobs,
             "batch": BATCH,
-            "max_concurrency": BATCH,
-            "sqlite": "WAL, synchronous=NORMAL",
+            "timer": "Timer's defaults: batch_size 100, max_concurrency 100",
+            "timer_tuned": TUNED,
+            "sqlite": (
+                "WAL; every mark commits unsynced: the yardstick at synchronous=NORMAL, the "
+                "store at its default FULL, which syncs only the commits of commands"
+            ),
         },
     }
     sqlite = asyncio.run(sqlite_rounds(scratch, args.rounds, args.jobs))

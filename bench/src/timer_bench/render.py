@@ -620,6 +620,15 @@ def command_order_block(document: dict[str, Any]) -> str:
     )
 
 
+def _handlers_tuned(settings: dict[str, Any]) -> str:
+    """The tuned handler row's settings, as a Timer is given them."""
+    tuned = settings["timer_tuned"]
+    return (
+        f"`batch_size={tuned['batch_size']}`, "
+        f"`HandlerSettings(max_concurrency={tuned['max_concurrency']})`"
+    )
+
+
 def handlers_block(document: dict[str, Any]) -> str:
     settings, sqlite = document["settings"], document["sqlite"]
     rows = [
@@ -631,13 +640,28 @@ def handlers_block(document: dict[str, Any]) -> str:
                 "store_loop",
                 times(sqlite["store_loop"]["vs_raw"]),
             ),
-            ("`Timer(store, handler=noop)`", "timer", times(sqlite["timer"]["vs_raw"])),
+            (
+                "`Timer(store, handler=noop)`, default settings",
+                "timer",
+                times(sqlite["timer"]["vs_raw"]),
+            ),
+            *(
+                [
+                    (
+                        f"`Timer(store, handler=noop)`, tuned: {_handlers_tuned(settings)}",
+                        "timer_tuned",
+                        times(sqlite["timer_tuned"]["vs_raw"]),
+                    )
+                ]
+                if "timer_tuned" in sqlite
+                else []
+            ),
         )
     ]
     parts = [
         f"Run: `python -m timer_bench handlers` on {document['date']}: "
         f"{settings['jobs']:,} due timers to a no-op handler on SQLite "
-        f"({settings['sqlite']}), batches of {settings['batch']:,}, "
+        f"({settings['sqlite']}), the loops by hand in batches of {settings['batch']:,}, "
         f"{settings['rounds']} alternated rounds, median of the per-round ratios.",
         markdown_table("loop | timers/s | rounds | vs the yardstick", rows, "lrrr"),
     ]
@@ -645,11 +669,17 @@ def handlers_block(document: dict[str, Any]) -> str:
         parts.append(f"Transcribed {document['transcribed']}.")
     if "postgres" in document:
         pg = document["postgres"]
+        tuned = (
+            f"; tuned {per_s(pg['timer_tuned']['median_per_s'])} "
+            f"({times(pg['timer_tuned']['vs_pgqueuer'])})"
+            if "timer_tuned" in pg
+            else ""
+        )
         parts.append(
             f"PostgreSQL, same rounds: Timer's handler path "
-            f"{per_s(pg['timer']['median_per_s'])}, pgqueuer's no-op execution "
-            f"{per_s(pg['pgqueuer']['median_per_s'])} "
-            f"({times(pg['timer']['vs_pgqueuer'])} of pgqueuer's rate)."
+            f"{per_s(pg['timer']['median_per_s'])} at its default settings "
+            f"({times(pg['timer']['vs_pgqueuer'])} of pgqueuer's rate){tuned}; pgqueuer's "
+            f"no-op execution {per_s(pg['pgqueuer']['median_per_s'])}."
         )
     return "\n\n".join([*parts, machine_line(document)])
 

@@ -296,6 +296,37 @@ class TestMarkedWhileRead:
         assert [c.payload.service_call_id for c in handler.calls] == ["order-1", "order-2"]
 
 
+class TestReadAhead:
+    async def test_a_page_read_ahead_and_not_taken_at_once_is_read_again(self) -> None:
+        """With every place taken, the page read ahead is dropped: a timer cancelled before a
+        place frees up is not handed out from it."""
+        release = asyncio.Event()
+        calls: list[str] = []
+
+        async def handler(event: Event) -> None:
+            calls.append(event.payload.service_call_id)
+            if event.payload.service_call_id == "order-1":
+                await release.wait()
+
+        clock = FakeClock(T0)
+        settings = HandlerSettings(max_concurrency=1)
+        async with Timer(
+            MemoryTimerStore(),
+            handler=handler,
+            handler_settings=settings,
+            clock=clock,
+            batch_size=1,
+        ) as timer:
+            await timer.schedule("shop-1", "order-1", T0)
+            await timer.schedule("shop-1", "order-2", T0)
+            await clock.wait_for_sleepers(timeout=60)  # order-1 runs, order-2 read ahead
+            assert calls == ["order-1"]
+            await timer.cancel("shop-1", "order-2")
+            release.set()
+            await timer.wait_until_idle()
+        assert calls == ["order-1"]
+
+
 class TestConfiguration:
     def test_a_timer_needs_a_publisher_or_a_handler_not_both(self) -> None:
         """Neither or both is refused at once."""

@@ -154,7 +154,9 @@ class HandlerWorker:
 
     - Each pass finds due timers (a page of ``batch_size`` at a time, past those held back),
       starts a call for each while places are free, and goes on while pages come back full.
-      A leasing store's claims on timers it could not start are released.
+      A leasing store's claims on timers it could not start are released. On a store without
+      claims the next page is read while this one is handed out, and dropped (read again
+      later) unless the very next pass can take it.
     - A call that returns has its timer marked ``Reached`` (marks are batched, beside the
       calls); one that raises or times out is retried after its own delay and quarantined
       after ``max_attempts`` (:attr:`quarantined`, :meth:`retry_quarantined`); the others are

@@ -177,13 +177,18 @@ class TestOtherPlans:
         ), details
         assert not any(d.startswith("SCAN") for d in details), details
 
-    def test_count_reads_only_scheduled_entries(self, planner: sqlite3.Connection) -> None:
-        """count_scheduled counts the partial index of Scheduled timers, not the table."""
-        details = plan(planner, str(queries.COUNT_SCHEDULED))
-        # SQLite 3.45+ reports the partial index as covering; older ones look rows up.
+    @pytest.mark.parametrize("name", ["COUNT_SCHEDULED_BOUNDARY", "COUNT_SCHEDULED_REST"])
+    def test_count_slices_seek_the_scheduled_index(
+        self, planner: sqlite3.Connection, name: str
+    ) -> None:
+        """Each slice of count_scheduled seeks the partial index of Scheduled timers after its
+        key and never scans the table."""
+        sql = getattr(queries, name)
+        args = ("2030-01-01T00:00:00.000Z", "tenant-1", "call-1") + ((100,) if "?4" in sql else ())
+        details = plan(planner, sql, args)
         assert len(details) == 1, details
-        assert details[0].startswith("SCAN timer_schedules USING ")
-        assert details[0].endswith("INDEX idx_timer_schedules_scheduled_due")
+        assert details[0].startswith("SEARCH timer_schedules USING "), details
+        assert "INDEX idx_timer_schedules_scheduled_due (" in details[0], details
 
 
 class TestCensusQueryPlans:

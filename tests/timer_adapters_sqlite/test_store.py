@@ -337,6 +337,18 @@ class TestQueries:
         assert await store.next_due_at() == late.due_at
         assert await store.count_scheduled() == 1
 
+    @pytest.mark.parametrize("count_slice", [1, 4, 7, 23, 50_000])
+    async def test_count_in_slices_counts_each_pending_timer_once(
+        self, store: SqliteTimerStore, count_slice: int
+    ) -> None:
+        """count_scheduled counts every Scheduled timer once whatever the slice, ties on the
+        due time across tenants included, and no fired timer."""
+        timers = [entry(f"tenant-{i % 3}", f"call-{i}", due_in=i // 5) for i in range(23)]
+        await store.apply(timers)
+        await store.mark_reached([timers[0].reach(T0), timers[9].reach(T0 + timedelta(seconds=9))])
+        store.count_slice = count_slice
+        assert await store.count_scheduled() == 21
+
     async def test_mark_reached_is_one_guarded_transaction(self, store: SqliteTimerStore) -> None:
         """A batch is marked in one transaction; rescheduled or marked timers are left alone."""
         timers = [entry(call=f"c{i}") for i in range(100)]

@@ -236,10 +236,19 @@ COUNT_SCHEDULED_FOR_TENANT = f"""
 SELECT count(*) FROM {TABLE} INDEXED BY idx_timer_schedules_tenant_due
 WHERE tenant_id = ? AND state = 'Scheduled'
 """
-COUNT_SCHEDULED = sa.text(
-    f"SELECT count(*) FROM {TABLE} INDEXED BY idx_timer_schedules_scheduled_due "
-    "WHERE state = 'Scheduled'"
-)
+# count_scheduled counts in slices of the partial due index, each a read of its own, so that
+# the poll, which shares the reader thread, never waits behind a count of the whole index
+# (half a second at ten million pending timers). The key of the ?4-th entry after a key ...
+COUNT_SCHEDULED_BOUNDARY = f"""
+SELECT due_at, tenant_id, service_call_id FROM {TABLE} INDEXED BY idx_timer_schedules_scheduled_due
+WHERE state = 'Scheduled' AND (due_at, tenant_id, service_call_id) > (?1, ?2, ?3)
+ORDER BY due_at, tenant_id, service_call_id LIMIT 1 OFFSET ?4 - 1
+"""
+# ... and, past the last such key, how many are left (fewer than ?4).
+COUNT_SCHEDULED_REST = f"""
+SELECT count(*) FROM {TABLE} INDEXED BY idx_timer_schedules_scheduled_due
+WHERE state = 'Scheduled' AND (due_at, tenant_id, service_call_id) > (?1, ?2, ?3)
+"""
 PURGE_REACHED = sa.text(
     f"DELETE FROM {TABLE} WHERE (tenant_id, service_call_id) IN ("
     f"SELECT tenant_id, service_call_id FROM {TABLE} INDEXED BY idx_timer_schedules_reached_at "

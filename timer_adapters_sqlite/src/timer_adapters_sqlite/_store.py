@@ -28,8 +28,8 @@ from timer_adapters_sqlite._rows import entry_from_row, read_timestamp, write_ti
 from timer_adapters_sqlite._schema import StoreMode, Synchronous, check_schema, create_sqlite_engine
 from timer_adapters_sqlite._sql import (
     COUNT_SCHEDULED_BOUNDARY,
-    COUNT_SCHEDULED_REST,
     COUNT_SCHEDULED_FOR_TENANT,
+    COUNT_SCHEDULED_REST,
     DUE_TENANTS,
     FIND_BY_CORRELATION,
     FIND_DUE,

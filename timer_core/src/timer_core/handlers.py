@@ -30,6 +30,7 @@ from timer_core._entry import TimerEntry, TimerKey
 from timer_core._failures import FailureBook, QuarantinedTimer
 from timer_core._messages import DueTimeReached, MessageEnvelope
 from timer_core._time import floor_ms
+from timer_core._waits import sleep_unless
 from timer_core.errors import HandlerFailed, StoreError, ValidationError
 from timer_core.events import due_events
 from timer_core.instrumentation import NO_INSTRUMENTATION, BatchObserver, Instrumentation
@@ -669,16 +670,8 @@ class HandlerWorker:
         return max(0.0, min(pending) - self._clock.monotonic())
 
     async def _sleep(self, seconds: float, *, wakeable: bool) -> None:
-        if seconds <= 0 or self._stop.is_set():
-            await asyncio.sleep(0)
-            return
-        waits: set[asyncio.Future[Any]] = {asyncio.ensure_future(self._clock.sleep(seconds))}
-        waits.add(asyncio.ensure_future(self._wake.wait() if wakeable else self._stop.wait()))
-        try:
-            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for task in waits:
-                task.cancel()
+        interrupt = self._wake if wakeable else self._stop
+        await sleep_unless(self._clock, seconds, interrupt, stop=self._stop)
 
     # -- shutdown -----------------------------------------------------------------------
 

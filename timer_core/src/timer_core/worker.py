@@ -15,6 +15,7 @@ from datetime import datetime, timedelta
 
 from timer_core._entry import TimerEntry, TimerKey
 from timer_core._failures import Failing, FailureBook, QuarantinedTimer
+from timer_core._waits import sleep_unless
 from timer_core.errors import PublishError, StoreError, ValidationError
 from timer_core.firing import (
     DrainReport,
@@ -413,16 +414,8 @@ class TimerWorker:
         return float(min(self._max_backoff, self._interval, exponential))
 
     async def _sleep(self, seconds: float, *, wakeable: bool) -> None:
-        if seconds <= 0 or self._stop.is_set():
-            await asyncio.sleep(0)
-            return
-        waits: set[asyncio.Future[object]] = {asyncio.ensure_future(self._clock.sleep(seconds))}
-        waits.add(asyncio.ensure_future(self._wake.wait() if wakeable else self._stop.wait()))
-        try:
-            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for task in waits:
-                task.cancel()
+        interrupt = self._wake if wakeable else self._stop
+        await sleep_unless(self._clock, seconds, interrupt, stop=self._stop)
 
 
 def _require_seconds(name: str, value: float) -> None:

@@ -130,7 +130,12 @@ class ServiceProcess:
     def terminate(self, timeout: float = 30.0) -> int:
         assert self.proc is not None
         self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(timeout)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired as exc:
+            # The service's own log says what it was still waiting for.
+            tail = self.output()[-20_000:]
+            raise AssertionError(f"no exit {timeout} s after SIGTERM; its log:\n{tail}") from exc
 
     def kill_group(self) -> None:
         if self.proc is not None:

@@ -172,10 +172,21 @@ class Tab:
     def wait_for(self, expression: str, what: str, within: float = 30.0) -> None:
         """Until ``expression`` is true in the page (the event it means, polled)."""
         deadline = time.monotonic() + within
-        while not self.evaluate(expression):
+        while not self._settled(expression):
             if time.monotonic() > deadline:
                 raise BrowserError(f"waited {within} s for {what}")
             time.sleep(0.05)
+
+    def _settled(self, expression: str) -> bool:
+        """``expression``'s truth; false while the page it was sent to is being replaced (a
+        navigation under way answers an evaluation with "Inspected target navigated or
+        closed", which only means the next page is not there yet)."""
+        try:
+            return bool(self.evaluate(expression))
+        except BrowserError as exc:
+            if "navigated or closed" in str(exc):
+                return False
+            raise
 
     def requests(self) -> list[str]:
         """Every URL the tab has requested so far."""

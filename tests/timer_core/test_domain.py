@@ -77,6 +77,22 @@ class TestIdentifiers:
         assert first not in others
         assert len(others) == 3
 
+    @pytest.mark.parametrize(
+        ("tenant", "call", "ms", "expected"),
+        [
+            ("t", "s", 0, "00000000-0000-7ee6-aeba-3bae52828f52"),
+            ("tenant-7", "call-12345", 1764222222123, "019ac3d6-bf2b-7413-8165-958478742088"),
+            ("\u00e9", "x", -5, "00000000-0000-7572-b5c9-c46b221d4de9"),
+            ("a", "b", 1 << 50, "ffffffff-ffff-7010-a25a-445c265d8b37"),
+        ],
+    )
+    def test_firing_ids_keep_their_values_across_versions(
+        self, tenant: str, call: str, ms: int, expected: str
+    ) -> None:
+        """A firing's id is the one earlier releases computed, so a firing published before
+        an upgrade and again after it is still dropped as a duplicate."""
+        assert EnvelopeId.for_firing(tenant, call, ms) == expected
+
     def test_envelope_id_rejects_other_uuid_versions(self) -> None:
         """A UUID v4 is not a valid envelope id."""
         with pytest.raises(InvalidIdentifier, match="UUID v7"):

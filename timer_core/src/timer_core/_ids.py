@@ -103,19 +103,24 @@ class EnvelopeId(str):
         without storing it (contract, semantics 6).
         """
         # Joined, not an f-string: the ids are str subclasses, which an f-string formats
-        # through a __format__ call each (once per timer fired).
-        digest = hashlib.sha256(
-            "\x00".join((tenant_id, service_call_id, str(due_at_ms))).encode()
-        ).digest()
-        ms = min(max(due_at_ms, 0), (1 << 48) - 1)
-        # 48 bits of time, version 7 and the digest's low 12 bits of its first two bytes,
-        # variant 0b10 and the low 62 bits of its next eight: written as bytes, not an int.
-        h = (
-            ms.to_bytes(6, "big")
-            + bytes((0x70 | (digest[0] & 0x0F), digest[1], 0x80 | (digest[2] & 0x3F)))
-            + digest[3:10]
-        ).hex()
-        return str.__new__(cls, f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}")
+        # through a __format__ call each (once per timer fired). The id is cut from the hex
+        # digest rather than from bytes rebuilt and hexed again: a third of the cost.
+        digest = _sha256("\x00".join((tenant_id, service_call_id, str(due_at_ms))).encode())
+        hex_digest = digest.hexdigest()
+        ms = f"{min(max(due_at_ms, 0), _MAX_MS):012x}"
+        # 48 bits of time; version 7 and the low 12 bits of the digest's first two bytes;
+        # variant 0b10 and the low 62 bits of its next eight.
+        return str.__new__(
+            cls,
+            f"{ms[:8]}-{ms[8:]}-7{hex_digest[1:4]}-{_VARIANT[hex_digest[4]]}{hex_digest[5:8]}"
+            f"-{hex_digest[8:20]}",
+        )
+
+
+#: The first hex digit of the variant byte: ``0b10`` over the digest's two low bits of it.
+_VARIANT = {digit: "89ab"[int(digit, 16) & 0b11] for digit in "0123456789abcdef"}
+_MAX_MS = (1 << 48) - 1
+_sha256 = hashlib.sha256
 
 
 def _show(value: str) -> str:

@@ -363,7 +363,7 @@ class HandlerWorker:
             self._drain_seen.update(keys)
             if not full:
                 self._forget_settled_backoffs()
-        if self._running or self._marking or self._just_marked or self._failing:
+        if self._holds_any(keys):
             # Held back here (running, waiting for or just past its mark, backing off).
             taken = [self._eligible(entry, key) for entry, key in zip(page, keys, strict=True)]
             if not all(taken):
@@ -404,6 +404,17 @@ class HandlerWorker:
         ``Reached``, so only those marked while it reads are still held back after it."""
         self._just_marked.clear()
         return await self._store.find_due(now, limit, after=after)
+
+    def _holds_any(self, keys: list[TimerKey]) -> bool:
+        """Whether any of ``keys`` is held back here: a drain's page usually holds none,
+        while the marks of the pages before it are pending, and one lookup per key in C
+        tells so at a fraction of :meth:`_eligible`'s cost per timer."""
+        return not (
+            self._running.keys().isdisjoint(keys)
+            and self._marking.keys().isdisjoint(keys)
+            and self._just_marked.keys().isdisjoint(keys)
+            and self._failing.records.keys().isdisjoint(keys)
+        )
 
     def _eligible(self, entry: TimerEntry, key: TimerKey) -> bool:
         """Whether a timer found due is to be handed out now (not held back here)."""

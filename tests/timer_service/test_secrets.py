@@ -6,6 +6,7 @@ and no output, log line, ``/healthz`` or ``/metrics`` body ever shows one."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -265,6 +266,40 @@ class TestHealthyRun:
         for body in bodies:
             assert_no_secret(body, brokers.secrets, "an HTTP endpoint")
         postgres_cluster.drop_database("secrets")
+
+
+class TestStalledBroker:
+    """A broker that stops answering does not hold the service's shutdown up."""
+
+    # What the shutdown may wait for with the broker silent: the last acks and the pull
+    # inbox (the ack timeout, 5 s, each) and the connection's close (2 s). Without the bound
+    # on the close, a TLS close alone waits 30 s for the server's answer.
+    STOP_BUDGET_S = 25.0
+
+    def test_sigterm_exits_while_the_tls_broker_is_stopped(
+        self, brokers: Brokers, tmp_path: Path
+    ) -> None:
+        """With its TLS broker frozen (SIGSTOP), SIGTERM still ends the service, exit 0."""
+        env = {
+            **base_env(tmp_path),
+            "TIMER_BROKER_URL": f"nats://alice:{NATS_PASSWORD}@{hostport(brokers.tls)}",
+            "TIMER_BROKER_TLS_CA_FILE": str(brokers.pki.ca_file),
+            "TIMER_HTTP_PORT": str(free_port()),
+        }
+        service = ServiceProcess(env, tmp_path, tmp_path / "service.log")
+        broker_pid = brokers.tls.pid
+        assert broker_pid is not None
+        try:
+            service.start()
+            service.wait_healthy()
+            os.kill(broker_pid, signal.SIGSTOP)
+            try:
+                assert service.terminate(timeout=self.STOP_BUDGET_S) == 0
+            finally:
+                os.kill(broker_pid, signal.SIGCONT)
+        finally:
+            service.kill_group()
+        assert "closing the NATS connection did not finish within" in service.log()
 
 
 class TestDocumentedMutualTls:

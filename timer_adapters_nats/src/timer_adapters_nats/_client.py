@@ -11,7 +11,7 @@ from typing import TypeVar
 from nats.aio.client import Client
 
 from timer_adapters_nats._acked import AckedPublisher, Outgoing
-from timer_adapters_nats._connection import NatsConnection, connect
+from timer_adapters_nats._connection import NatsConnection, close_client, connect
 from timer_adapters_nats._settings import Subjects
 from timer_adapters_nats._tracing import current_trace_context
 from timer_core import (
@@ -132,7 +132,7 @@ class TimerClient:
                 ids=ids,
             )
         finally:
-            await nc.close()
+            await close_client(nc)
 
     def schedule_envelope(
         self,

@@ -28,6 +28,7 @@ __all__ = [
     "JETSTREAM_MISSING",
     "BrokerUnavailable",
     "NatsConnection",
+    "close_client",
     "connect",
     "jetstream_unavailable",
 ]
@@ -35,6 +36,13 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 _AUTHORIZATION = "Authorization Violation"
+
+#: Longest a client's close may take. nats-py's close flushes what is buffered and waits for
+#: the socket to close; on TLS that waits for the server's answer to the close, which a
+#: stalled or unreachable server never gives (asyncio waits 30 s for it, and a flush to a
+#: full socket has no limit). Nothing is lost by giving up: a message or ack not yet sent
+#: was never acknowledged, so JetStream delivers it again.
+CLOSE_TIMEOUT_S = 2.0
 
 
 class BrokerUnavailable(TimerError, ConnectionError):
@@ -116,10 +124,7 @@ class NatsConnection(AsyncResource):
         nc, self._nc, self._js = self._nc, None, None
         if nc is None or nc.is_closed:
             return
-        try:
-            await nc.close()
-        except Exception as exc:  # closing must not mask the caller's own exception
-            log.warning("closing the NATS connection failed: %s", exc)
+        await close_client(nc)
 
 
 async def connect(
@@ -342,8 +347,23 @@ def _reason(error: BaseException) -> str:
     return redact_url(first)
 
 
-async def _discard(nc: Client) -> None:
+async def close_client(nc: Client, *, quiet: bool = False) -> None:
+    """Close ``nc`` within :data:`CLOSE_TIMEOUT_S`; an error or a close that takes longer is
+    logged (at DEBUG when ``quiet``), never raised: closing must not mask the caller's own
+    exception, nor hold a shutdown up."""
+    level = logging.DEBUG if quiet else logging.WARNING
     try:
-        await nc.close()
-    except Exception as exc:  # nothing useful to do with a half-made client's close error
-        log.debug("closing an unconnected NATS client failed: %s", exc)
+        await asyncio.wait_for(nc.close(), CLOSE_TIMEOUT_S)
+    except TimeoutError:
+        log.log(
+            level,
+            "closing the NATS connection did not finish within %gs (the server does not "
+            "answer); left to the operating system",
+            CLOSE_TIMEOUT_S,
+        )
+    except Exception as exc:
+        log.log(level, "closing the NATS connection failed: %s", exc)
+
+
+async def _discard(nc: Client) -> None:
+    await close_client(nc, quiet=True)  # a half-made client: nothing useful to do with it

@@ -104,6 +104,22 @@ class TestTime:
         """Timestamps are written as YYYY-MM-DDTHH:MM:SS.sssZ."""
         assert format_timestamp(T0 + timedelta(microseconds=123_999)) == "2025-11-14T10:00:00.123Z"
 
+    @given(
+        st.datetimes(
+            min_value=datetime(1, 1, 2),
+            max_value=datetime(9999, 12, 30),
+            timezones=st.sampled_from([UTC, timezone(timedelta(hours=5, minutes=30))]),
+        )
+    )
+    def test_writes_every_instant_field_by_field(self, value: datetime) -> None:
+        """The text is the instant's UTC fields, milliseconds truncated, with or without a
+        fraction and from any offset (the writer reads isoformat's text)."""
+        utc = value.astimezone(UTC)
+        assert format_timestamp(value) == (
+            f"{utc.year:04d}-{utc.month:02d}-{utc.day:02d}T{utc.hour:02d}:{utc.minute:02d}:"
+            f"{utc.second:02d}.{utc.microsecond // 1000:03d}Z"
+        )
+
     def test_reads_offsets_as_utc(self) -> None:
         """A numeric offset is normalised to UTC."""
         assert parse_timestamp("2025-11-14T12:00:00+02:00") == T0

@@ -7,6 +7,7 @@ from datetime import datetime
 from typing import Any
 
 from timer_core import TenantId, TimerEntry, TimerState, TraceContext
+from timer_core.instants import format_timestamp
 from timer_core.replay import StoredTimer
 
 __all__ = ["Row", "entry_from_row", "read_timestamp", "timer_rows", "write_timestamp"]
@@ -16,15 +17,8 @@ __all__ = ["Row", "entry_from_row", "read_timestamp", "timer_rows", "write_times
 read_timestamp = datetime.fromisoformat
 
 
-def write_timestamp(value: datetime) -> str:
-    """format_timestamp for the UTC instants of a TimerEntry, at a fifth of its cost.
-
-    A TimerEntry's instants are always in UTC at milliseconds, so ``isoformat`` writes
-    ``YYYY-MM-DDTHH:MM:SS.ffffff+00:00``, or no fraction at all when it is zero (a test holds
-    the two equal). ``isoformat`` without arguments is twice as fast as with ``timespec``.
-    """
-    text = value.isoformat()
-    return text[:23] + "Z" if len(text) == 32 else text[:19] + ".000Z"
+#: The store's timestamp text: format_timestamp's (a CHECK enforces the form).
+write_timestamp = format_timestamp
 
 
 # The row reader: the checks its rows need, not the constructor's converters.

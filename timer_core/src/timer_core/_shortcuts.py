@@ -23,6 +23,7 @@ from timer_core._messages import (
     MessageEnvelope,
     ScheduleTimer,
 )
+from timer_core._time import format_timestamp
 from timer_core.errors import TimerError
 
 __all__ = ["command", "due_event"]
@@ -188,9 +189,7 @@ def _canonical_command(data: bytes | str) -> MessageEnvelope[Command] | None:
         return None
 
 
-def _utc_text(value: datetime) -> str:
-    """``format_timestamp`` of an instant already in UTC (as the message types keep them)."""
-    return value.isoformat(timespec="milliseconds")[:-6] + "Z"
+_utc_text = format_timestamp
 
 
 class _LastStamp:

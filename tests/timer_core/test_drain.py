@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 
@@ -25,7 +26,7 @@ from timer_core import (
     TimerEntry,
     TimerState,
 )
-from timer_core.firing import DrainReport, FiringPipeline
+from timer_core.firing import DrainReport, FiringPipeline, FiringReport
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
 
@@ -142,10 +143,10 @@ class Rig:
     async def drain(self, stopping: Callable[[], bool] | None = None) -> DrainReport:
         if stopping is None:
             return await FiringPipeline.publishing(
-                self.store, self.publisher, self.clock, batch_size=10
+                self.store, self.publisher, self.clock, batch_size=10, mark_at_once=1
             ).drain()
         return await FiringPipeline.publishing(
-            self.store, self.publisher, self.clock, batch_size=10
+            self.store, self.publisher, self.clock, batch_size=10, mark_at_once=1
         ).drain(stopping=stopping)
 
 
@@ -232,6 +233,61 @@ class TestDrain:
         assert [c for c, s in rig.states().items() if s is TimerState.SCHEDULED] == calls[:12]
 
 
+class TestGatheredMarks:
+    """On a store without leases, a drain's delivered batches are marked together."""
+
+    async def test_batches_are_marked_together_up_to_the_count(self, rig: Rig) -> None:
+        """35 timers in batches of 10, marks of at least 20: two marks (20, then the last
+        15 when the drain ends), each after its timers' publishes, all Reached on return."""
+        calls = await rig.schedule(35)
+        report = await FiringPipeline.publishing(
+            rig.store, rig.publisher, rig.clock, batch_size=10, mark_at_once=20
+        ).drain()
+        assert (report.batches, report.fired) == (4, 35)
+        marks = [marked for what, marked in rig.journal.lines if what == "marked"]
+        assert marks == [calls[:20], calls[20:]]
+        for call in calls:
+            assert rig.journal.index("published", call) < rig.journal.index("marked", call)
+        assert set(rig.states().values()) == {TimerState.REACHED}
+
+    async def test_each_batch_is_reported_once_marked(self, rig: Rig) -> None:
+        """on_batch hears of every batch, in due order, only once its timers are Reached."""
+        calls = await rig.schedule(35)
+        reported: list[list[str]] = []
+
+        def on_batch(report: FiringReport) -> None:
+            assert all(
+                rig.states()[str(e.service_call_id)] is TimerState.REACHED for e in report.fired
+            )
+            reported.append([str(e.service_call_id) for e in report.fired])
+
+        await FiringPipeline.publishing(rig.store, rig.publisher, rig.clock, batch_size=10).drain(
+            on_batch=on_batch
+        )
+        assert reported == [calls[0:10], calls[10:20], calls[20:30], calls[30:35]]
+
+    async def test_a_failing_drain_still_marks_what_it_delivered(self, rig: Rig) -> None:
+        """A publish that raises ends the drain; the batches delivered before it are marked."""
+        calls = await rig.schedule(30)
+        failing = {"count": 0}
+        publish_many = rig.publisher.publish_many
+
+        async def publish_then_fail(envelopes: list[Any]) -> list[PublishError | None]:
+            failing["count"] += 1
+            if failing["count"] == 3:
+                raise RuntimeError("the broker went away")
+            return await publish_many(envelopes)
+
+        rig.publisher.publish_many = publish_then_fail  # type: ignore[method-assign]
+        with pytest.raises(RuntimeError, match="went away"):
+            await FiringPipeline.publishing(
+                rig.store, rig.publisher, rig.clock, batch_size=10
+            ).drain()
+        states = rig.states()
+        assert [c for c in calls if states[c] is TimerState.REACHED] == calls[:20]
+        assert [c for c in calls if states[c] is TimerState.SCHEDULED] == calls[20:]
+
+
 class TestEndingEarly:
     """Stopping and store failures end a drain cleanly: what was published is marked or kept."""
 
@@ -270,7 +326,7 @@ class TestEndingEarly:
         await rig.store.start()
         calls = await rig.schedule(25)
         report = await FiringPipeline.publishing(
-            rig.store, rig.publisher, rig.clock, batch_size=10
+            rig.store, rig.publisher, rig.clock, batch_size=10, mark_at_once=1
         ).drain(finish_marks=False)
         kinds = [what for what, calls in rig.journal.lines if calls]
         assert kinds[:3] == ["read", "read", "published"]
@@ -338,7 +394,7 @@ class TestUnfinishedMarks:
         calls = await rig.schedule(5)
         rig.store.hold_marks.clear()
         report = await FiringPipeline.publishing(
-            rig.store, rig.publisher, rig.clock, batch_size=10
+            rig.store, rig.publisher, rig.clock, batch_size=10, mark_at_once=1
         ).drain(finish_marks=False)
         assert report.fired == 5 and report.unfinished_mark is not None
         assert {str(key.service_call_id) for key in report.unfinished_mark.keys} == set(calls)
@@ -352,16 +408,16 @@ class TestUnfinishedMarks:
         first = await rig.schedule(5)
         rig.store.hold_marks.clear()
         report = await FiringPipeline.publishing(
-            rig.store, rig.publisher, rig.clock, batch_size=10
+            rig.store, rig.publisher, rig.clock, batch_size=10, mark_at_once=1
         ).drain(finish_marks=False)
         later = TimerEntry(
             tenant_id="tenant-a", service_call_id="later", due_at=T0, registered_at=T0
         )
         await rig.store.apply([later])
         draining = asyncio.ensure_future(
-            FiringPipeline.publishing(rig.store, rig.publisher, rig.clock, batch_size=10).drain(
-                carried=report.unfinished_mark
-            )
+            FiringPipeline.publishing(
+                rig.store, rig.publisher, rig.clock, batch_size=10, mark_at_once=1
+            ).drain(carried=report.unfinished_mark)
         )
         await asyncio.sleep(0.01)
         assert not draining.done()  # its own mark waits behind the carried one

@@ -88,6 +88,10 @@ class Drain:
         # The mark before ``marking``, when that one was queued behind it (never with a
         # leasing store): this one's own timers are marked by the time ``marking`` is done.
         self.earlier: asyncio.Future[None] | None = None
+        # Delivered batches waiting to be marked together (a store without leases), and how
+        # many timers they hold.
+        self.gathered: list[tuple[DueBatch, Delivered]] = []
+        self.gathered_timers = 0
         self.batches = self.fired = self.expired = 0
         self.failed: list[tuple[TimerEntry, PublishError]] = []
 
@@ -171,6 +175,25 @@ class Drain:
         self.fired += len(delivered.reached)
         self.failed += delivered.failed
         self.expired += len(delivered.expired)
+        if self.ready is not None:
+            waiting, self.ready = self.ready, None
+            if self.stopping():
+                await self.pipeline.release(waiting.due)
+            else:
+                self._send(waiting)
+        if not self.carries:
+            await self._start_mark([(sent.batch, delivered)])
+            return
+        self.gathered.append((sent.batch, delivered))
+        self.gathered_timers += len(delivered.reached)
+        # Marked together once enough are delivered, or when no batch follows in this drain.
+        if self.gathered_timers >= self.pipeline.mark_at_once or not self.sending:
+            group, self.gathered, self.gathered_timers = self.gathered, [], 0
+            await self._start_mark(group)
+
+    async def _start_mark(self, group: list[tuple[DueBatch, Delivered]]) -> None:
+        """Start marking delivered batches (queued behind the last mark, two in flight at
+        most; a leasing store's one at a time)."""
         if self.earlier is not None:
             settled, self.earlier = self.earlier, None
             await settled  # two marks in flight at most
@@ -178,31 +201,32 @@ class Drain:
         if previous is not None and not self.carries:
             await previous  # a leasing store: one mark at a time
             previous = None
-        self.marking = asyncio.ensure_future(self._mark(sent.batch, delivered, after=previous))
-        self.earlier, self.marked = previous, delivered.reached
-        if self.ready is not None:
-            waiting, self.ready = self.ready, None
-            if self.stopping():
-                await self.pipeline.release(waiting.due)
-            else:
-                self._send(waiting)
+        self.marking = asyncio.ensure_future(self._mark(group, after=previous))
+        self.earlier = previous
+        self.marked = [entry for _, delivered in group for entry in delivered.reached]
 
     async def _mark(
-        self, batch: DueBatch, delivered: Delivered, *, after: asyncio.Future[None] | None
+        self,
+        group: list[tuple[DueBatch, Delivered]],
+        *,
+        after: asyncio.Future[None] | None,
     ) -> None:
-        """Mark a delivered batch, then report it; with ``after`` (the previous batch's mark,
-        still running), the mark is queued at once, right behind that one (a store may
-        commit both in one transaction), and finished and reported after it (whose error is
-        the drain's to raise)."""
+        """Mark delivered batches in one store call, then report each; with ``after`` (the
+        previous mark, still running), the mark is queued at once, right behind that one (a
+        store may commit both in one transaction), and finished and reported after it (whose
+        error is the drain's to raise). A batch whose claims ran out is not marked."""
+        marked = [(batch, delivered) for batch, delivered in group if not delivered.expired]
         writing: asyncio.Future[int] | None = None
         if after is not None:
-            if delivered.reached and not delivered.expired:
-                writing = asyncio.ensure_future(self.pipeline.store.mark_reached(delivered.reached))
+            reached = [entry for _, delivered in marked for entry in delivered.reached]
+            if reached:
+                writing = asyncio.ensure_future(self.pipeline.store.mark_reached(reached))
             await asyncio.wait({after})
-        if not delivered.expired:
-            await self.pipeline.mark(batch, delivered, writing)
+        if marked:
+            await self.pipeline.mark_together(marked, writing)
         if self.on_batch is not None:
-            self.on_batch(batch.report(delivered))
+            for batch, delivered in group:
+                self.on_batch(batch.report(delivered))
 
     def _pending(self, marking: asyncio.Future[None]) -> PendingMark:
         marked = self.marked
@@ -220,6 +244,11 @@ class Drain:
                 await asyncio.wait({delivering})
             if not delivering.cancelled():
                 delivering.exception()  # retrieved: the drain's own error is what is raised
+        if self.gathered:
+            # Delivered, never marked (the drain failed meanwhile): marked now if the store
+            # lets it, else they are delivered again later, under the same ids.
+            group, self.gathered, self.gathered_timers = self.gathered, [], 0
+            await self._start_mark(group)
         for marking in (self.earlier, self.marking):
             if marking is None:
                 continue

@@ -54,6 +54,10 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+#: Delivered timers a drain on a store without leases marks together at least: a commit
+#: rewrites every page it touches, and on SQLite marks of 100 cost about twice per timer
+#: what marks of 1,000 do (bench/README.md).
+MARK_AT_ONCE = 1000
 #: Most tenants a drain keeps a keyset cursor for (tenant fairness); a drain over more ends
 #: after the batch that passes it and the next drain starts afresh.
 _MAX_TENANT_CURSORS = 10_000
@@ -260,12 +264,17 @@ class FiringPipeline:
         *,
         batch_size: int,
         instrumentation: Instrumentation = NO_INSTRUMENTATION,
+        mark_at_once: int = MARK_AT_ONCE,
     ) -> None:
         self.store = store
         self.delivery = delivery
         self.clock = clock
         self.batch_size = batch_size
         self.instrumentation = instrumentation
+        self.mark_at_once = mark_at_once
+        """How many delivered timers a drain on a store without leases gathers before it
+        marks them in one call (fewer when the drain ends first); a leasing store's batches
+        are marked one by one, within their lease."""
         self.exclude: Callable[[TimerEntry], bool] | None = None
         """Due timers left out of every batch while it says so (None: none)."""
         self.lease_s: float | None = (
@@ -282,12 +291,20 @@ class FiringPipeline:
         *,
         batch_size: int,
         instrumentation: Instrumentation = NO_INSTRUMENTATION,
+        mark_at_once: int = MARK_AT_ONCE,
     ) -> FiringPipeline:
         """The pipeline that publishes ``DueTimeReached`` envelopes to ``publisher`` (with
         the default envelope ids; pass a :class:`PublishedEvents` of other ids to
         the constructor instead)."""
         delivery = PublishedEvents(publisher, clock, instrumentation=instrumentation)
-        return cls(store, delivery, clock, batch_size=batch_size, instrumentation=instrumentation)
+        return cls(
+            store,
+            delivery,
+            clock,
+            batch_size=batch_size,
+            instrumentation=instrumentation,
+            mark_at_once=mark_at_once,
+        )
 
     async def fire(self, after: DueCursor | None = None) -> FiringReport:
         """One batch: find due timers (after ``after``), deliver them, mark the delivered.
@@ -438,16 +455,30 @@ class FiringPipeline:
     ) -> None:
         """Mark a delivered batch's timers ``Reached`` (``writing``: that mark, already
         started) and finish the batch's instrumentation."""
-        reached, observer = delivered.reached, delivered.observer
+        await self.mark_together([(batch, delivered)], writing)
+
+    async def mark_together(
+        self,
+        batches: Sequence[tuple[DueBatch, Delivered]],
+        writing: asyncio.Future[int] | None = None,
+    ) -> None:
+        """:meth:`mark` for several delivered batches in one store call (``writing``: that
+        call, already started); each batch's instrumentation is finished as :meth:`mark`
+        finishes it."""
+        reached = [entry for _, delivered in batches for entry in delivered.reached]
         if reached:
             try:
                 await (self.store.mark_reached(reached) if writing is None else writing)
             except Exception as exc:
-                observer.finished(exc)
+                for _, delivered in batches:
+                    delivered.observer.finished(exc)
                 raise
-            self.instrumentation.timers_fired(reached)
-        observer.finished()
-        self.instrumentation.poll_completed(self.clock.monotonic() - batch.started, len(reached))
+        instrumentation, now = self.instrumentation, self.clock.monotonic()
+        for batch, delivered in batches:
+            if delivered.reached:
+                instrumentation.timers_fired(delivered.reached)
+            delivered.observer.finished()
+            instrumentation.poll_completed(now - batch.started, len(delivered.reached))
 
     async def release(self, entries: Sequence[TimerEntry]) -> None:
         """Hand the claims ``entries`` carry back to a leasing store (nothing otherwise)."""

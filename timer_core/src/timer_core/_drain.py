@@ -186,8 +186,15 @@ class Drain:
             return
         self.gathered.append((sent.batch, delivered))
         self.gathered_timers += len(delivered.reached)
-        # Marked together once enough are delivered, or when no batch follows in this drain.
-        if self.gathered_timers >= self.pipeline.mark_at_once or not self.sending:
+        # Marked together once enough are delivered, or when no batch follows in this drain,
+        # or at once after a batch with failures (the caller hears of them without delay: a
+        # broker down ends the drain after a few batches).
+        if (
+            self.gathered_timers >= self.pipeline.mark_at_once
+            or not self.sending
+            or delivered.failed
+            or delivered.expired
+        ):
             group, self.gathered, self.gathered_timers = self.gathered, [], 0
             await self._start_mark(group)
 

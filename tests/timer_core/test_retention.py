@@ -19,7 +19,13 @@ from timer_core import (
     TimerWorker,
 )
 from timer_core.commands import schedule_timer
-from timer_core.maintenance import BATCH_BUDGET, IDLE_S, OWED_PER_FIRED, Retention
+from timer_core.maintenance import (
+    BATCH_BUDGET,
+    IDLE_S,
+    OWED_MOST_BATCHES,
+    OWED_PER_FIRED,
+    Retention,
+)
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
 A = TenantId("tenant-a")
@@ -375,6 +381,17 @@ class TestPurgeOwedByFiring:
         later = clock.now() + timedelta(seconds=IDLE_S * 2)
         await retention.purge(later, lambda: False, fired=0)
         assert [deleted for _, _, deleted in store.purges] == [10, 10, 10, 0]
+
+    async def test_what_a_busy_worker_owes_is_capped(self) -> None:
+        """However many timers it fired while it could not purge, a busy worker owes at most
+        OWED_MOST_BATCHES batches: no burst of deletions makes up for the pause."""
+        store, clock = clocked_store()
+        await fill(store, clock, 100)
+        retention = Retention(store, clock, keep=timedelta(hours=1), batch=5, every=60.0)
+        await retention.purge(None, lambda: True, fired=0)
+        soon = clock.now() + timedelta(seconds=IDLE_S / 2)
+        await retention.purge(soon, lambda: False, fired=1000)
+        assert sum(deleted for _, _, deleted in store.purges) == OWED_MOST_BATCHES * 5
 
 
 class HeldPurgeStore(RecordingStore):

@@ -32,6 +32,11 @@ FORCED_SHARE = 0.25
 #: service's lateness p99 from 17 ms to 250 ms at 1,000 timers a second).
 OWED_PER_FIRED = 3
 
+#: What a busy worker may owe at most, in batches of ``batch``: one that could not purge for
+#: a while (a purge finished and waiting for the next, a slow database) does not make up for
+#: it in a burst.
+OWED_MOST_BATCHES = 4
+
 #: With ``fired`` given, a worker whose next timer is due at least this far ahead (or none)
 #: is idle: it purges as much as that time holds. In the gaps of a steady stream (a timer due
 #: every few milliseconds) it deletes only what it owes for what it fired.
@@ -92,7 +97,8 @@ class Retention:
         clock = self._clock
         if fired is not None:
             if self._fired is not None:
-                self._owed += OWED_PER_FIRED * max(0, fired - self._fired)
+                owed = self._owed + OWED_PER_FIRED * max(0, fired - self._fired)
+                self._owed = min(owed, OWED_MOST_BATCHES * self.batch)
             self._fired = fired
         if self._next_at is not None and clock.monotonic() < self._next_at:
             return

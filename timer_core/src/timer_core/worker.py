@@ -74,8 +74,10 @@ class TimerWorker:
     - a failing pass (store down) is logged and retried with capped exponential backoff;
       the loop never dies of one bad pass;
     - with ``retention``, deletes ``Reached`` timers fired longer ago than that, in batches
-      of at most ``retention_batch`` (fewer when a batch takes over 10 ms), when
-      idle, and at most every ``retention_every`` seconds once caught up;
+      of at most ``retention_batch`` (fewer when a batch takes over 10 ms), beside its
+      sleep (a timer coming due is fired meanwhile), freely with nothing due for a second,
+      else at most three for each timer it fired, and at most every ``retention_every``
+      seconds once caught up;
     - :meth:`stop` lets the pass in flight finish, then :meth:`run` returns.
     """
 

@@ -267,22 +267,28 @@ class TestTenantsOfAClaim:
         # More is due than the claim holds (counted first), so: the tenants, then the claim.
         assert [s.split()[0] for s in statements] == ["SELECT", "WITH", "UPDATE"]
 
-    async def test_a_full_list_is_read_again_every_claim(
+    async def test_more_tenants_than_the_claim_go_round_one_list(
         self, make_started_store: MakeStore, monkeypatch: Any
     ) -> None:
-        """With as many tenants due as the claim's limit, others may wait beyond the list:
-        every claim asks again (longest waiting first), whatever the clock."""
+        """With more tenants due than the claim's limit, one list serves the drain's next
+        claims: those the first claim did not reach come next (longest waiting first), and
+        the list is not read again while it is young."""
         monkeypatch.setattr(_tenants, "monotonic", lambda: 1000.0)
         store = await make_started_store()
         await store.apply(
-            [timer(f"call-{t}{i}", -60 + i, f"tenant-{t}") for t in "ab" for i in range(10)]
+            [
+                timer(f"call-{t}{i}", -60 + n + i / 10, f"tenant-{t}")
+                for n, t in enumerate("abc")
+                for i in range(10)
+            ]
         )
         first = await store.find_due_by_tenant(datetime.now(UTC), 2, after={})
         assert {entry.tenant_id for entry in first} == {"tenant-a", "tenant-b"}
-        await store.apply([timer("call-c0", -120, "tenant-c")])
         after = {entry.tenant_id: DueCursor.of(entry) for entry in first}
+        statements = claiming_statements(store)
         second = await store.find_due_by_tenant(datetime.now(UTC), 2, after=after)
-        assert "tenant-c" in {entry.tenant_id for entry in second}
+        assert {entry.tenant_id for entry in second} == {"tenant-c", "tenant-a"}
+        assert [s.split()[0] for s in statements] == ["UPDATE"]  # the claim alone
 
 
 class StallingPublisher(EventPublisher):

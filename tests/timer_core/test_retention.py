@@ -19,7 +19,13 @@ from timer_core import (
     TimerWorker,
 )
 from timer_core.commands import schedule_timer
-from timer_core.maintenance import BATCH_BUDGET, Retention
+from timer_core.maintenance import (
+    BATCH_BUDGET,
+    IDLE_S,
+    OWED_MOST_BATCHES,
+    OWED_PER_FIRED,
+    Retention,
+)
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
 A = TenantId("tenant-a")
@@ -76,6 +82,7 @@ class Rig:
         async with asyncio.timeout(5):
             while self.worker.passes == passes or self.clock.sleepers == 0:
                 await asyncio.sleep(0)
+            await self.worker.wait_until_idle()  # and its purge, run beside the sleep, done
 
     async def schedule(self, call: str, due: float) -> CommandOutcome:
         """Schedule (or reschedule) tenant-a's timer ``call`` due ``due`` seconds after T0."""
@@ -338,3 +345,90 @@ class TestBatchBudget:
         assert [deleted for _, _, deleted in store.purges] == [10]
         await retention.purge(clock.now() + timedelta(seconds=BATCH_BUDGET * 2), lambda: False)
         assert [deleted for _, _, deleted in store.purges] == [10, 10, 10]
+
+
+class TestPurgeOwedByFiring:
+    async def test_a_busy_worker_purges_no_more_than_it_owes_for_what_it_fired(self) -> None:
+        """Told how many timers it fired, a never-idle worker's purge deletes a batch only
+        once OWED_PER_FIRED deletions a fired timer add up to one, however much time passed."""
+        store, clock = clocked_store()
+        await fill(store, clock, 30)
+        retention = Retention(store, clock, keep=timedelta(hours=1), batch=10, every=60.0)
+        await retention.purge(None, lambda: True, fired=0)
+        assert store.purges == []  # nothing fired yet: nothing owed
+        short = (10 - 1) // OWED_PER_FIRED  # owes less than a batch of 10
+        clock.advance(1)
+        await retention.purge(None, lambda: True, fired=short)
+        assert store.purges == []
+        enough = -(-10 // OWED_PER_FIRED)  # owes a batch at least
+        clock.advance(1)
+        await retention.purge(None, lambda: True, fired=enough)
+        assert [deleted for _, _, deleted in store.purges] == [10]
+        clock.advance(1)
+        await retention.purge(None, lambda: True, fired=enough)  # what is left owes too little
+        assert len(store.purges) == 1
+
+    async def test_gaps_of_a_stream_purge_only_what_is_owed_an_idle_worker_all(self) -> None:
+        """With a timer due within IDLE_S, a worker told what it fired deletes no batch it
+        does not owe, even in a gap the batch would fit; with none due that soon, it purges
+        everything past retention."""
+        store, clock = clocked_store()
+        await fill(store, clock, 30)
+        retention = Retention(store, clock, keep=timedelta(hours=1), batch=10, every=60.0)
+        soon = clock.now() + timedelta(seconds=IDLE_S / 2)
+        await retention.purge(soon, lambda: False, fired=0)
+        assert store.purges == []
+        later = clock.now() + timedelta(seconds=IDLE_S * 2)
+        await retention.purge(later, lambda: False, fired=0)
+        assert [deleted for _, _, deleted in store.purges] == [10, 10, 10, 0]
+
+    async def test_what_a_busy_worker_owes_is_capped(self) -> None:
+        """However many timers it fired while it could not purge, a busy worker owes at most
+        OWED_MOST_BATCHES batches: no burst of deletions makes up for the pause."""
+        store, clock = clocked_store()
+        await fill(store, clock, 100)
+        retention = Retention(store, clock, keep=timedelta(hours=1), batch=5, every=60.0)
+        await retention.purge(None, lambda: True, fired=0)
+        soon = clock.now() + timedelta(seconds=IDLE_S / 2)
+        await retention.purge(soon, lambda: False, fired=1000)
+        assert sum(deleted for _, _, deleted in store.purges) == OWED_MOST_BATCHES * 5
+
+
+class HeldPurgeStore(RecordingStore):
+    """A store whose purge batches wait until ``release`` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = asyncio.Event()
+        self.entered = asyncio.Event()
+
+    async def purge_reached(self, reached_before: datetime, limit: int) -> int:
+        self.entered.set()
+        await self.release.wait()
+        return await super().purge_reached(reached_before, limit)
+
+
+class TestPurgeBesideFiring:
+    async def test_a_timer_due_during_a_purge_batch_fires_without_waiting_for_it(
+        self, rig: Rig
+    ) -> None:
+        """The purge runs beside the worker's sleep: a timer coming due while a batch is
+        under way is fired on time, and the batch finishes afterwards."""
+        store = HeldPurgeStore()
+        await store.start()
+        rig.store = store
+        await rig.start()
+        async with asyncio.timeout(5):
+            await store.entered.wait()  # the first idle moment's batch, held
+        await rig.schedule("call-1", 1)
+        rig.clock.advance(1)
+        async with asyncio.timeout(5):
+            while not rig.bus.published:
+                await asyncio.sleep(0)
+        assert rig.bus.published[0].payload.reached_at == at(1)
+        assert store.purges == []  # still under way
+        store.release.set()
+        assert rig.worker is not None
+        async with asyncio.timeout(5):
+            await rig.worker.wait_until_idle()
+        assert len(store.purges) == 1

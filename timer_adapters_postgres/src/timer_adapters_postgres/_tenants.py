@@ -24,10 +24,16 @@ from timer_core.fair_share import FairShare
 
 __all__ = ["TENANTS_REUSED_S", "TenantClaims"]
 
-# (When they were fewer than asked for, i.e. every tenant with due timers, the next claims of
-# the drain reuse the list for up to TENANTS_REUSED_S, less those whose share came back
-# short: a claim is then one statement. A tenant that falls due meanwhile waits that long.)
-TENANTS_REUSED_S = 0.1
+# (When they were fewer than TENANTS_LISTED, i.e. every tenant with due timers, the next
+# claims of the drain reuse the list for up to TENANTS_REUSED_S, less those whose share came
+# back short: a claim is then one statement. A tenant that falls due meanwhile waits that
+# long. The list costs a seek per tenant with pending timers, due or not: 27-48 ms at 1,000
+# tenants and 10,000,000 pending, so it is listed whole, not a claim's worth of tenants at a
+# time, and read again at most a few times a second however many claims a backlog takes.)
+TENANTS_REUSED_S = 0.5
+#: Most tenants one list holds (those waiting longest); a backlog over more is listed
+#: again once these are served.
+TENANTS_LISTED = 10_000
 _BEFORE_ALL = datetime(1, 1, 1, tzinfo=UTC)
 _ACTION = "claim due timers by tenant"
 
@@ -72,13 +78,14 @@ class TenantClaims:
         listed, self._listed = self._listed, None
         read_at = monotonic()
         if listed is None or listed.limit != limit or read_at - listed.read_at >= TENANTS_REUSED_S:
-            # At most ``limit`` tenants take part (one timer each at least): the others are
-            # not even listed, so a backlog over many tenants costs no memory per tenant.
-            rows = await lane.fetch(_ACTION, DUE_TENANTS_SQL, {"now": now, "limit": limit})
+            # At most TENANTS_LISTED, so a backlog over many tenants costs bounded memory.
+            params = {"now": now, "limit": TENANTS_LISTED}
+            rows = await lane.fetch(_ACTION, DUE_TENANTS_SQL, params)
             earliest = {row.tenant_id: row.due_at for row in rows}
             listed = _Listed(list(earliest), limit, read_at, earliest)
-        # Every tenant due was listed: those that fill their share are listed again next.
-        complete = len(listed.tenants) < limit
+        # Every tenant due was listed: those not reached and those that fill their share
+        # take part in the next claims.
+        complete = len(listed.tenants) < TENANTS_LISTED
         again: list[str] = []
         # This instance's own tenants first, the others' only for what they leave.
         for group in self._peers.by_preference(listed.tenants, listed.earliest):
@@ -136,5 +143,7 @@ class _Claim:
                     self._cursors[tenant] = (mine[-1].due_at, mine[-1].service_call_id)
             more = plan.took({tenant: len(mine) for tenant, mine in by_tenant.items()})
             if again is None:
-                again = more + active[len(tenants) :]
+                # Those not reached this claim first (the list is longest waiting first),
+                # then those that took their whole share and may have more.
+                again = active[len(tenants) :] + more
         return again or []

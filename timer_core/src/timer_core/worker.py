@@ -10,8 +10,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from collections.abc import Iterable
+from collections.abc import Coroutine, Iterable
 from datetime import datetime, timedelta
+from typing import Any
 
 from timer_core._entry import TimerEntry, TimerKey
 from timer_core._failures import Failing, FailureBook, QuarantinedTimer
@@ -73,8 +74,10 @@ class TimerWorker:
     - a failing pass (store down) is logged and retried with capped exponential backoff;
       the loop never dies of one bad pass;
     - with ``retention``, deletes ``Reached`` timers fired longer ago than that, in batches
-      of at most ``retention_batch`` (fewer when a batch takes over 10 ms), when
-      idle, and at most every ``retention_every`` seconds once caught up;
+      of at most ``retention_batch`` (fewer when a batch takes over 10 ms), beside its
+      sleep (a timer coming due is fired meanwhile), freely with nothing due for a second,
+      else at most three for each timer it fired, and at most every ``retention_every``
+      seconds once caught up;
     - :meth:`stop` lets the pass in flight finish, then :meth:`run` returns.
     """
 
@@ -139,6 +142,8 @@ class TimerWorker:
         """How many passes completed."""
         # The last drain's mark, still running.
         self._marking: PendingMark | None = None
+        # Retention's purge under way beside the worker's sleep (see _idle).
+        self._purging: asyncio.Task[None] | None = None
         self._quarantine_after = quarantine_after
         # Timers whose last publish failed, by key, until one succeeds (or they are retried).
         self._failing = FailureBook(store, clock, instrumentation, log)
@@ -166,13 +171,14 @@ class TimerWorker:
             self._wake.set()
 
     async def wait_until_idle(self) -> None:
-        """Return once the worker sleeps with nothing due that it knows of and no wake-up
-        pending: every timer due by the clock's now was fired (or is backing off). A test
-        waits for this before asserting that nothing fired."""
+        """Return once the worker sleeps with nothing due that it knows of, no wake-up
+        pending and no purge under way: every timer due by the clock's now was fired (or is
+        backing off). A test waits for this before asserting that nothing fired."""
         while (
             not self._asleep.is_set()
             or self._wake.is_set()
             or self._clock.monotonic() >= self._sleep_until  # its sleep is over: a pass is due
+            or (self._purging is not None and not self._purging.done())
         ):
             if self._asleep.is_set():
                 await asyncio.sleep(0)  # woken: let it run its pass first
@@ -198,6 +204,9 @@ class TimerWorker:
             await self._loop()
         finally:
             await self._finish_marking()
+            if self._purging is not None:
+                await self._purging  # it ends after its batch under way: stopping interrupts it
+                self._purging = None
             self._running = False
 
     async def _loop(self) -> None:
@@ -380,10 +389,11 @@ class TimerWorker:
         except StoreError as exc:
             log.warning("could not read the next due time (%s); polling again later", exc)
             next_due = None
-        if self._retention is not None:
-            await self._retention.purge(
-                next_due, lambda: self._stop.is_set() or self._wake.is_set()
-            )
+        if self._retention is not None and (self._purging is None or self._purging.done()):
+            # Beside the sleep, not before it: a timer coming due is fired on time while a
+            # batch is under way (which stops the purge after it).
+            purge = self._retention.purge(next_due, self._purge_interrupted, fired=self._published)
+            self._purging = asyncio.ensure_future(_logged(purge))
         if self._failing:
             self._forget_settled_backoffs()
             await self._failing.forget_stale()
@@ -406,6 +416,11 @@ class TimerWorker:
             await self._sleep(delay, wakeable=True)
         finally:
             self._asleep.clear()
+
+    def _purge_interrupted(self) -> bool:
+        """Whether retention's idle batches should stop: the worker is no longer asleep with
+        nothing due (woken, stopping, or passing again)."""
+        return self._stop.is_set() or self._wake.is_set() or not self._asleep.is_set()
 
     def _backoff(self, failures: int) -> float:
         # Never past the polling interval: it is the longest the worker may go without
@@ -434,3 +449,11 @@ async def _quietly(marking: PendingMark) -> None:
         await marking
     except Exception as exc:
         log.warning("marking fired timers failed (%s); they will be published again", exc)
+
+
+async def _logged(purge: Coroutine[Any, Any, None]) -> None:
+    """A purge run beside the worker: an unexpected error is logged, never lost."""
+    try:
+        await purge
+    except Exception:
+        log.exception("retention purge failed; trying again at the next idle moment")

@@ -62,7 +62,7 @@ _Call: TypeAlias = Callable[[MessageEnvelope[DueTimeReached]], Coroutine[Any, An
 _MASKED_POLL_S = 0.02
 _QUARANTINED_POLL_S = 0.25
 _MARK_BATCH = 1000
-# While calls are still running, a mark waits up to this long (real time, as the calls run
+# While a drain goes on, a mark waits up to this long (real time, as the calls run
 # on) for more handled timers to mark in the same commit, unless _MARK_BATCH are waiting:
 # each commit rewrites the pages it touched, and on SQLite marks of ~60 timers cost 2.4x
 # per timer what marks of 1,000 do (bench/README.md). Only the Reached state waits; the
@@ -215,7 +215,7 @@ class HandlerWorker:
         self._asleep = asyncio.Event()
         self._sleep_until = 0.0  # monotonic end of the idle sleep
         self._marks_wanted = asyncio.Event()  # the first handled timer waits for its mark
-        self._marks_ready = asyncio.Event()  # a full mark's worth waits, or no call runs
+        self._marks_ready = asyncio.Event()  # a full mark's worth waits, or no drain goes on
         self._wake_at: datetime | None = None
         self._running: dict[TimerKey, tuple[TimerEntry, asyncio.Task[None]]] = {}
         self._timed_out: set[TimerKey] = set()

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 
 import attrs
 import pytest
 
 from timer_adapters_sqlite import SqliteTimerStore
-from timer_adapters_sqlite._rows import write_timestamp
 from timer_core import (
     CommandOutcome,
     DueCursor,
@@ -22,7 +21,6 @@ from timer_core import (
     TimerState,
     TraceContext,
 )
-from timer_core.instants import format_timestamp
 
 from .conftest import T0, entry
 
@@ -460,22 +458,6 @@ class TestDriverErrors:
         for error in (read_error.value, write_error.value):
             assert not isinstance(error, sqlite3.Error)
             assert "no such table" in str(error)
-
-
-class TestTimestampText:
-    @pytest.mark.parametrize(
-        "instant",
-        [
-            datetime(1, 1, 1, tzinfo=UTC),
-            datetime(999, 12, 31, 23, 59, 59, 999_999, tzinfo=UTC),
-            datetime(2030, 1, 1, 12, 0, 0, 1_000, tzinfo=UTC),
-            datetime(2030, 6, 30, 1, 2, 3, 456_789, tzinfo=UTC),
-            datetime(9999, 12, 31, 23, 59, 59, 999_000, tzinfo=UTC),
-        ],
-    )
-    def test_fast_writer_matches_format_timestamp(self, instant: datetime) -> None:
-        """The store's timestamp writer produces exactly format_timestamp's text."""
-        assert write_timestamp(instant) == format_timestamp(instant)
 
 
 class TestDueByTenantWhenAllFit:

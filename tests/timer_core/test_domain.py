@@ -104,6 +104,20 @@ class TestTime:
         """Timestamps are written as YYYY-MM-DDTHH:MM:SS.sssZ."""
         assert format_timestamp(T0 + timedelta(microseconds=123_999)) == "2025-11-14T10:00:00.123Z"
 
+    @pytest.mark.parametrize(
+        ("instant", "text"),
+        [
+            (datetime(1, 1, 1, tzinfo=UTC), "0001-01-01T00:00:00.000Z"),
+            (datetime(999, 12, 31, 23, 59, 59, 999_999, tzinfo=UTC), "0999-12-31T23:59:59.999Z"),
+            (datetime(2030, 1, 1, 12, 0, 0, 1_000, tzinfo=UTC), "2030-01-01T12:00:00.001Z"),
+            (datetime(2030, 6, 30, 1, 2, 3, 456_789, tzinfo=UTC), "2030-06-30T01:02:03.456Z"),
+            (datetime(9999, 12, 31, 23, 59, 59, 999_000, tzinfo=UTC), "9999-12-31T23:59:59.999Z"),
+        ],
+    )
+    def test_writes_the_edges_of_the_range(self, instant: datetime, text: str) -> None:
+        """The first and last years, a year under 1000, a fraction under a millisecond."""
+        assert format_timestamp(instant) == text
+
     @given(
         st.datetimes(
             min_value=datetime(1, 1, 2),

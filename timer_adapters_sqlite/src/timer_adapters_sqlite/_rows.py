@@ -10,15 +10,11 @@ from timer_core import TenantId, TimerEntry, TimerState, TraceContext
 from timer_core.instants import format_timestamp
 from timer_core.replay import StoredTimer
 
-__all__ = ["Row", "entry_from_row", "read_timestamp", "timer_rows", "write_timestamp"]
+__all__ = ["Row", "entry_from_row", "read_timestamp", "timer_rows"]
 
 # The stored text is always format_timestamp's `YYYY-MM-DDTHH:MM:SS.sssZ` (a CHECK enforces
 # it), which datetime.fromisoformat reads in C: half the cost of parse_timestamp per row.
 read_timestamp = datetime.fromisoformat
-
-
-#: The store's timestamp text: format_timestamp's (a CHECK enforces the form).
-write_timestamp = format_timestamp
 
 
 # The row reader: the checks its rows need, not the constructor's converters.
@@ -79,14 +75,14 @@ def timer_rows(timers: Sequence[StoredTimer]) -> list[Row]:
         entry = timer.entry
         if entry.registered_at != registered:
             registered = entry.registered_at
-            registered_text = write_timestamp(registered)
+            registered_text = format_timestamp(registered)
         trace = entry.trace_context
         rows.append(
             (
                 entry.tenant_id,
                 entry.service_call_id,
                 entry.correlation_id,
-                write_timestamp(entry.due_at),
+                format_timestamp(entry.due_at),
                 registered_text,
                 timer.position,
                 None if trace is None else trace.traceparent,

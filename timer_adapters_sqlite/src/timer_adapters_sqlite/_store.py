@@ -14,7 +14,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
-from datetime import UTC, datetime
+from datetime import datetime
 from functools import partial
 from typing import Any, TypeVar
 
@@ -24,7 +24,7 @@ from timer_adapters_sqlite._census import SqliteCensus
 from timer_adapters_sqlite._disk import driver_of
 from timer_adapters_sqlite._errors import translate_error
 from timer_adapters_sqlite._paths import database_path, require_directory
-from timer_adapters_sqlite._rows import entry_from_row, read_timestamp, write_timestamp
+from timer_adapters_sqlite._rows import entry_from_row, read_timestamp
 from timer_adapters_sqlite._schema import StoreMode, Synchronous, check_schema, create_sqlite_engine
 from timer_adapters_sqlite._sql import (
     COUNT_SCHEDULED_BOUNDARY,
@@ -317,13 +317,13 @@ class SqliteTimerStore(TimerStore, FindsDueByTenant, ReportsRemoteSchedules, Sql
                 raise ValueError(f"mark_reached needs Reached entries, got {entry}")
             if entry.reached_at != reached:
                 reached = entry.reached_at
-                reached_text = write_timestamp(reached)
+                reached_text = format_timestamp(reached)
             params.append(
                 (
                     reached_text,
                     entry.tenant_id,
                     entry.service_call_id,
-                    write_timestamp(entry.due_at),
+                    format_timestamp(entry.due_at),
                 )
             )
         if not params:
@@ -535,10 +535,7 @@ class SqliteTimerStore(TimerStore, FindsDueByTenant, ReportsRemoteSchedules, Sql
 
 
 def _cursor_text(due_at: datetime) -> str:
-    """A cursor's due time as stored: ``write_timestamp`` for the UTC instants a drain's
-    cursors hold (a third of ``format_timestamp``'s cost, once per tenant per batch)."""
-    if due_at.__class__ is datetime and due_at.tzinfo is UTC:
-        return write_timestamp(due_at)
+    """A cursor's due time as stored."""
     return format_timestamp(require_utc(due_at, "after.due_at"))
 
 

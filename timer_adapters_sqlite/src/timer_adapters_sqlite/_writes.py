@@ -10,7 +10,7 @@ from typing import Any, Protocol, Self
 
 import attrs
 
-from timer_adapters_sqlite._rows import Row, timer_rows, write_timestamp
+from timer_adapters_sqlite._rows import Row, timer_rows
 from timer_adapters_sqlite._sql import (
     CANCEL,
     CANCEL_JSON,
@@ -27,6 +27,7 @@ from timer_adapters_sqlite._sql import (
     TOMBSTONE_JSON,
 )
 from timer_core import CommandOutcome, TimerKey, TimerOperation, TimerState
+from timer_core.instants import format_timestamp
 from timer_core.replay import (
     StoredKey,
     new_timers,
@@ -102,7 +103,7 @@ def write_batches(cursor: Cursor, batches: Sequence[Batch]) -> list[CommandOutco
         _run(cursor, CANCEL_JSON, CANCEL, [tuple(key) for key in replayed.deletes])
     if replayed.tombstones:
         tombstones = [
-            (t.key.tenant_id, t.key.service_call_id, t.position, write_timestamp(t.at))
+            (t.key.tenant_id, t.key.service_call_id, t.position, format_timestamp(t.at))
             for t in replayed.tombstones
         ]
         _run(cursor, TOMBSTONE_JSON, TOMBSTONE, tombstones)

@@ -189,11 +189,8 @@ def _canonical_command(data: bytes | str) -> MessageEnvelope[Command] | None:
         return None
 
 
-_utc_text = format_timestamp
-
-
 class _LastStamp:
-    """``_utc_text`` remembering its last answer: a firing batch shares one ``reachedAt``."""
+    """``format_timestamp`` remembering its last answer: a firing batch shares one ``reachedAt``."""
 
     __slots__ = ("_last",)
 
@@ -204,7 +201,7 @@ class _LastStamp:
     def __call__(self, value: datetime) -> str:
         last_value, text = self._last
         if value is not last_value:
-            text = _utc_text(value)
+            text = format_timestamp(value)
             self._last = (value, text)
         return text
 
@@ -251,7 +248,7 @@ def due_event(envelope: MessageEnvelope[DueTimeReached]) -> bytes | None:
             '","serviceCallId":"',
             payload.service_call_id,
             '","dueAt":"',
-            _utc_text(payload.due_at),
+            format_timestamp(payload.due_at),
             '","reachedAt":"',
             _reached_text(payload.reached_at),
             '"}}',

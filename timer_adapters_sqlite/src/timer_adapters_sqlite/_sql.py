@@ -249,9 +249,11 @@ COUNT_SCHEDULED_REST = f"""
 SELECT count(*) FROM {TABLE} INDEXED BY idx_timer_schedules_scheduled_due
 WHERE state = 'Scheduled' AND (due_at, tenant_id, service_call_id) > (?1, ?2, ?3)
 """
+# By rowid: the key would cost each row one more walk down the primary key's index, a
+# random page on a large table (a fifth of a purged row's time at 10,000,000 rows).
 PURGE_REACHED = sa.text(
-    f"DELETE FROM {TABLE} WHERE (tenant_id, service_call_id) IN ("
-    f"SELECT tenant_id, service_call_id FROM {TABLE} INDEXED BY idx_timer_schedules_reached_at "
+    f"DELETE FROM {TABLE} WHERE rowid IN ("
+    f"SELECT rowid FROM {TABLE} INDEXED BY idx_timer_schedules_reached_at "
     "WHERE state = 'Reached' AND reached_at < :before ORDER BY reached_at LIMIT :limit)"
 )
 PURGE_TOMBSTONES = sa.text(

@@ -6,12 +6,13 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 
+import nats.errors
 import pytest
 from nats.aio.msg import Msg
 
 from tests.timer_adapters_nats.jetstream import LONG_POLL_S, PROMPT_STOP_S, polling, wait_until
 from timer_adapters_nats import NatsBroker
-from timer_adapters_nats._pull import PullBatches, PullError
+from timer_adapters_nats._pull import PullBatches, PullError, stream_sequence
 
 
 async def publish(broker: NatsBroker, count: int, *, start: int = 0) -> None:
@@ -167,3 +168,38 @@ class TestErrors:
         pull = PullBatches(broker.client, stream="TIMER_COMMANDS", consumer="timer")
         with pytest.raises(PullError):
             await pull.fetch(10, 0.1)
+
+
+class TestStreamSequence:
+    """A delivery's stream sequence, read from its reply subject without nats-py's parse."""
+
+    async def test_agrees_with_the_metadata_of_real_deliveries(
+        self, broker: NatsBroker, puller: PullBatches
+    ) -> None:
+        """For deliveries of a real nats-server, the sequence is the one nats-py parses."""
+        await publish(broker, 5)
+        messages = await puller.fetch(10, 1.0)
+        assert [stream_sequence(m) for m in messages] == [
+            m.metadata.sequence.stream for m in messages
+        ]
+        assert [stream_sequence(m) for m in messages] == [1, 2, 3, 4, 5]
+
+    def test_reads_the_stream_sequence_not_the_consumer_sequence(self) -> None:
+        """Of the two sequences in the subject, the stream's (the fifth token) is read."""
+        reply = "$JS.ACK.TIMER_COMMANDS.timer-service.2.123456.123450.1764230000000000000.42"
+        message = Msg(_client=None, subject="timer.commands.t", reply=reply)  # type: ignore[arg-type]
+        assert stream_sequence(message) == 123456 == message.metadata.sequence.stream
+
+    def test_a_reply_with_a_domain_goes_to_nats_py(self) -> None:
+        """The form with a domain and an account is read by nats-py's parse, the same way."""
+        reply = (
+            "$JS.ACK.hub.ACCOUNTHASH.TIMER_COMMANDS.timer-service.1.77.70.1764230000000000000.3.x"
+        )
+        message = Msg(_client=None, subject="timer.commands.t", reply=reply)  # type: ignore[arg-type]
+        assert stream_sequence(message) == 77
+
+    def test_a_message_that_is_not_a_delivery_is_refused(self) -> None:
+        """A reply that is no JetStream ack subject raises nats-py's error, not a number."""
+        message = Msg(_client=None, subject="timer.commands.t", reply="_INBOX.abc.1")  # type: ignore[arg-type]
+        with pytest.raises(nats.errors.NotJSMessageError):
+            stream_sequence(message)

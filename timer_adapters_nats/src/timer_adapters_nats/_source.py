@@ -14,7 +14,7 @@ from nats.aio.msg import Msg
 from timer_adapters_nats._acked import AckedPublisher
 from timer_adapters_nats._connection import NatsConnection
 from timer_adapters_nats._dead_letters import ERROR_HEADER, dead_letter_message
-from timer_adapters_nats._pull import PullBatches, Settlement, settle
+from timer_adapters_nats._pull import PullBatches, Settlement, settle, stream_sequence
 from timer_core import (
     Command,
     CommandBatchHandler,
@@ -127,7 +127,7 @@ class NatsCommandSource(CommandSource):
         open_ = set(self._handed_back)
         waiting = [] if self._puller is None else self._puller.held_messages()
         for message in [*self._in_hand.values(), *self._held_back, *waiting]:
-            open_.add(message.metadata.sequence.stream)
+            open_.add(stream_sequence(message))
         if open_:
             return min(open_)
         return None if self._settled_through is None else self._settled_through + 1
@@ -225,9 +225,7 @@ class NatsCommandSource(CommandSource):
                         "unexpected error on %d commands; they will be redelivered", len(messages)
                     )
                     # No longer kept alive: they come back after the ack wait.
-                    self._handed_back.update(
-                        m.metadata.sequence.stream for m in self._in_hand.values()
-                    )
+                    self._handed_back.update(stream_sequence(m) for m in self._in_hand.values())
                     self._in_hand.clear()
                     self._held_back.clear()
                     await self._pause(1.0)
@@ -275,8 +273,8 @@ class NatsCommandSource(CommandSource):
         """
         assert self._barrier is not None
         last, give_up_at = self._barrier
-        earlier = [m for m in messages if m.metadata.sequence.stream <= last]
-        self._held_back += [m for m in messages if m.metadata.sequence.stream > last]
+        earlier = [m for m in messages if stream_sequence(m) <= last]
+        self._held_back += [m for m in messages if stream_sequence(m) > last]
         if earlier:
             await self._process(earlier, handler)
         if not self._held_back:
@@ -449,7 +447,7 @@ class NatsCommandSource(CommandSource):
             )
         # The stream sequence orders the commands of one timer: an older one redelivered
         # after a newer one was applied (a broker that lost acks) is stale, not re-applied.
-        return envelope.at_position(message.metadata.sequence.stream)
+        return envelope.at_position(stream_sequence(message))
 
     async def _dead_letter(self, message: Msg, reason: str, *, counted: bool = False) -> None:
         """Republish unchanged to the DLQ with the reason; terminate once that is acked.
@@ -580,7 +578,7 @@ class NatsCommandSource(CommandSource):
     async def _settle(self, message: Msg, how: Settlement, *, delay: float | None = None) -> None:
         """Ack, nak or term; a failure only means the server redelivers it later."""
         self._in_hand.pop(id(message), None)
-        seq = message.metadata.sequence.stream
+        seq = stream_sequence(message)
         if how == "nak":
             self._handed_back.add(seq)
         else:

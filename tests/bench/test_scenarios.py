@@ -147,3 +147,24 @@ class TestDurability:
         for measures in result["results"].values():
             for figure in measures.values():
                 assert len(figure["old"]) == len(figure["new"]) == len(figure["rounds"]) == 1
+
+
+class TestResultFiles:
+    """Where a run writes its figures by default."""
+
+    @pytest.mark.parametrize(
+        ("argv", "name"),
+        [
+            (["e2e"], "e2e"),
+            (["e2e", "--quick"], "quick-e2e"),
+            (["e2e", "--only", "steady,schedule"], "e2e-only-schedule-steady"),
+            (["fire-tenants"], "fire-tenants"),
+        ],
+    )
+    def test_a_probe_of_some_scenarios_leaves_the_full_figures_alone(
+        self, argv: list[str], name: str
+    ) -> None:
+        """``e2e --only`` writes a file of its own, never the full run's ``e2e.json``."""
+        from timer_bench.__main__ import parser, result_name
+
+        assert result_name(parser().parse_args(argv)) == name

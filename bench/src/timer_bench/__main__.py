@@ -49,15 +49,24 @@ def parser() -> argparse.ArgumentParser:
     return top
 
 
+def result_name(args: argparse.Namespace) -> str:
+    """The results file a run writes by default: ``<scenario>``, ``quick-<scenario>``, and
+    for ``e2e --only`` a name of its own, so that a probe of some scenarios leaves the full
+    run's figures alone."""
+    name = f"quick-{args.scenario}" if getattr(args, "quick", False) else args.scenario
+    only = getattr(args, "only", None)
+    if only and args.scenario == "e2e":
+        name += "-only-" + "-".join(sorted(only.split(",")))
+    return name
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.scenario == "render":
         from timer_bench.render import main as render
 
         return render(check=args.check)
-    quick = getattr(args, "quick", False)
-    name = f"quick-{args.scenario}" if quick else args.scenario
-    args.output = Path(args.output) if args.output else kit.results_path(name)
+    args.output = Path(args.output) if args.output else kit.results_path(result_name(args))
     module = importlib.import_module(f"timer_bench.{SCENARIOS[args.scenario][0]}")
     code: int = module.main(args)
     return code

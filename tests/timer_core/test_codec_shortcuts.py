@@ -92,6 +92,26 @@ class TestDecodeCommand:
         assert decode_command(data.decode()) == envelope
 
     @pytest.mark.parametrize("separators", [(", ", ": "), (",", ":")])
+    @given(ts.command_envelopes(), st.integers(min_value=0, max_value=2**63))
+    def test_a_position_is_set_on_the_decoded_envelope(
+        self, separators: tuple[str, str], envelope: MessageEnvelope[Any], position: int
+    ) -> None:
+        """``position=`` gives the envelope at that position, as ``at_position`` would, written
+        in the exact form or spaced; without it the position is None."""
+        data = json.dumps(envelope_to_dict(envelope), separators=separators).encode()
+        decoded = decode_command(data, position=position)
+        assert decoded == envelope
+        assert decoded.position == position == envelope.at_position(position).position
+        assert decode_command(data).position is None
+
+    @pytest.mark.parametrize("position", [-1, 1.0, "7", True])
+    def test_a_position_that_is_no_sequence_number_is_refused(self, position: Any) -> None:
+        """A negative or non-int position is a ValueError naming it, before any decoding."""
+        data = b'{"not": "even a command"}'
+        with pytest.raises(ValueError, match="position must be a non-negative int"):
+            decode_command(data, position=position)
+
+    @pytest.mark.parametrize("separators", [(", ", ": "), (",", ":")])
     @given(ts.command_envelopes(), st.lists(mutations(), min_size=1, max_size=3))
     def test_edited_commands_decode_or_fail_as_the_codec_does(
         self,

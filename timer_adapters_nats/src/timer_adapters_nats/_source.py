@@ -433,7 +433,9 @@ class NatsCommandSource(CommandSource):
                 "subject",
                 f"{message.subject!r} is not {self._subjects.prefix}.commands.<tenantId>",
             )
-        envelope = decode_command(message.data)
+        # The stream sequence orders the commands of one timer: an older one redelivered
+        # after a newer one was applied (a broker that lost acks) is stale, not re-applied.
+        envelope = decode_command(message.data, position=stream_sequence(message))
         headers = message.headers
         if headers and TRACEPARENT_HEADER in headers:
             trace_context = TraceContext.from_headers(headers)
@@ -445,9 +447,7 @@ class NatsCommandSource(CommandSource):
                 f"envelope tenant {str(envelope.tenant_id)!r} does not match the subject's "
                 f"tenant {str(subject_tenant)!r}",
             )
-        # The stream sequence orders the commands of one timer: an older one redelivered
-        # after a newer one was applied (a broker that lost acks) is stale, not re-applied.
-        return envelope.at_position(stream_sequence(message))
+        return envelope
 
     async def _dead_letter(self, message: Msg, reason: str, *, counted: bool = False) -> None:
         """Republish unchanged to the DLQ with the reason; terminate once that is acked.

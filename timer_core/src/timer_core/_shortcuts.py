@@ -62,16 +62,22 @@ _EXACT_COMMAND = re.compile(
 )
 
 
-def command(data: bytes | str) -> MessageEnvelope[Command] | None:
-    """What the codec decodes from ``data`` when it is a plainly valid command, else None.
+def command(data: bytes | str, position: int | None = None) -> MessageEnvelope[Command] | None:
+    """What the codec decodes from ``data`` when it is a plainly valid command, else None;
+    at ``position`` (checked by the caller).
 
     The caller has checked the size limit.
     """
-    envelope = _exact_command(data)
-    return envelope if envelope is not None else _canonical_command(data)
+    envelope = _exact_command(data, position)
+    if envelope is not None:
+        return envelope
+    envelope = _canonical_command(data)
+    return envelope if envelope is None or position is None else envelope.at_position(position)
 
 
-def _exact_command(data: bytes | str) -> MessageEnvelope[Command] | None:
+def _exact_command(
+    data: bytes | str, position: int | None = None
+) -> MessageEnvelope[Command] | None:
     """The envelope when ``data`` is a command in exactly the codec's own form, else None."""
     if len(data) > 2048:  # longer than any command of this form can be
         return None
@@ -129,6 +135,7 @@ def _exact_command(data: bytes | str) -> MessageEnvelope[Command] | None:
         aggregate_id=None if aggregate is None else service_call_id,
         correlation_id=(None if correlation is None else str.__new__(CorrelationId, correlation)),
         causation_id=None if causation is None else str.__new__(CausationId, causation),
+        position=position,
     )
 
 

@@ -270,15 +270,22 @@ def decode_envelope(data: bytes | str) -> MessageEnvelope[Message]:
     return envelope_from_dict(obj)
 
 
-def decode_command(data: bytes | str) -> MessageEnvelope[Command]:
-    """Decode a ``ScheduleTimer`` or ``CancelTimer``; an event here is a :class:`DecodeError`."""
+def decode_command(data: bytes | str, *, position: int | None = None) -> MessageEnvelope[Command]:
+    """Decode a ``ScheduleTimer`` or ``CancelTimer``; an event here is a :class:`DecodeError`.
+
+    ``position`` (where the command sits in its source's order, not on the wire) is set on
+    the envelope as :meth:`MessageEnvelope.at_position` would, without a copy.
+    """
+    if position is not None and (type(position) is not int or position < 0):
+        raise ValueError(f"position must be a non-negative int or None, got {position!r}")
     if len(data) <= MAX_MESSAGE_BYTES:
         # Once per command stored: a plainly valid one (the form TimerClient writes) is read
         # several times faster than cattrs reads it, to the same envelope.
-        envelope = _shortcuts.command(data)
+        envelope = _shortcuts.command(data, position)
         if envelope is not None:
             return envelope
-    return _decode_command(data)
+    envelope = _decode_command(data)
+    return envelope if position is None else envelope.at_position(position)
 
 
 def _decode_command(data: bytes | str) -> MessageEnvelope[Command]:

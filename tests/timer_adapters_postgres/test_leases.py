@@ -172,7 +172,7 @@ class TestDueThatFits:
         them."""
         store = await make_started_store()
         await store.apply([timer(f"call-{i}", -60 + i, f"tenant-{i % 3}") for i in range(5)])
-        monkeypatch.setattr(_tenants, "DUE_TENANTS_SQL", "SELECT no_such_function()")
+        monkeypatch.setattr(_tenants, "DUE_TENANTS_NEAR_SQL", "SELECT no_such_function()")
         batch = await store.find_due_by_tenant(datetime.now(UTC), 5, after={})
         assert [e.service_call_id for e in batch] == [f"call-{i}" for i in range(5)]
         await store.apply([timer(f"call-{i}", -60 + i, f"tenant-{i % 3}") for i in range(5, 12)])
@@ -264,8 +264,60 @@ class TestTenantsOfAClaim:
             for t in ("tenant-a", "tenant-b", "tenant-c")
         }
         assert counts == {"tenant-a": 4, "tenant-b": 3, "tenant-c": 3}
-        # More is due than the claim holds (counted first), so: the tenants, then the claim.
-        assert [s.split()[0] for s in statements] == ["SELECT", "WITH", "UPDATE"]
+        # More is due than the claim holds (counted first), so: the tenants (from a walk of
+        # what is due), then the claim.
+        assert [s.split()[0] for s in statements] == ["SELECT", "SELECT", "UPDATE"]
+
+    async def test_a_backlog_over_the_walk_is_listed_by_a_seek_per_tenant(
+        self, make_started_store: MakeStore, monkeypatch: Any
+    ) -> None:
+        """With more due than DUE_WALKED, the walk of the due timers is given up for the
+        loose scan of the tenants, which lists the same tenants: the claim shares alike."""
+        monkeypatch.setattr(_tenants, "DUE_WALKED", 5)
+        store = await make_started_store()
+        await store.apply(
+            [
+                timer(f"call-{t}{i}", -60 + i + n, f"tenant-{t}")
+                for n, t in enumerate("abc")
+                for i in range(10)
+            ]
+        )
+        statements = claiming_statements(store)
+        batch = await store.find_due_by_tenant(datetime.now(UTC), 10, after={})
+        counts = {
+            t: sum(1 for e in batch if e.tenant_id == t)
+            for t in ("tenant-a", "tenant-b", "tenant-c")
+        }
+        assert counts == {"tenant-a": 4, "tenant-b": 3, "tenant-c": 3}
+        assert [s.split()[0] for s in statements] == ["SELECT", "SELECT", "WITH", "UPDATE"]
+
+    async def test_a_timer_due_before_its_tenants_listed_earliest_joins_with_the_next_list(
+        self, make_started_store: MakeStore, monkeypatch: Any
+    ) -> None:
+        """A tenant's claim starts at its earliest due timer as listed: one stored later with
+        an earlier due time is claimed once the list is read again, not lost."""
+        clock = [1000.0]
+        monkeypatch.setattr(_tenants, "monotonic", lambda: clock[0])
+        store = await make_started_store()
+        await store.apply(
+            [timer(f"call-{t}{i}", -60 + i, f"tenant-{t}") for t in "ab" for i in range(10)]
+        )
+        after: dict[Any, Any] = {}
+
+        async def claim() -> list[str]:
+            batch = await store.find_due_by_tenant(datetime.now(UTC), 4, after=after)
+            for entry in batch:  # as a drain keeps them: each tenant's last one
+                after[entry.tenant_id] = DueCursor.of(entry)
+            return [entry.service_call_id for entry in batch]
+
+        assert sorted(await claim()) == ["call-a0", "call-a1", "call-b0", "call-b1"]
+        await store.apply([timer("call-a-early", -600, "tenant-a")])
+        del after["tenant-a"]  # no cursor: tenant-a's claim starts at its listed earliest
+        clock[0] += _tenants.TENANTS_REUSED_S / 2
+        assert "call-a-early" not in await claim()
+        clock[0] += _tenants.TENANTS_REUSED_S
+        after.clear()
+        assert "call-a-early" in await claim()
 
     async def test_more_tenants_than_the_claim_go_round_one_list(
         self, make_started_store: MakeStore, monkeypatch: Any

@@ -142,10 +142,11 @@ SELECT count(*) <= :limit FROM (
 # "(tenant_id, due_at) <= (k.tenant_id, :now)", PostgreSQL checked the bound on every entry
 # but stopped only at the next tenant's, so each tenant whose share came back short walked
 # all of its pending timers: 70-140 index pages a tenant at 10,000,000 pending over 1,000
-# tenants, 20-150 ms a claim of 100. Before, with "due_at <= :now" alone, statistics taken while the
-# storm was far off (or none yet) had each tenant's LIMIT walk ix_timer_schedules_due across
-# every tenant's due timers, or sort the tenant's rows: 6-7 ms (at 10,000 due) and 11-35 ms
-# (at 20,000) a claim of 100, against 1-2 ms. Each tenant's share is its own (a limit that
+# tenants, 20-150 ms a claim of 100. Before that, with "due_at <= :now" alone, statistics
+# taken while the storm was far off (or none yet) had each tenant's LIMIT walk
+# ix_timer_schedules_due across every tenant's due timers, or sort the tenant's rows: 6-7 ms
+# (at 10,000 due) and 11-35 ms (at 20,000) a claim of 100, against 1-2 ms (the planner
+# settings of the connections rule that out now). Each tenant's share is its own (a limit that
 # does not divide evenly among the tenants is not left to a second statement); with sorts
 # allowed, that made the generic plan assume a tenth of each tenant's rows and sort them.
 CLAIM_OF_TENANTS = CLAIM_ROWS.format(

@@ -86,8 +86,9 @@ class TenantClaims:
             listed = _Listed(list(earliest), limit, read_at, earliest)
         # Each tenant's claim starts at its earliest due timer as listed (or after its
         # cursor), not at the head of its range: the entries of its fired timers there stay
-        # in the index until a vacuum. One scheduled meanwhile with an earlier due time is
-        # claimed by a later claim (the next drain's first claim takes the due in due order).
+        # in the index until a vacuum. One stored meanwhile with an earlier due time waits
+        # for the list to be read again (TENANTS_REUSED_S at most), or for a drain whose
+        # first claim holds all that is due (claimed in due order, no list).
         claim.floors = listed.earliest
         # Every tenant due was listed: those not reached and those that fill their share
         # take part in the next claims.

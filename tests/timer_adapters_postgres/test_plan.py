@@ -53,6 +53,13 @@ def nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
         yield from nodes(child)
 
 
+def plan_as_the_claims(conn: sa.Connection) -> None:
+    """This transaction planned as on the store's claiming connections: without sorts,
+    bitmap scans or JIT."""
+    for name, value in CLAIM_PLANNING:
+        conn.execute(sa.text(f"SET LOCAL {name} = {value}"))
+
+
 def prepared(
     conn: sa.Connection, statement: sa.TextClause, params: dict[str, Any]
 ) -> tuple[str, str]:
@@ -184,8 +191,7 @@ class TestClaimPlan:
         the claim is still the walk (by default, PostgreSQL read all 20,000 due timers by a
         bitmap scan and sorted them for each claim of 100)."""
         with unanalysed_storm.connect() as conn, conn.begin() as transaction:
-            for name, value in CLAIM_PLANNING:
-                conn.execute(sa.text(f"SET LOCAL {name} = {value}"))
+            plan_as_the_claims(conn)
             if plan == "repeated":
                 document = explain_as_repeated(conn, CLAIM_FIRST, claim_params(), undo=True)
             else:
@@ -371,9 +377,7 @@ class TestTenantClaimPlan:
             "shares": shares,
         }
         with storm.connect() as conn, conn.begin() as transaction:
-            # As on the store's claiming connections: planned without sorts and bitmap scans.
-            for name, value in CLAIM_PLANNING:
-                conn.execute(sa.text(f"SET LOCAL {name} = {value}"))
+            plan_as_the_claims(conn)
             due = conn.execute(DUE_TENANTS, {"now": NOW, "limit": 100}).all()
             assert len(due) == len(tenants)
             if plan == "repeated":
@@ -406,8 +410,7 @@ class TestTenantsDuePlan:
             "stale_storm" if statistics == "stale" else "unanalysed_storm"
         )
         with storm.connect() as conn, conn.begin() as transaction:
-            for name, value in CLAIM_PLANNING:
-                conn.execute(sa.text(f"SET LOCAL {name} = {value}"))
+            plan_as_the_claims(conn)
             params = {"now": NOW, "walk": 1000}
             document = explain(conn, DUE_TENANTS_NEAR, params, generic=plan == "generic")
             walked = {row.walked for row in conn.execute(DUE_TENANTS_NEAR, params)}

@@ -37,7 +37,7 @@ TENANTS_REUSED_S = 0.5
 TENANTS_LISTED = 10_000
 #: The most entries of the due index a list of the tenants due walks (the due timers, in due
 #: order); a backlog over more is listed by a seek per tenant with pending timers instead.
-DUE_WALKED = 10_000
+DUE_WALKED = 2_000
 _BEFORE_ALL = datetime(1, 1, 1, tzinfo=UTC)
 _ACTION = "claim due timers by tenant"
 

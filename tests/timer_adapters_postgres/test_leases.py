@@ -163,6 +163,33 @@ class TestClaimingByTenant:
         assert lease_of(postgres_sql, "call-2") == ("Reached", None, 2)
 
 
+def frozen_monotonic(monkeypatch: Any) -> list[float]:
+    """The claims' monotonic clock, stopped: the test moves ``clock[0]`` itself."""
+    clock = [1000.0]
+    monkeypatch.setattr(_tenants, "monotonic", lambda: clock[0])
+    return clock
+
+
+async def two_tenants_due(make_started_store: MakeStore) -> PostgresTimerStore:
+    """A store with ten timers due for each of tenant-a and tenant-b."""
+    store = await make_started_store()
+    await store.apply(
+        [timer(f"call-{t}{i}", -60 + i, f"tenant-{t}") for t in "ab" for i in range(10)]
+    )
+    return store
+
+
+async def claim_as_a_drain(
+    store: PostgresTimerStore, limit: int, after: dict[Any, Any]
+) -> list[TimerEntry]:
+    """A claim by tenant after ``after``, which then holds each tenant's last one claimed,
+    as a drain keeps its cursors."""
+    batch = await store.find_due_by_tenant(datetime.now(UTC), limit, after=after)
+    for entry in batch:
+        after[entry.tenant_id] = DueCursor.of(entry)
+    return batch
+
+
 class TestDueThatFits:
     async def test_all_that_fits_is_claimed_without_listing_tenants(
         self, make_started_store: MakeStore, monkeypatch: Any
@@ -172,7 +199,7 @@ class TestDueThatFits:
         them."""
         store = await make_started_store()
         await store.apply([timer(f"call-{i}", -60 + i, f"tenant-{i % 3}") for i in range(5)])
-        monkeypatch.setattr(_tenants, "DUE_TENANTS_SQL", "SELECT no_such_function()")
+        monkeypatch.setattr(_tenants, "DUE_TENANTS_NEAR_SQL", "SELECT no_such_function()")
         batch = await store.find_due_by_tenant(datetime.now(UTC), 5, after={})
         assert [e.service_call_id for e in batch] == [f"call-{i}" for i in range(5)]
         await store.apply([timer(f"call-{i}", -60 + i, f"tenant-{i % 3}") for i in range(5, 12)])
@@ -224,19 +251,13 @@ class TestTenantsOfAClaim:
     ) -> None:
         """Tenants a and b fill their shares; c's timers, stored after the first claim, are
         claimed once the reused list is older than TENANTS_REUSED_S, not before."""
-        clock = [1000.0]
-        monkeypatch.setattr(_tenants, "monotonic", lambda: clock[0])
-        store = await make_started_store()
-        await store.apply(
-            [timer(f"call-{t}{i}", -60 + i, f"tenant-{t}") for t in "ab" for i in range(10)]
-        )
+        clock = frozen_monotonic(monkeypatch)
+        store = await two_tenants_due(make_started_store)
         after: dict[Any, Any] = {}
 
         async def claim() -> set[str]:
-            batch = await store.find_due_by_tenant(datetime.now(UTC), 4, after=after)
+            batch = await claim_as_a_drain(store, 4, after)
             assert len(batch) == 4
-            for entry in batch:  # as a drain keeps them: each tenant's last one
-                after[entry.tenant_id] = DueCursor.of(entry)
             return {entry.tenant_id for entry in batch}
 
         assert await claim() == {"tenant-a", "tenant-b"}
@@ -246,9 +267,19 @@ class TestTenantsOfAClaim:
         clock[0] += _tenants.TENANTS_REUSED_S
         assert await claim() == {"tenant-a", "tenant-b", "tenant-c"}
 
-    async def test_an_uneven_split_is_one_statement(self, make_started_store: MakeStore) -> None:
+    @pytest.mark.parametrize(
+        ("walked", "listing"),
+        [(_tenants.DUE_WALKED, ["SELECT"]), (5, ["SELECT", "WITH"])],
+        ids=["walk", "seeks"],
+    )
+    async def test_an_uneven_split_is_one_statement(
+        self, make_started_store: MakeStore, monkeypatch: Any, walked: int, listing: list[str]
+    ) -> None:
         """10 among 3 tenants: 4, 3 and 3 (the longest waiting gets the one left), claimed by
-        one statement after the tenants' list, not a second one for what was left over."""
+        one statement after the tenants' list, not a second one for what was left over. The
+        tenants come from a walk of what is due, or, with more due than DUE_WALKED (here 5),
+        from a seek per tenant after the walk gave up: the same list, the same shares."""
+        monkeypatch.setattr(_tenants, "DUE_WALKED", walked)
         store = await make_started_store()
         await store.apply(
             [
@@ -265,7 +296,28 @@ class TestTenantsOfAClaim:
         }
         assert counts == {"tenant-a": 4, "tenant-b": 3, "tenant-c": 3}
         # More is due than the claim holds (counted first), so: the tenants, then the claim.
-        assert [s.split()[0] for s in statements] == ["SELECT", "WITH", "UPDATE"]
+        assert [s.split()[0] for s in statements] == ["SELECT", *listing, "UPDATE"]
+
+    async def test_a_timer_due_before_its_tenants_listed_earliest_joins_with_the_next_list(
+        self, make_started_store: MakeStore, monkeypatch: Any
+    ) -> None:
+        """A tenant's claim starts at its earliest due timer as listed: one stored later with
+        an earlier due time is claimed once the list is read again, not lost."""
+        clock = frozen_monotonic(monkeypatch)
+        store = await two_tenants_due(make_started_store)
+        after: dict[Any, Any] = {}
+
+        async def claim() -> list[str]:
+            return [entry.service_call_id for entry in await claim_as_a_drain(store, 4, after)]
+
+        assert sorted(await claim()) == ["call-a0", "call-a1", "call-b0", "call-b1"]
+        await store.apply([timer("call-a-early", -600, "tenant-a")])
+        del after["tenant-a"]  # no cursor: tenant-a's claim starts at its listed earliest
+        clock[0] += _tenants.TENANTS_REUSED_S / 2
+        assert "call-a-early" not in await claim()
+        clock[0] += _tenants.TENANTS_REUSED_S
+        after.clear()
+        assert "call-a-early" in await claim()
 
     async def test_more_tenants_than_the_claim_go_round_one_list(
         self, make_started_store: MakeStore, monkeypatch: Any

@@ -31,6 +31,7 @@ from timer_adapters_postgres._sql import (
     CLAIM_FIRST,
     CLAIM_PLANNING,
     DUE_TENANTS,
+    DUE_TENANTS_NEAR,
     MARK,
     NEXT_DUE,
     PURGE,
@@ -50,6 +51,13 @@ def nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
     yield plan
     for child in plan.get("Plans", []):
         yield from nodes(child)
+
+
+def plan_as_the_claims(conn: sa.Connection) -> None:
+    """This transaction planned as on the store's claiming connections: without sorts,
+    bitmap scans or JIT."""
+    for name, value in CLAIM_PLANNING:
+        conn.execute(sa.text(f"SET LOCAL {name} = {value}"))
 
 
 def prepared(
@@ -183,8 +191,7 @@ class TestClaimPlan:
         the claim is still the walk (by default, PostgreSQL read all 20,000 due timers by a
         bitmap scan and sorted them for each claim of 100)."""
         with unanalysed_storm.connect() as conn, conn.begin() as transaction:
-            for name, value in CLAIM_PLANNING:
-                conn.execute(sa.text(f"SET LOCAL {name} = {value}"))
+            plan_as_the_claims(conn)
             if plan == "repeated":
                 document = explain_as_repeated(conn, CLAIM_FIRST, claim_params(), undo=True)
             else:
@@ -370,9 +377,7 @@ class TestTenantClaimPlan:
             "shares": shares,
         }
         with storm.connect() as conn, conn.begin() as transaction:
-            # As on the store's claiming connections: planned without sorts and bitmap scans.
-            for name, value in CLAIM_PLANNING:
-                conn.execute(sa.text(f"SET LOCAL {name} = {value}"))
+            plan_as_the_claims(conn)
             due = conn.execute(DUE_TENANTS, {"now": NOW, "limit": 100}).all()
             assert len(due) == len(tenants)
             if plan == "repeated":
@@ -388,6 +393,46 @@ class TestTenantClaimPlan:
         assert walk["Actual Loops"] == len(tenants)
         (update,) = [n for n in found if n["Node Type"] == "Tid Scan"]
         assert update["Actual Rows"] == sum(shares)
+
+
+class TestTenantsDuePlan:
+    """While the backlog is small, the tenants due are listed from the due timers alone."""
+
+    @pytest.mark.parametrize("plan", ["custom", "generic"])
+    @pytest.mark.parametrize("statistics", ["stale", "none"])
+    async def test_the_walk_of_the_due_index_stops_after_its_limit(
+        self, request: pytest.FixtureRequest, plan: str, statistics: str
+    ) -> None:
+        """The list walks ix_timer_schedules_due in its order and stops after ``walk``
+        entries, unsorted, with statistics that call nothing due or none, planned for the
+        values or for any values; walking the whole storm lists every tenant of it."""
+        storm = request.getfixturevalue(
+            "stale_storm" if statistics == "stale" else "unanalysed_storm"
+        )
+        with storm.connect() as conn, conn.begin() as transaction:
+            plan_as_the_claims(conn)
+            params = {"now": NOW, "walk": 1000}
+            document = explain(conn, DUE_TENANTS_NEAR, params, generic=plan == "generic")
+            walked = {row.walked for row in conn.execute(DUE_TENANTS_NEAR, params)}
+            everything = {"now": NOW, "walk": 2 * STORM}
+            rows = conn.execute(DUE_TENANTS_NEAR, everything).all()
+            due = conn.execute(
+                sa.text(
+                    "SELECT count(*) FROM timer_schedules "
+                    "WHERE state = 'Scheduled' AND due_at <= :now"
+                ),
+                {"now": NOW},
+            ).scalar_one()
+            transaction.rollback()
+        found = list(nodes(document["Plan"]))
+        kinds = {node["Node Type"] for node in found}
+        assert not kinds & {"Seq Scan", "Sort", "Incremental Sort", "Bitmap Heap Scan"}, kinds
+        (walk,) = [n for n in found if n["Node Type"] in ("Index Scan", "Index Only Scan")]
+        assert walk.get("Index Name") == "ix_timer_schedules_due", walk
+        assert walk["Actual Rows"] == 1000
+        assert walked == {1000}
+        assert len(rows) == 50
+        assert {row.walked for row in rows} == {due}
 
 
 class TestMarkPlan:

@@ -17,12 +17,13 @@ from timer_adapters_postgres._sql import (
     CLAIM_BY_TENANT_SQL,
     CLAIM_FIRST_SQL,
     DUE_FITS_SQL,
+    DUE_TENANTS_NEAR_SQL,
     DUE_TENANTS_SQL,
 )
 from timer_core import DueCursor, TenantId
 from timer_core.fair_share import FairShare
 
-__all__ = ["TENANTS_REUSED_S", "TenantClaims"]
+__all__ = ["DUE_WALKED", "TENANTS_REUSED_S", "TenantClaims"]
 
 # (When they were fewer than TENANTS_LISTED, i.e. every tenant with due timers, the next
 # claims of the drain reuse the list for up to TENANTS_REUSED_S, less those whose share came
@@ -34,6 +35,9 @@ TENANTS_REUSED_S = 0.5
 #: Most tenants one list holds (those waiting longest); a backlog over more is listed
 #: again once these are served.
 TENANTS_LISTED = 10_000
+#: The most entries of the due index a list of the tenants due walks (the due timers, in due
+#: order); a backlog over more is listed by a seek per tenant with pending timers instead.
+DUE_WALKED = 2_000
 _BEFORE_ALL = datetime(1, 1, 1, tzinfo=UTC)
 _ACTION = "claim due timers by tenant"
 
@@ -78,11 +82,14 @@ class TenantClaims:
         listed, self._listed = self._listed, None
         read_at = monotonic()
         if listed is None or listed.limit != limit or read_at - listed.read_at >= TENANTS_REUSED_S:
-            # At most TENANTS_LISTED, so a backlog over many tenants costs bounded memory.
-            params = {"now": now, "limit": TENANTS_LISTED}
-            rows = await lane.fetch(_ACTION, DUE_TENANTS_SQL, params)
-            earliest = {row.tenant_id: row.due_at for row in rows}
+            earliest = await _due_tenants(lane, now)
             listed = _Listed(list(earliest), limit, read_at, earliest)
+        # Each tenant's claim starts at its earliest due timer as listed (or after its
+        # cursor), not at the head of its range: the entries of its fired timers there stay
+        # in the index until a vacuum. One stored meanwhile with an earlier due time waits
+        # for the list to be read again (TENANTS_REUSED_S at most), or for a drain whose
+        # first claim holds all that is due (claimed in due order, no list).
+        claim.floors = listed.earliest
         # Every tenant due was listed: those not reached and those that fill their share
         # take part in the next claims.
         complete = len(listed.tenants) < TENANTS_LISTED
@@ -96,6 +103,20 @@ class TenantClaims:
         if complete and len(claim.rows) >= limit and again:
             self._listed = _Listed(again, limit, listed.read_at, listed.earliest)
         return claim.rows
+
+
+async def _due_tenants(lane: StatementLane, now: datetime) -> dict[str, datetime]:
+    """The tenants with due timers (at most TENANTS_LISTED, those waiting longest) and the
+    earliest due time of each, longest waiting first."""
+    rows = await lane.fetch(_ACTION, DUE_TENANTS_NEAR_SQL, {"now": now, "walk": DUE_WALKED})
+    if rows and rows[0].walked >= DUE_WALKED:
+        # More due than the walk takes: a seek per tenant with pending timers instead. At
+        # most TENANTS_LISTED, so a backlog over many tenants costs bounded memory.
+        params = {"now": now, "limit": TENANTS_LISTED}
+        rows = await lane.fetch(_ACTION, DUE_TENANTS_SQL, params)
+    else:
+        rows = sorted(rows, key=lambda row: (row.due_at, row.tenant_id))[:TENANTS_LISTED]
+    return {row.tenant_id: row.due_at for row in rows}
 
 
 class _Claim:
@@ -115,6 +136,8 @@ class _Claim:
             tenant: (cursor.due_at, cursor.service_call_id) for tenant, cursor in after.items()
         }
         self.rows: list[Any] = []
+        self.floors: Mapping[str, datetime] = {}
+        """Each listed tenant's earliest due time: where its claim starts without a cursor."""
 
     async def take(self, active: list[str]) -> list[str]:
         """Claim shares of ``active``'s tenants, in the rounds timer_core's FairShare plans;
@@ -123,7 +146,10 @@ class _Claim:
         again: list[str] | None = None
         while shares := plan.next_round():
             tenants = [tenant for tenant, _ in shares]
-            starts = [self._cursors.get(tenant, (_BEFORE_ALL, "")) for tenant in tenants]
+            starts = [
+                self._cursors.get(tenant) or (self.floors.get(tenant, _BEFORE_ALL), "")
+                for tenant in tenants
+            ]
             params = {
                 **self._base,
                 "tenants": text_array(tenants),

@@ -21,6 +21,7 @@ __all__ = [
     "MessageMetadata",
     "ScheduleTimer",
     "command_envelope",
+    "require_position",
 ]
 
 
@@ -141,8 +142,7 @@ class MessageEnvelope(Generic[P]):
         A copy made field by field: every value is already valid, so the converters are not
         run again (once per command received).
         """
-        if position is not None and (type(position) is not int or position < 0):
-            raise ValueError(f"position must be a non-negative int or None, got {position!r}")
+        require_position(position)
         copy: MessageEnvelope[P] = object.__new__(MessageEnvelope)
         for name in _ENVELOPE_FIELDS:
             object.__setattr__(copy, name, getattr(self, name))
@@ -150,9 +150,10 @@ class MessageEnvelope(Generic[P]):
         return copy
 
 
-_ENVELOPE_FIELDS = tuple(
-    field.name for field in attrs.fields(MessageEnvelope) if field.name != "position"
-)
+def require_position(position: int | None) -> None:
+    """Refuse a position that is no sequence number (a negative or non-int one)."""
+    if position is not None and (type(position) is not int or position < 0):
+        raise ValueError(f"position must be a non-negative int or None, got {position!r}")
 
 
 _ENVELOPE_FIELDS = tuple(field.name for field in attrs.fields(MessageEnvelope))

@@ -31,6 +31,7 @@ from timer_core._messages import (
     Message,
     MessageEnvelope,
     ScheduleTimer,
+    require_position,
 )
 from timer_core._time import format_timestamp, parse_timestamp
 from timer_core.errors import DecodeError, ValidationError
@@ -276,8 +277,7 @@ def decode_command(data: bytes | str, *, position: int | None = None) -> Message
     ``position`` (where the command sits in its source's order, not on the wire) is set on
     the envelope as :meth:`MessageEnvelope.at_position` would, without a copy.
     """
-    if position is not None and (type(position) is not int or position < 0):
-        raise ValueError(f"position must be a non-negative int or None, got {position!r}")
+    require_position(position)
     if len(data) <= MAX_MESSAGE_BYTES:
         # Once per command stored: a plainly valid one (the form TimerClient writes) is read
         # several times faster than cattrs reads it, to the same envelope.

@@ -64,15 +64,13 @@ _EXACT_COMMAND = re.compile(
 
 def command(data: bytes | str, position: int | None = None) -> MessageEnvelope[Command] | None:
     """What the codec decodes from ``data`` when it is a plainly valid command, else None;
-    at ``position`` (checked by the caller).
+    in the exact form, built at ``position`` (checked by the caller), which the caller sets
+    on any other.
 
     The caller has checked the size limit.
     """
     envelope = _exact_command(data, position)
-    if envelope is not None:
-        return envelope
-    envelope = _canonical_command(data)
-    return envelope if envelope is None or position is None else envelope.at_position(position)
+    return envelope if envelope is not None else _canonical_command(data)
 
 
 def _exact_command(

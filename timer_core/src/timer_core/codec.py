@@ -278,14 +278,15 @@ def decode_command(data: bytes | str, *, position: int | None = None) -> Message
     the envelope as :meth:`MessageEnvelope.at_position` would, without a copy.
     """
     require_position(position)
+    envelope = None
     if len(data) <= MAX_MESSAGE_BYTES:
         # Once per command stored: a plainly valid one (the form TimerClient writes) is read
         # several times faster than cattrs reads it, to the same envelope.
         envelope = _shortcuts.command(data, position)
-        if envelope is not None:
-            return envelope
-    envelope = _decode_command(data)
-    return envelope if position is None else envelope.at_position(position)
+    if envelope is None:
+        envelope = _decode_command(data)
+    # The exact form is built at its position; the others are given it here.
+    return envelope if envelope.position == position else envelope.at_position(position)
 
 
 def _decode_command(data: bytes | str) -> MessageEnvelope[Command]:

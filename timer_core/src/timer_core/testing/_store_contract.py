@@ -638,6 +638,98 @@ class TimerStoreContract(_OneStore):
         assert await store.purge_reached(at(1000), 100) == 2
         assert await store.count_scheduled() == 2
 
+    # -- timers set days or weeks ahead ------------------------------------------------------
+    # A store may keep timers due far ahead apart from those coming due (the SQL stores do:
+    # out of their due-order indexes until their time is near); none of it may show.
+
+    async def test_timers_weeks_ahead_come_due_in_order(self, store: TimerStore) -> None:
+        """Timers due seconds, a day and weeks ahead are each found once due, in due order,
+        however long the store went without a find (the instants are close to buckets of
+        any size a store may use)."""
+        week = 7 * 86_400
+        timers = [
+            entry("tenant-a", "soon", 5),
+            entry("tenant-b", "day", 86_400),
+            entry("tenant-a", "weeks", 3 * week),
+            entry("tenant-b", "weeks", 3 * week),
+            entry("tenant-a", "weeks-later", 3 * week + 0.001),
+            entry("tenant-b", "month", 30 * 86_400 - 0.001),
+        ]
+        await store.apply(list(reversed(timers)))
+        assert keys(await store.find_due(at(10), 10)) == keys(timers[:1])
+        assert keys(await store.find_due(at(86_399.999), 10)) == keys(timers[:1])
+        assert keys(await store.find_due(at(86_400), 10)) == keys(timers[:2])
+        assert keys(await store.find_due(at(3 * week), 10)) == keys(timers[:4])
+        assert keys(await store.find_due(at(40 * 86_400), 10)) == keys(timers)
+        assert keys(await store.find_due_for_tenant(B, at(3 * week), 10)) == [
+            ("tenant-b", "day"),
+            ("tenant-b", "weeks"),
+        ]
+
+    async def test_a_find_far_ahead_first_still_sees_everything_due(
+        self, store: TimerStore
+    ) -> None:
+        """A first find weeks after the timers' due times (a store started after a long
+        stop) returns every one of them, and the next finds see later timers come due."""
+        await store.apply([entry("tenant-a", f"t{i}", i * 86_400) for i in range(1, 4)])
+        found = await store.find_due(at(60 * 86_400), 10)
+        assert keys(found) == [("tenant-a", "t1"), ("tenant-a", "t2"), ("tenant-a", "t3")]
+        later = entry("tenant-a", "later", 90 * 86_400)
+        await store.schedule(later)
+        assert keys(await store.find_due(at(60 * 86_400), 10)) == keys(found)
+        assert keys(await store.find_due(at(90 * 86_400), 10)) == [*keys(found), keys([later])[0]]
+
+    async def test_reschedules_between_soon_and_weeks_ahead(self, store: TimerStore) -> None:
+        """A timer moved from weeks ahead to seconds ahead fires at its new time, and one
+        moved the other way no longer comes due early."""
+        month = 30 * 86_400
+        await store.apply([entry("tenant-a", "was-soon", 5), entry("tenant-a", "was-far", month)])
+        assert keys(await store.find_due(at(5), 10)) == [("tenant-a", "was-soon")]
+        await store.apply([entry("tenant-a", "was-soon", month), entry("tenant-a", "was-far", 6)])
+        assert keys(await store.find_due(at(10), 10)) == [("tenant-a", "was-far")]
+        assert keys(await store.find_due(at(month - 1), 10)) == [("tenant-a", "was-far")]
+        assert keys(await store.find_due(at(month), 10)) == [
+            ("tenant-a", "was-far"),
+            ("tenant-a", "was-soon"),
+        ]
+
+    async def test_cancel_and_mark_of_timers_weeks_ahead(self, store: TimerStore) -> None:
+        """A timer weeks ahead can be cancelled, or marked reached without having been
+        found; neither comes due afterwards."""
+        month = 30 * 86_400
+        cancelled = entry("tenant-a", "cancelled", month)
+        marked = entry("tenant-a", "marked", month)
+        kept = entry("tenant-b", "kept", month)
+        await store.apply([cancelled, marked, kept])
+        assert await store.cancel(A, ServiceCallId("cancelled")) is CommandOutcome.CANCELLED
+        assert await store.mark_reached([marked.reach(at(month))]) == 1
+        got = await store.get(A, ServiceCallId("marked"))
+        assert got is not None and got.state is TimerState.REACHED
+        assert keys(await store.find_due(at(2 * month), 10)) == [("tenant-b", "kept")]
+
+    async def test_counts_and_next_due_include_timers_weeks_ahead(self, store: TimerStore) -> None:
+        """count_scheduled, count_scheduled_for_tenant and next_due_at see timers weeks
+        ahead exactly as they see timers due soon."""
+        month = 30 * 86_400
+        await store.apply(
+            [
+                entry("tenant-a", "late", month + 0.003),
+                entry("tenant-a", "early", month + 0.001),
+                entry("tenant-b", "later", 2 * month),
+            ]
+        )
+        assert await store.next_due_at() == at(month + 0.001)
+        assert await store.count_scheduled() == 3
+        assert await store.count_scheduled_for_tenant(A) == 2
+        assert await store.count_scheduled_for_tenant(B) == 1
+        await store.schedule(entry("tenant-b", "soon", 5))
+        assert await store.next_due_at() == at(5)
+        assert await store.count_scheduled_for_tenant(B) == 2
+        assert await store.count_scheduled() == 4
+        (soon,) = await store.find_due(at(5), 10)
+        await store.mark_reached([soon.reach(at(5))])
+        assert await store.next_due_at() == at(month + 0.001)
+
     # -- command order (PositionedOperation) -------------------------------------------------
 
     async def test_older_schedule_after_a_cancel_does_not_rearm(self, store: TimerStore) -> None:
@@ -1012,6 +1104,16 @@ class FindsDueByTenantContract(_OneStore):
         rest = await store.find_due_by_tenant(at(10), 100, after={})
         assert len(rest) == 12  # a0..a10 and b: everything due at 10 s
         assert await store.find_due_by_tenant(at(0), 10, after={}) == [storm[0]]
+
+    async def test_find_due_by_tenant_sees_timers_set_weeks_ahead(self, store: Any) -> None:
+        """Timers set weeks ahead are shared among tenants once due, like any others, and
+        not before."""
+        month = 30 * 86_400
+        timers = [entry(f"tenant-{name}", "x", month + n) for n, name in enumerate("abc")]
+        await store.apply([*timers, entry("tenant-d", "later", 2 * month)])
+        assert await store.find_due_by_tenant(at(month - 1), 10, after={}) == []
+        found = await store.find_due_by_tenant(at(month + 5), 10, after={})
+        assert keys(found) == keys(timers)
 
     async def test_find_due_by_tenant_continues_after_each_tenants_cursor(self, store: Any) -> None:
         """Each tenant's timers come in (due_at, service_call_id) order after its cursor."""

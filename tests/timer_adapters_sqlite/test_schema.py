@@ -284,6 +284,7 @@ class TestSchema:
             "command_position": ("INTEGER", 0, 0),
             "traceparent": ("TEXT", 0, 0),
             "tracestate": ("TEXT", 0, 0),
+            "far_bucket": ("TEXT", 0, 0),
         }
         indexes = {
             name: [c[2] for c in schema_db.execute(f"PRAGMA index_info({name})")]

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import datetime
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import sqlalchemy as sa
 
 from timer_adapters_sqlite._disk import driver_of
 from timer_adapters_sqlite._rows import entry_from_row, read_timestamp
-from timer_adapters_sqlite._schema import TABLE, TOMBSTONES
-from timer_adapters_sqlite._sql import COLUMNS, NEXT_DUE_AT
+from timer_adapters_sqlite._schema import HORIZON, TABLE, TOMBSTONES
+from timer_adapters_sqlite._sql import BUCKET_CHARS, COLUMNS, EDGE, NEXT_DUE_AT, NEXT_FAR_DUE_AT
 from timer_core import (
     CorrelationId,
     DueCursor,
@@ -48,44 +48,103 @@ T = TypeVar("T")
 # Stored timestamps are `YYYY-...Z` text: "" sorts before every one and "~" after.
 _LOWEST, _HIGHEST = "", "~"
 
-# A capped count: the inner LIMIT stops the range scan of the partial due index at ?3
-# entries, so a bucket of ten million costs what one of ?3 does.
+# A capped count: the inner LIMITs stop the range scans at ?3 entries, so a bucket of ten
+# million costs what one of ?3 does. Near timers through the partial due index, far ones
+# through the far index's buckets that the range covers (timer_adapters_sqlite._schema).
 COUNT_DUE = f"""
-SELECT count(*) FROM (
-    SELECT 1 FROM {TABLE} INDEXED BY idx_timer_schedules_scheduled_due
-    WHERE state = 'Scheduled' AND due_at > ?1 AND due_at <= ?2 LIMIT ?3
-)
+SELECT min(?3, (
+    SELECT count(*) FROM (
+        SELECT 1 FROM {TABLE} INDEXED BY idx_timer_schedules_scheduled_due
+        WHERE state = 'Scheduled' AND far_bucket IS NULL AND due_at > ?1 AND due_at <= ?2
+        LIMIT ?3)
+) + (
+    SELECT count(*) FROM (
+        SELECT 1 FROM {TABLE} INDEXED BY idx_timer_schedules_far
+        WHERE far_bucket IS NOT NULL AND far_bucket >= substr(?1, 1, {BUCKET_CHARS})
+          AND far_bucket <= substr(?2, 1, {BUCKET_CHARS}) AND due_at > ?1 AND due_at <= ?2
+        LIMIT ?3)
+))
 """
+# Every far timer is due at or after the edge: a range that ends before it has none, and
+# the walk of the tenant's far timers is skipped.
+_FAR_REACHED = f"?2 >= (SELECT edge FROM {HORIZON} WHERE id = 1)"
 COUNT_TENANT_DUE = f"""
-SELECT count(*) FROM (
-    SELECT 1 FROM {TABLE} INDEXED BY idx_timer_schedules_tenant_due
-    WHERE tenant_id = ?4 AND state = 'Scheduled' AND due_at > ?1 AND due_at <= ?2 LIMIT ?3
-)
+SELECT min(?3, (
+    SELECT count(*) FROM (
+        SELECT 1 FROM {TABLE} INDEXED BY idx_timer_schedules_tenant_due
+        WHERE tenant_id = ?4 AND state = 'Scheduled' AND far_bucket IS NULL
+          AND due_at > ?1 AND due_at <= ?2
+        LIMIT ?3)
+) + (
+    SELECT count(*) FROM (
+        SELECT 1 FROM {TABLE} INDEXED BY idx_timer_schedules_far_tenant
+        WHERE tenant_id = ?4 AND far_bucket IS NOT NULL AND due_at > ?1 AND due_at <= ?2
+          AND {_FAR_REACHED}
+        LIMIT ?3)
+))
 """
-TENANT_OLDEST_DUE = f"""
-SELECT min(due_at) FROM {TABLE} INDEXED BY idx_timer_schedules_tenant_due
-WHERE tenant_id = ? AND state = 'Scheduled'
-"""
-# The tenants with pending timers after ?1, by a loose scan of the tenant-first partial index
-# (one seek per tenant), with each one's earliest due time (one more seek), up to ?2 tenants.
+
+
+def _earliest_of_tenant(tenant: str) -> str:
+    """The earliest due time of ``tenant``'s pending timers: its first near one when that is
+    before the edge, else the earlier of it and its far ones (a walk of those)."""
+    near = (
+        f"SELECT min(due_at) AS d FROM {TABLE} INDEXED BY idx_timer_schedules_tenant_due "
+        f"WHERE tenant_id = {tenant} AND state = 'Scheduled' AND far_bucket IS NULL"
+    )
+    far = (
+        f"SELECT min(due_at) FROM {TABLE} INDEXED BY idx_timer_schedules_far_tenant "
+        f"WHERE tenant_id = {tenant} AND far_bucket IS NOT NULL"
+    )
+    return (
+        f"(SELECT CASE WHEN near.d < (SELECT edge FROM {HORIZON} WHERE id = 1) THEN near.d "
+        f"ELSE (SELECT min(x) FROM (SELECT near.d AS x UNION ALL {far})) END "
+        f"FROM ({near}) AS near)"
+    )
+
+
+TENANT_OLDEST_DUE = f"SELECT {_earliest_of_tenant('?1')}"
+
+
+def _next_tenant(after: str) -> str:
+    """The first tenant after ``after`` with pending timers, near or far (NULL: none)."""
+    near = (
+        f"(SELECT min(tenant_id) FROM {TABLE} INDEXED BY idx_timer_schedules_tenant_due "
+        f"WHERE state = 'Scheduled' AND far_bucket IS NULL AND tenant_id > {after})"
+    )
+    far = (
+        f"(SELECT min(tenant_id) FROM {TABLE} INDEXED BY idx_timer_schedules_far_tenant "
+        f"WHERE far_bucket IS NOT NULL AND tenant_id > {after})"
+    )
+    return f"min(coalesce({near}, {far}), coalesce({far}, {near}))"
+
+
+# The tenants with pending timers after ?1, by a loose scan of the tenant-first partial
+# indexes (a seek or two per tenant), with each one's earliest due time, up to ?2 tenants.
 PENDING_TENANTS = f"""
 WITH RECURSIVE pending(tenant_id, n) AS (
-    SELECT (SELECT min(tenant_id) FROM {TABLE} INDEXED BY idx_timer_schedules_tenant_due
-            WHERE state = 'Scheduled' AND tenant_id > ?1), 1
+    SELECT {_next_tenant("?1")}, 1
   UNION ALL
-    SELECT (SELECT min(tenant_id) FROM {TABLE} INDEXED BY idx_timer_schedules_tenant_due
-            WHERE state = 'Scheduled' AND tenant_id > pending.tenant_id), n + 1
+    SELECT {_next_tenant("pending.tenant_id")}, n + 1
     FROM pending WHERE pending.tenant_id IS NOT NULL AND n < ?2
 )
-SELECT tenant_id, (
-    SELECT min(due_at) FROM {TABLE} INDEXED BY idx_timer_schedules_tenant_due
-    WHERE state = 'Scheduled' AND tenant_id = pending.tenant_id)
+SELECT tenant_id, {_earliest_of_tenant("pending.tenant_id")}
 FROM pending WHERE tenant_id IS NOT NULL
 """
+# The tenant's near timers in the range, and its far ones (sorted: a walk of them, unless
+# the range ends before the edge), merged.
 SCHEDULED_FOR_TENANT = f"""
-SELECT {COLUMNS} FROM {TABLE} INDEXED BY idx_timer_schedules_tenant_due
-WHERE tenant_id = ?1 AND state = 'Scheduled' AND due_at >= ?2 AND due_at <= ?3
-  AND (due_at, service_call_id) > (?4, ?5)
+SELECT * FROM (
+    SELECT {COLUMNS} FROM {TABLE} INDEXED BY idx_timer_schedules_tenant_due
+    WHERE tenant_id = ?1 AND state = 'Scheduled' AND far_bucket IS NULL
+      AND due_at >= ?2 AND due_at <= ?3 AND (due_at, service_call_id) > (?4, ?5)
+    ORDER BY due_at, service_call_id LIMIT ?6)
+UNION ALL
+SELECT * FROM (
+    SELECT {COLUMNS} FROM {TABLE} INDEXED BY idx_timer_schedules_far_tenant
+    WHERE tenant_id = ?1 AND far_bucket IS NOT NULL AND ?3 >= (SELECT edge FROM {HORIZON} WHERE id = 1)
+      AND due_at >= ?2 AND due_at <= ?3 AND (due_at, service_call_id) > (?4, ?5)
+    ORDER BY due_at, service_call_id LIMIT ?6)
 ORDER BY due_at, service_call_id LIMIT ?6
 """
 # The next ?3 keys of the tenant after ?2 (primary key order) are the window; of them, those
@@ -117,6 +176,29 @@ WHERE tenant_id = ?1 AND service_call_id = ?2
 """
 
 
+def edge_of(driver: Any) -> str | None:
+    row = driver.execute(EDGE).fetchone()
+    return None if row is None else str(row[0])
+
+
+def stored_edge(connection: sa.Connection) -> datetime | None:
+    edge = edge_of(driver_of(connection))
+    return None if edge is None else read_timestamp(edge)
+
+
+def earliest_due(connection: sa.Connection) -> datetime | None:
+    """The earliest pending due time: the first near one when it is before the edge (every
+    far one is at or after it), else the earlier of it and the first far one."""
+    driver = driver_of(connection)
+    (near,) = driver.execute(NEXT_DUE_AT).fetchone()
+    edge = edge_of(driver)
+    if near is not None and (edge is None or near < edge):
+        return read_timestamp(near)
+    (far,) = driver.execute(NEXT_FAR_DUE_AT).fetchone()
+    found = [due for due in (near, far) if due is not None]
+    return read_timestamp(min(found)) if found else None
+
+
 def _bound(value: datetime | None, open_end: str) -> str:
     return open_end if value is None else format_timestamp(require_utc(value))
 
@@ -146,10 +228,9 @@ class SqliteCensus(TimerCensus, TimerLookup):
         return await self._read(count)
 
     async def oldest_scheduled_due_at(self, tenant_id: TenantId | None = None) -> datetime | None:
-        args: tuple[str, ...]
-        sql, args = NEXT_DUE_AT, ()
-        if tenant_id is not None:
-            sql, args = TENANT_OLDEST_DUE, (TenantId(tenant_id),)
+        if tenant_id is None:
+            return await self._read(earliest_due)
+        sql, args = TENANT_OLDEST_DUE, (TenantId(tenant_id),)
 
         def oldest(connection: sa.Connection) -> datetime | None:
             (due_at,) = driver_of(connection).execute(sql, args).fetchone()

@@ -42,6 +42,7 @@ Synchronous = Literal["NORMAL", "FULL"]
 
 TABLE = "timer_schedules"
 TOMBSTONES = "timer_tombstones"
+HORIZON = "timer_horizon"
 VERSION_TABLE = "timer_schema_version"
 
 # Timestamps are compared as text (`due_at <= ?`), which is only correct while every value
@@ -81,11 +82,29 @@ _INDEXES_V1: dict[str, tuple[tuple[str, ...], str | None]] = {
 _TENANT_DUE_INDEX = "idx_timer_schedules_tenant_due"
 _TENANT_DUE = (("tenant_id", "due_at", "service_call_id"), "state = 'Scheduled'")
 
+# Version 5, timers far ahead kept apart: a timer due at or after the far edge
+# (timer_horizon.edge) has its due time's 10-minute bucket in far_bucket and is in neither
+# due-order index, whose insertion points are random in a table of timers set weeks ahead
+# (a page of each written per new timer); it is in the two far indexes instead, keyed by
+# bucket and by tenant, each then by rowid, so a new far timer lands at the end of its
+# bucket's and its tenant's entries, pages a batch shares. As the edge moves forward, the
+# timers of the buckets it passes move into the due-order indexes, in bucket order.
+_NEAR = "state = 'Scheduled' AND far_bucket IS NULL"
+_FAR = "far_bucket IS NOT NULL"
+_DUE_INDEX = "idx_timer_schedules_scheduled_due"
+_FAR_INDEXES: dict[str, tuple[tuple[str, ...], str | None]] = {
+    "idx_timer_schedules_far": (("far_bucket",), _FAR),
+    "idx_timer_schedules_far_tenant": (("tenant_id",), _FAR),
+}
+
 # The indexes of the current version.
-_INDEXES = {
+_INDEXES: dict[str, tuple[tuple[str, ...], str | None]] = {
     **{name: index for name, index in _INDEXES_V1.items() if name != "idx_timer_schedules_due_at"},
     _TENANT_DUE_INDEX: _TENANT_DUE,
 }
+_INDEXES[_DUE_INDEX] = (_INDEXES[_DUE_INDEX][0], _NEAR)
+_INDEXES[_TENANT_DUE_INDEX] = (_TENANT_DUE[0], _NEAR)
+_INDEXES.update(_FAR_INDEXES)
 
 _FOREIGN_KEY = (
     "CONSTRAINT fk_timer_schedules_service_call FOREIGN KEY (tenant_id, service_call_id) "
@@ -142,6 +161,30 @@ def _tenant_due_v3(_mode: StoreMode) -> list[str]:
     ]
 
 
+def _far_apart_v5(_mode: StoreMode) -> list[str]:
+    statements = [
+        f"CREATE TABLE IF NOT EXISTS {HORIZON} (\n"
+        "    id INTEGER NOT NULL PRIMARY KEY,\n"
+        "    edge TEXT NOT NULL,\n"
+        "    CONSTRAINT ck_timer_horizon_id CHECK (id = 1),\n"
+        f"    CONSTRAINT ck_timer_horizon_edge_format CHECK (edge GLOB '{_TIMESTAMP_GLOB}')\n"
+        ") STRICT"
+    ]
+    # Existing timers stay near (far_bucket NULL) and there is no edge yet: the first poll
+    # sets one, and only timers written after it may be far.
+    for name in (_DUE_INDEX, _TENANT_DUE_INDEX):
+        columns, where = _INDEXES[name]
+        statements += [
+            f"DROP INDEX IF EXISTS {name}",
+            f"CREATE INDEX {name} ON {TABLE} ({', '.join(columns)}) WHERE {where}",
+        ]
+    for name, (columns, where) in _FAR_INDEXES.items():
+        statements.append(
+            f"CREATE INDEX IF NOT EXISTS {name} ON {TABLE} ({', '.join(columns)}) WHERE {where}"
+        )
+    return statements
+
+
 def _no_statements(_mode: StoreMode) -> list[str]:
     # Only columns (added unless present): nullable at the end, so SQLite rewrites nothing
     # and existing rows read NULL.
@@ -182,6 +225,13 @@ MIGRATIONS: tuple[Migration, ...] = (
         _no_statements,
         columns=((TABLE, "traceparent", "TEXT"), (TABLE, "tracestate", "TEXT")),
     ),
+    Migration(
+        5,
+        "timers far ahead kept out of the due-order indexes: far_bucket, timer_horizon, "
+        "idx_timer_schedules_far, idx_timer_schedules_far_tenant",
+        _far_apart_v5,
+        columns=((TABLE, "far_bucket", "TEXT"),),
+    ),
 )
 assert [m.version for m in MIGRATIONS] == list(range(1, len(MIGRATIONS) + 1))
 
@@ -206,6 +256,7 @@ def timer_schedules_table(metadata: sa.MetaData, *, mode: StoreMode = "standalon
         sa.Column("command_position", sa.Integer, nullable=True),
         sa.Column("traceparent", sa.Text, nullable=True),
         sa.Column("tracestate", sa.Text, nullable=True),
+        sa.Column("far_bucket", sa.Text, nullable=True),
         sa.PrimaryKeyConstraint("tenant_id", "service_call_id", name="pk_timer_schedules"),
     ]
     if mode == "shared":
@@ -236,6 +287,15 @@ def timer_schedules_table(metadata: sa.MetaData, *, mode: StoreMode = "standalon
             f"cancelled_at GLOB '{_TIMESTAMP_GLOB}'", name="ck_timer_tombstones_cancelled_at_format"
         ),
         sa.Index("idx_timer_tombstones_cancelled_at", "cancelled_at"),
+        sqlite_strict=True,
+    )
+    sa.Table(
+        HORIZON,
+        metadata,
+        sa.Column("id", sa.Integer, primary_key=True, autoincrement=False),
+        sa.Column("edge", sa.Text, nullable=False),
+        sa.CheckConstraint("id = 1", name="ck_timer_horizon_id"),
+        sa.CheckConstraint(f"edge GLOB '{_TIMESTAMP_GLOB}'", name="ck_timer_horizon_edge_format"),
         sqlite_strict=True,
     )
     # Part of the metadata so a host's Alembic autogenerate does not plan to drop it.

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 
 import sqlalchemy as sa
 
-from timer_adapters_sqlite._schema import TABLE, TOMBSTONES
+from timer_adapters_sqlite._schema import HORIZON, TABLE, TOMBSTONES
 
 COLUMNS = (
     "tenant_id, service_call_id, correlation_id, due_at, registered_at, state, reached_at, "
@@ -54,6 +54,21 @@ def _json_rows(columns: Sequence[str], alias: str) -> tuple[dict[str, str], str]
     return {column: f"{alias}.{column}" for column in columns}, source
 
 
+# A timer's due time in 10-minute buckets: the first 15 characters of its stored text
+# (YYYY-MM-DDTHH:M), which sort as the instants do.
+BUCKET_CHARS = 15
+
+
+def _far_bucket(due_at: str) -> str:
+    """``far_bucket`` of a timer written with ``due_at``: its bucket when it is due at or
+    after the far edge, else NULL (near; also while there is no edge). The subquery is
+    uncorrelated: SQLite reads the edge once per statement."""
+    return (
+        f"CASE WHEN {due_at} >= (SELECT edge FROM {HORIZON} WHERE id = 1) "
+        f"THEN substr({due_at}, 1, {BUCKET_CHARS}) END"
+    )
+
+
 def _insert(value: Mapping[str, str], source: str = "", *, new_only: bool = False) -> str:
     """Insert timers (what timer_core.replay decided); ``new_only``: the one-statement form
     of a batch of new timers (timer_core.replay.new_timers), which skips a key that holds a
@@ -68,10 +83,10 @@ ON CONFLICT (tenant_id, service_call_id) DO NOTHING"""
     return f"""
 INSERT INTO {TABLE}
     (tenant_id, service_call_id, correlation_id, due_at, registered_at, state, command_position,
-     traceparent, tracestate)
+     traceparent, tracestate, far_bucket)
 SELECT {value["tenant_id"]}, {value["service_call_id"]}, {value["correlation_id"]},
        {value["due_at"]}, {value["registered_at"]}, 'Scheduled', {value["position"]},
-       {value["traceparent"]}, {value["tracestate"]}{source}{where}
+       {value["traceparent"]}, {value["tracestate"]}, {_far_bucket(value["due_at"])}{source}{where}
 """
 
 
@@ -81,7 +96,8 @@ def _reschedule(value: Mapping[str, str], source: str = "") -> str:
 UPDATE {TABLE}
 SET due_at = {value["due_at"]}, correlation_id = {value["correlation_id"]},
     registered_at = {value["registered_at"]}, command_position = {value["position"]},
-    traceparent = {value["traceparent"]}, tracestate = {value["tracestate"]}{source}
+    traceparent = {value["traceparent"]}, tracestate = {value["tracestate"]},
+    far_bucket = {_far_bucket(value["due_at"])}{source}
 WHERE {TABLE}.tenant_id = {value["tenant_id"]}
   AND {TABLE}.service_call_id = {value["service_call_id"]} AND {TABLE}.state = 'Scheduled'
 """
@@ -90,7 +106,7 @@ WHERE {TABLE}.tenant_id = {value["tenant_id"]}
 def _mark_reached(value: Mapping[str, str], source: str = "", index: str = "") -> str:
     return f"""
 UPDATE {TABLE}{index}
-SET state = 'Reached', reached_at = {value["reached_at"]}{source}
+SET state = 'Reached', reached_at = {value["reached_at"]}, far_bucket = NULL{source}
 WHERE {TABLE}.tenant_id = {value["tenant_id"]}
   AND {TABLE}.service_call_id = {value["service_call_id"]}
   AND {TABLE}.state = 'Scheduled' AND {TABLE}.due_at = {value["due_at"]}
@@ -104,9 +120,10 @@ INSERT_JSON = _insert(*_json_rows(_SCHEDULE_VALUES, "v"))
 RESCHEDULE = _reschedule(_parameters(_SCHEDULE_VALUES))
 RESCHEDULE_JSON = _reschedule(*_json_rows(_SCHEDULE_VALUES, "v"))
 MARK_REACHED = _mark_reached(_parameters(_MARK_VALUES))
-# INDEXED BY: the batch's keys are found through the partial index of Scheduled timers.
+# INDEXED BY: the batch's keys are found through the primary key (a timer far ahead, marked
+# without having been found due, is in no due-order index).
 MARK_REACHED_JSON = _mark_reached(
-    *_json_rows(_MARK_VALUES, "marks"), index=" INDEXED BY idx_timer_schedules_scheduled_due"
+    *_json_rows(_MARK_VALUES, "marks"), index=" INDEXED BY sqlite_autoindex_timer_schedules_1"
 )
 CANCEL = f"""
 DELETE FROM {TABLE} WHERE tenant_id = ? AND service_call_id = ? AND state = 'Scheduled'
@@ -169,17 +186,18 @@ JSON_STATEMENTS = _json_statements_supported()
 # ANALYZE must never turn the poll into a scan whose cost grows with the table.
 FIND_DUE = f"""
 SELECT {COLUMNS} FROM {TABLE} INDEXED BY idx_timer_schedules_scheduled_due
-WHERE state = 'Scheduled' AND due_at <= ?
+WHERE state = 'Scheduled' AND far_bucket IS NULL AND due_at <= ?
 ORDER BY due_at, tenant_id, service_call_id LIMIT ?
 """
 FIND_DUE_AFTER = f"""
 SELECT {COLUMNS} FROM {TABLE} INDEXED BY idx_timer_schedules_scheduled_due
-WHERE state = 'Scheduled' AND due_at <= ? AND (due_at, tenant_id, service_call_id) > (?, ?, ?)
+WHERE state = 'Scheduled' AND far_bucket IS NULL AND due_at <= ?
+  AND (due_at, tenant_id, service_call_id) > (?, ?, ?)
 ORDER BY due_at, tenant_id, service_call_id LIMIT ?
 """
 FIND_DUE_FOR_TENANT = f"""
 SELECT {COLUMNS} FROM {TABLE} INDEXED BY idx_timer_schedules_tenant_due
-WHERE tenant_id = ? AND state = 'Scheduled' AND due_at <= ?
+WHERE tenant_id = ? AND state = 'Scheduled' AND far_bucket IS NULL AND due_at <= ?
 ORDER BY due_at, service_call_id LIMIT ?
 """
 # find_due_by_tenant in two statements whatever the number of tenants (statements, not rows,
@@ -189,15 +207,15 @@ ORDER BY due_at, service_call_id LIMIT ?
 DUE_TENANTS = f"""
 WITH RECURSIVE pending(tenant_id) AS (
     SELECT (SELECT min(tenant_id) FROM {TABLE} INDEXED BY idx_timer_schedules_tenant_due
-            WHERE state = 'Scheduled')
+            WHERE state = 'Scheduled' AND far_bucket IS NULL)
   UNION ALL
     SELECT (SELECT min(tenant_id) FROM {TABLE} INDEXED BY idx_timer_schedules_tenant_due
-            WHERE state = 'Scheduled' AND tenant_id > pending.tenant_id)
+            WHERE state = 'Scheduled' AND far_bucket IS NULL AND tenant_id > pending.tenant_id)
     FROM pending WHERE pending.tenant_id IS NOT NULL
 )
 SELECT tenant_id, (
     SELECT min(due_at) FROM {TABLE} INDEXED BY idx_timer_schedules_tenant_due
-    WHERE state = 'Scheduled' AND tenant_id = pending.tenant_id) AS earliest
+    WHERE state = 'Scheduled' AND far_bucket IS NULL AND tenant_id = pending.tenant_id) AS earliest
 FROM pending WHERE tenant_id IS NOT NULL AND earliest <= ?1 ORDER BY earliest, tenant_id
 LIMIT ?2
 """
@@ -208,16 +226,38 @@ SELECT {", ".join(f"s.{column}" for column in COLUMNS.split(", "))}
 FROM json_each(?1) AS j
 JOIN {TABLE} AS s ON s.rowid IN (
     SELECT rowid FROM {TABLE} INDEXED BY idx_timer_schedules_tenant_due
-    WHERE tenant_id = json_extract(j.value, '$[0]') AND state = 'Scheduled' AND due_at <= ?2
+    WHERE tenant_id = json_extract(j.value, '$[0]') AND state = 'Scheduled' AND far_bucket IS NULL
+      AND due_at <= ?2
       AND (due_at, service_call_id)
           > (json_extract(j.value, '$[1]'), json_extract(j.value, '$[2]'))
     ORDER BY due_at, service_call_id LIMIT ?3
 )
 """
-# min() is answered by one seek to the first entry of the partial index.
+# min() is answered by one seek to the first entry of the partial index: the earliest near
+# timer, which is the earliest of all when it is due before the far edge.
 NEXT_DUE_AT = f"""
 SELECT min(due_at) FROM {TABLE} INDEXED BY idx_timer_schedules_scheduled_due
-WHERE state = 'Scheduled'
+WHERE state = 'Scheduled' AND far_bucket IS NULL
+"""
+# The earliest far timer: a walk of the lowest far bucket's entries (a bucket's worth).
+NEXT_FAR_DUE_AT = f"""
+SELECT min(due_at) FROM {TABLE} INDEXED BY idx_timer_schedules_far
+WHERE far_bucket IS NOT NULL AND far_bucket = (
+    SELECT min(far_bucket) FROM {TABLE} INDEXED BY idx_timer_schedules_far
+    WHERE far_bucket IS NOT NULL)
+"""
+EDGE = f"SELECT edge FROM {HORIZON} WHERE id = 1"
+# The far timers of the buckets before ?1 (an edge) moved near, ?2 at most, in bucket order.
+MOVE_NEAR = f"""
+UPDATE {TABLE} SET far_bucket = NULL WHERE rowid IN (
+    SELECT rowid FROM {TABLE} INDEXED BY idx_timer_schedules_far
+    WHERE far_bucket IS NOT NULL AND far_bucket < substr(?1, 1, {BUCKET_CHARS})
+    ORDER BY far_bucket LIMIT ?2)
+"""
+# The edge only moves forward, whoever moves it.
+SET_EDGE = f"""
+INSERT INTO {HORIZON} AS h (id, edge) VALUES (1, ?1)
+ON CONFLICT (id) DO UPDATE SET edge = max(h.edge, excluded.edge)
 """
 GET = sa.text(
     f"SELECT {COLUMNS} FROM {TABLE} WHERE tenant_id = :tenant AND service_call_id = :call"
@@ -233,21 +273,35 @@ LIST_FOR_TENANT = sa.text(
     "WHERE tenant_id = :tenant AND service_call_id > :after ORDER BY service_call_id LIMIT :limit"
 )
 COUNT_SCHEDULED_FOR_TENANT = f"""
-SELECT count(*) FROM {TABLE} INDEXED BY idx_timer_schedules_tenant_due
-WHERE tenant_id = ? AND state = 'Scheduled'
+SELECT (SELECT count(*) FROM {TABLE} INDEXED BY idx_timer_schedules_tenant_due
+        WHERE tenant_id = ?1 AND state = 'Scheduled' AND far_bucket IS NULL)
+     + (SELECT count(*) FROM {TABLE} INDEXED BY idx_timer_schedules_far_tenant
+        WHERE tenant_id = ?1 AND far_bucket IS NOT NULL)
 """
 # count_scheduled counts in slices of the partial due index, each a read of its own, so that
 # the poll, which shares the reader thread, never waits behind a count of the whole index
 # (half a second at ten million pending timers). The key of the ?4-th entry after a key ...
 COUNT_SCHEDULED_BOUNDARY = f"""
 SELECT due_at, tenant_id, service_call_id FROM {TABLE} INDEXED BY idx_timer_schedules_scheduled_due
-WHERE state = 'Scheduled' AND (due_at, tenant_id, service_call_id) > (?1, ?2, ?3)
+WHERE state = 'Scheduled' AND far_bucket IS NULL
+  AND (due_at, tenant_id, service_call_id) > (?1, ?2, ?3)
 ORDER BY due_at, tenant_id, service_call_id LIMIT 1 OFFSET ?4 - 1
 """
 # ... and, past the last such key, how many are left (fewer than ?4).
 COUNT_SCHEDULED_REST = f"""
 SELECT count(*) FROM {TABLE} INDEXED BY idx_timer_schedules_scheduled_due
-WHERE state = 'Scheduled' AND (due_at, tenant_id, service_call_id) > (?1, ?2, ?3)
+WHERE state = 'Scheduled' AND far_bucket IS NULL
+  AND (due_at, tenant_id, service_call_id) > (?1, ?2, ?3)
+"""
+# The far timers in the same slices, by (bucket, rowid) ...
+COUNT_FAR_BOUNDARY = f"""
+SELECT far_bucket, rowid FROM {TABLE} INDEXED BY idx_timer_schedules_far
+WHERE far_bucket IS NOT NULL AND (far_bucket, rowid) > (?1, ?2)
+ORDER BY far_bucket, rowid LIMIT 1 OFFSET ?3 - 1
+"""
+COUNT_FAR_REST = f"""
+SELECT count(*) FROM {TABLE} INDEXED BY idx_timer_schedules_far
+WHERE far_bucket IS NOT NULL AND (far_bucket, rowid) > (?1, ?2)
 """
 # By rowid: the key would cost each row one more walk down the primary key's index, a
 # random page on a large table (a fifth of a purged row's time at 10,000,000 rows).

@@ -142,7 +142,8 @@ SELECT * FROM (
 UNION ALL
 SELECT * FROM (
     SELECT {COLUMNS} FROM {TABLE} INDEXED BY idx_timer_schedules_far_tenant
-    WHERE tenant_id = ?1 AND far_bucket IS NOT NULL AND ?3 >= (SELECT edge FROM {HORIZON} WHERE id = 1)
+    WHERE tenant_id = ?1 AND far_bucket IS NOT NULL
+      AND ?3 >= (SELECT edge FROM {HORIZON} WHERE id = 1)
       AND due_at >= ?2 AND due_at <= ?3 AND (due_at, service_call_id) > (?4, ?5)
     ORDER BY due_at, service_call_id LIMIT ?6)
 ORDER BY due_at, service_call_id LIMIT ?6

@@ -36,6 +36,7 @@ import sqlite3
 import tempfile
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -55,6 +56,7 @@ from timer_bench.procs import (
     vm_kib,
     with_children,
 )
+from timer_core.horizon import edge_for
 
 TENANTS = 1000
 DAY_MS = 86_400_000
@@ -140,13 +142,24 @@ class SqliteLarge:
                 "WITH RECURSIVE n(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM n WHERE i + 1 < ?)"
             )
             tenant = f"'tenant-' || printf('%02d', i % {TENANTS})"
+            # As the store writes them once its first poll set the far edge: a timer due at
+            # or after the edge is far, by its 10-minute bucket (timer_core.horizon).
+            base = datetime.fromtimestamp(base_ms / 1000, UTC)
+            edge = kit.stamp(int(edge_for(base).timestamp() * 1000))
+            connection.execute(
+                "INSERT INTO timer_horizon (id, edge) VALUES (1, ?) "
+                "ON CONFLICT (id) DO UPDATE SET edge = excluded.edge",
+                (edge,),
+            )
             connection.execute(
                 f"INSERT INTO {bench_sqlite.TABLE} "
-                "(tenant_id, service_call_id, correlation_id, due_at, registered_at) "
-                f"{counter} SELECT {tenant}, printf('large-%09d', i), printf('trace-%09d', i), "
-                f"{_sqlite_stamp(f'{base_ms + LEAD_MS} + abs(random()) % {HORIZON_MS}')}, "
-                f"{_sqlite_stamp(str(base_ms))} FROM n",
-                (pending,),
+                "(tenant_id, service_call_id, correlation_id, due_at, registered_at, far_bucket) "
+                f"{counter}, d(i, due) AS ("
+                f"SELECT i, {_sqlite_stamp(f'{base_ms + LEAD_MS} + abs(random()) % {HORIZON_MS}')} "
+                f"FROM n) SELECT {tenant}, printf('large-%09d', i), printf('trace-%09d', i), due, "
+                f"{_sqlite_stamp(str(base_ms))}, CASE WHEN due >= ?2 THEN substr(due, 1, 15) END "
+                "FROM d",
+                (pending, edge),
             )
             reached_ms = f"{base_ms - RETENTION_MS - 3_600_000} - abs(random()) % {RETENTION_MS}"
             connection.execute(
@@ -237,8 +250,11 @@ class SqliteLarge:
         return int(
             self._one(
                 db,
-                f"SELECT count(*) FROM {bench_sqlite.TABLE} "
-                "INDEXED BY idx_timer_schedules_scheduled_due WHERE state = 'Scheduled'",
+                f"SELECT (SELECT count(*) FROM {bench_sqlite.TABLE} "
+                "INDEXED BY idx_timer_schedules_scheduled_due "
+                "WHERE state = 'Scheduled' AND far_bucket IS NULL) + "
+                f"(SELECT count(*) FROM {bench_sqlite.TABLE} INDEXED BY idx_timer_schedules_far "
+                "WHERE far_bucket IS NOT NULL)",
             )
         )
 
@@ -548,7 +564,6 @@ def outline(node: dict[str, Any], depth: int = 0) -> list[str]:
 async def store_calls(store: Large, db: str, samples: int = 5) -> dict[str, float]:
     """The worker's and the service's store calls on the table, through the store's own API,
     nothing due (the earliest pending timer is a minute ahead): median ms of ``samples``."""
-    from datetime import UTC, datetime
 
     timers = store.store(db)
     calls: dict[str, Callable[[], Any]] = {

@@ -35,11 +35,12 @@ WHERE {TABLE}.state = 'Scheduled'
 FIND_DUE = f"""
 SELECT tenant_id, service_call_id, correlation_id, due_at FROM {TABLE}
 INDEXED BY idx_timer_schedules_scheduled_due
-WHERE state = 'Scheduled' AND due_at <= ? ORDER BY due_at, tenant_id, service_call_id LIMIT ?
+WHERE state = 'Scheduled' AND far_bucket IS NULL AND due_at <= ?
+ORDER BY due_at, tenant_id, service_call_id LIMIT ?
 """
 NEXT_DUE = f"""
 SELECT min(due_at) FROM {TABLE} INDEXED BY idx_timer_schedules_scheduled_due
-WHERE state = 'Scheduled'
+WHERE state = 'Scheduled' AND far_bucket IS NULL
 """
 MARK_REACHED = f"""
 UPDATE {TABLE} SET state = 'Reached', reached_at = ?
@@ -47,7 +48,7 @@ WHERE tenant_id = ? AND service_call_id = ? AND state = 'Scheduled' AND due_at =
 """
 _ANY_DUE = f"""
 SELECT 1 FROM {TABLE} INDEXED BY idx_timer_schedules_scheduled_due
-WHERE state = 'Scheduled' AND due_at <= ? LIMIT 1
+WHERE state = 'Scheduled' AND far_bucket IS NULL AND due_at <= ? LIMIT 1
 """
 
 

@@ -138,7 +138,8 @@ async def schedule_restart_fire(tmp_path: Path, nats_url: str, *, timer_spans: b
     client_side, before, after = Telemetry(), Telemetry(), Telemetry()
     tracer = client_side.tracer_provider.get_tracer("shop")
     # Far ahead, so the first service cannot fire them however slowly it stops; the time
-    # "passes" while it is down (their due time is moved to now in the database).
+    # "passes" while it is down (their due time is moved to now in the database, and the
+    # timers near: an hour ahead, they were stored far, out of the due-order indexes).
     due = datetime.now(UTC) + timedelta(hours=1)
     tenant, traced_call, plain_call = "tenant-o", "call-traced", "call-plain"
     async with running_service(settings, before, timer_spans=timer_spans) as service:
@@ -158,7 +159,8 @@ async def schedule_restart_fire(tmp_path: Path, nats_url: str, *, timer_spans: b
 
         await wait_until(both_stored, what="both timers stored")
     with contextlib.closing(sqlite3.connect(settings.db_path)) as db, db:
-        db.execute("UPDATE timer_schedules SET due_at = ?", (format_timestamp(datetime.now(UTC)),))
+        now = format_timestamp(datetime.now(UTC))
+        db.execute("UPDATE timer_schedules SET due_at = ?, far_bucket = NULL", (now,))
 
     nc = await nats.connect(nats_url)
     try:

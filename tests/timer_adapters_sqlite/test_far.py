@@ -4,7 +4,7 @@ where each timer is stored, how the edge moves, and what a migrated database kee
 from __future__ import annotations
 
 import sqlite3
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import sqlalchemy as sa
@@ -204,3 +204,59 @@ class TestMigration:
                 raw.close()
             found = await store.find_due(T0 + timedelta(days=4), 10)
             assert [e.service_call_id for e in found] == ["old", "new"]
+
+
+class TestCensusOfFarTimers:
+    async def test_counts_by_due_range_are_exact_across_buckets(
+        self, store: SqliteTimerStore
+    ) -> None:
+        """Counts by due range see far timers exactly, ranges ending inside a bucket
+        included, near and far together, each count capped."""
+        await store.find_due(T0, 10)  # edge 12:30
+        near = [entry(call=f"n{i}", due_in=i * MINUTE) for i in range(1, 4)]
+        # Far: three in the 13:00 bucket (13:01, 13:05, 13:09), two at 13:10 and one a day on.
+        far = [entry(call=f"f{i}", due_in=m * MINUTE) for i, m in enumerate((61, 65, 69, 70, 70.5))]
+        far.append(entry("tenant-b", "day", due_in=DAY))
+        await store.apply([*near, *far])
+
+        def at(minutes: float) -> datetime:
+            return T0 + timedelta(minutes=minutes)
+
+        count = store.count_scheduled_due
+        assert await count(after=None, until=None, cap=100) == 9
+        assert await count(after=None, until=at(3), cap=100) == 3
+        assert await count(after=at(62), until=at(69), cap=100) == 2  # 13:05, 13:09
+        assert await count(after=at(61), until=at(70), cap=100) == 3  # 13:05, 13:09, 13:10
+        assert await count(after=at(2), until=at(65), cap=100) == 3  # n3, 13:01, 13:05
+        assert await count(after=at(69), until=None, cap=100) == 3
+        assert await count(after=None, until=None, cap=4) == 4
+        assert await count(after=None, until=None, cap=100, tenant_id=A) == 8
+        assert await count(after=at(62), until=at(70), cap=100, tenant_id=A) == 3
+        assert await count(after=None, until=at(3), cap=100, tenant_id=A) == 3
+
+    async def test_tenants_and_their_earliest_due_times_include_far_ones(
+        self, store: SqliteTimerStore
+    ) -> None:
+        """A tenant whose timers are all far is listed with its earliest; a tenant's page
+        of timers by due time runs from near into far in order."""
+        await store.find_due(T0, 10)
+        await store.apply(
+            [
+                entry("tenant-a", "near", due_in=5),
+                entry("tenant-a", "far", due_in=DAY),
+                entry("tenant-b", "later", due_in=3 * DAY),
+                entry("tenant-b", "far", due_in=2 * DAY),
+            ]
+        )
+        tenants = await store.pending_tenants(limit=10)
+        assert [(t.tenant_id, t.earliest_due_at) for t in tenants] == [
+            ("tenant-a", T0 + timedelta(seconds=5)),
+            ("tenant-b", T0 + timedelta(days=2)),
+        ]
+        assert await store.oldest_scheduled_due_at(TenantId("tenant-b")) == T0 + timedelta(days=2)
+        page = await store.scheduled_for_tenant(A, due_from=None, due_until=None, limit=10)
+        assert [e.service_call_id for e in page] == ["near", "far"]
+        page = await store.scheduled_for_tenant(
+            TenantId("tenant-b"), due_from=None, due_until=None, limit=1
+        )
+        assert [e.service_call_id for e in page] == ["far"]

@@ -49,8 +49,15 @@ T = TypeVar("T")
 _LOWEST, _HIGHEST = "", "~"
 
 # A capped count: the inner LIMITs stop the range scans at ?3 entries, so a bucket of ten
-# million costs what one of ?3 does. Near timers through the partial due index, far ones
-# through the far index's buckets that the range covers (timer_adapters_sqlite._schema).
+# million costs what one of ?3 does. Near timers through the partial due index; far ones
+# through the far index (timer_adapters_sqlite._schema), by bucket: the buckets strictly
+# inside the range are counted from the index alone, and only the (at most two) buckets the
+# range's ends fall in have their timers' due times read.
+_BUCKET = f"substr(?{{}}, 1, {BUCKET_CHARS})"
+_FAR_IN = (
+    f"far_bucket IS NOT NULL AND far_bucket > {_BUCKET.format(1)} "
+    f"AND far_bucket < {_BUCKET.format(2)}"
+)
 COUNT_DUE = f"""
 SELECT min(?3, (
     SELECT count(*) FROM (
@@ -59,14 +66,24 @@ SELECT min(?3, (
         LIMIT ?3)
 ) + (
     SELECT count(*) FROM (
+        SELECT 1 FROM {TABLE} INDEXED BY idx_timer_schedules_far WHERE {_FAR_IN} LIMIT ?3)
+) + (
+    SELECT count(*) FROM (
         SELECT 1 FROM {TABLE} INDEXED BY idx_timer_schedules_far
-        WHERE far_bucket IS NOT NULL AND far_bucket >= substr(?1, 1, {BUCKET_CHARS})
-          AND far_bucket <= substr(?2, 1, {BUCKET_CHARS}) AND due_at > ?1 AND due_at <= ?2
+        WHERE far_bucket IS NOT NULL AND far_bucket = {_BUCKET.format(1)}
+          AND due_at > ?1 AND due_at <= ?2
+        LIMIT ?3)
+) + (
+    SELECT count(*) FROM (
+        SELECT 1 FROM {TABLE} INDEXED BY idx_timer_schedules_far
+        WHERE far_bucket IS NOT NULL AND far_bucket = {_BUCKET.format(2)}
+          AND far_bucket > {_BUCKET.format(1)} AND due_at > ?1 AND due_at <= ?2
         LIMIT ?3)
 ))
 """
 # Every far timer is due at or after the edge: a range that ends before it has none, and
-# the walk of the tenant's far timers is skipped.
+# the walk of the tenant's far timers is skipped. An open end ("" or "~") reads no due time
+# (SQLite then never fetches the row the index entry points to).
 _FAR_REACHED = f"?2 >= (SELECT edge FROM {HORIZON} WHERE id = 1)"
 COUNT_TENANT_DUE = f"""
 SELECT min(?3, (
@@ -78,8 +95,8 @@ SELECT min(?3, (
 ) + (
     SELECT count(*) FROM (
         SELECT 1 FROM {TABLE} INDEXED BY idx_timer_schedules_far_tenant
-        WHERE tenant_id = ?4 AND far_bucket IS NOT NULL AND due_at > ?1 AND due_at <= ?2
-          AND {_FAR_REACHED}
+        WHERE tenant_id = ?4 AND far_bucket IS NOT NULL AND {_FAR_REACHED}
+          AND (?1 = '{_LOWEST}' OR due_at > ?1) AND (?2 = '{_HIGHEST}' OR due_at <= ?2)
         LIMIT ?3)
 ))
 """

@@ -26,11 +26,11 @@ RETURNING = (
 # a bucket, and it is in ix_timer_schedules_far only, not in the due-order indexes, which
 # every due and claim query below reads through "state = 'Scheduled' AND far_bucket IS NULL"
 # (their predicate). The invariant: every Scheduled timer due before the edge is near.
-_BUCKET = f"interval '{int(BUCKET.total_seconds())} seconds'"
+FAR_BUCKET_INTERVAL = f"interval '{int(BUCKET.total_seconds())} seconds'"
 
 
 def _bucket_of(due: str) -> str:
-    return f"date_bin({_BUCKET}, {due}, TIMESTAMPTZ 'epoch')"
+    return f"date_bin({FAR_BUCKET_INTERVAL}, {due}, TIMESTAMPTZ 'epoch')"
 
 
 # The edge as a writer judges it, locked until its transaction ends (see timer_far_edge() in

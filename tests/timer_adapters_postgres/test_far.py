@@ -13,7 +13,12 @@ import psycopg
 import sqlalchemy as sa
 
 from tests.timer_adapters_postgres.test_schema import connect, migrate_by_hand
-from timer_adapters_postgres import MIGRATIONS, PostgresTimerStore, schedule_in_transaction
+from timer_adapters_postgres import (
+    MIGRATIONS,
+    PostgresTimerStore,
+    metadata,
+    schedule_in_transaction,
+)
 from timer_adapters_postgres._schema import FAR_EDGE_LOCK
 from timer_core import ScheduleTimer, ServiceCallId, TenantId, TimerEntry
 from timer_core.horizon import edge_for
@@ -331,3 +336,29 @@ class TestMigrationToFarTimers:
             assert next_due is not None and abs(next_due - year) < timedelta(milliseconds=1)
             found = await store.find_due(year + timedelta(days=1, seconds=1), 10)
             assert [e.service_call_id for e in found] == ["year", "far"]
+
+
+class TestMetadata:
+    """The exported metadata makes a schema the writers work on, far edge function included."""
+
+    async def test_create_all_makes_the_far_edge_function(self, fresh_postgres_url: str) -> None:
+        """After metadata.create_all (a host's Alembic), a host transaction writes a timer
+        past the edge far and one before it near."""
+        engine = sa.create_engine(fresh_postgres_url)
+        try:
+            metadata.create_all(engine)
+            edge = datetime(2030, 1, 1, tzinfo=UTC)
+            with engine.begin() as conn:
+                conn.execute(
+                    sa.text("INSERT INTO timer_horizon (id, edge) VALUES (1, :e)"), {"e": edge}
+                )
+                for call, due in (("far", edge + timedelta(days=1)), ("near", edge)):
+                    command = ScheduleTimer(T, ServiceCallId(call), due_at=due - timedelta(0, 1))
+                    schedule_in_transaction(conn, command, now=edge - timedelta(days=1))
+            with connect(fresh_postgres_url) as sql:
+                stored = rows(sql)
+            assert stored["far"][1] == edge + timedelta(days=1) - timedelta(minutes=10)
+            assert stored["near"][1] is None
+            metadata.drop_all(engine)
+        finally:
+            engine.dispose()

@@ -4,8 +4,8 @@ their statements and the mixin that runs them in the store's threads.
 Each is an index walk whose length its arguments bound (the query-plan tests prove it): a
 capped count stops after ``cap`` entries of ``ix_timer_schedules_due`` and
 ``ix_timer_schedules_far``; tenants are found by a loose scan, one seek each. A tenant's
-timers due past the far edge (see ._sql) have no index of their own: they are read among
-the tenant's keys, where a tenant's figures need them.
+timers due past the far edge (see ._sql) are found through
+``ix_timer_schedules_far_tenant``.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ _COLUMNS = (
 _EARLIEST, _LATEST = "-infinity", "infinity"
 
 # Near timers are counted and listed through the due-order indexes, far ones (due at or after
-# the far edge, see ._sql) through ix_timer_schedules_far or their tenant's keys.
+# the far edge, see ._sql) through ix_timer_schedules_far or ix_timer_schedules_far_tenant.
 _FAR_RANGE = f"""far_bucket IS NOT NULL
       AND far_bucket > CAST(:after AS timestamptz) - {FAR_BUCKET_INTERVAL}
       AND far_bucket <= CAST(:until AS timestamptz)
@@ -81,8 +81,7 @@ SELECT count(*) FROM (
 ) AS capped
 """
 )
-# A tenant's far timers have no index of their own (one would take writes at random again):
-# they are found among the tenant's keys.
+# A tenant's far timers: through ix_timer_schedules_far_tenant (or the far index's buckets).
 COUNT_TENANT_DUE = sa.text(
     f"""
 SELECT count(*) FROM (
@@ -131,27 +130,38 @@ WITH {LOWEST_FAR}
 SELECT e.due_at FROM lowest CROSS JOIN LATERAL {_tenant_earliest(":tenant")} AS e
 """
 )
-# A loose scan of the primary key (each step seeks the next tenant), and each tenant's
-# earliest due time (a seek into ix_timer_schedules_tenant_due; its far timers read only when
-# it has no near one); tenants with nothing pending are passed over.
+
+
+def _next_tenant(after: str) -> str:
+    """The tenant after ``after`` with pending timers, near or far: the nearer of a seek
+    into each of ix_timer_schedules_tenant_due and ix_timer_schedules_far_tenant (least()
+    passes over a NULL)."""
+    return f"""least(
+        (SELECT tenant_id FROM timer_schedules
+         WHERE state = 'Scheduled' AND far_bucket IS NULL AND tenant_id > {after}
+         ORDER BY tenant_id, due_at, service_call_id LIMIT 1),
+        (SELECT tenant_id FROM timer_schedules
+         WHERE far_bucket IS NOT NULL AND tenant_id > {after}
+         ORDER BY tenant_id LIMIT 1))"""
+
+
+# A loose scan of both (each step seeks the next tenant in each), and each tenant's earliest
+# due time (a seek into ix_timer_schedules_tenant_due; its far timers read only when it has
+# no near one before them).
 PENDING_TENANTS = sa.text(
     f"""
 WITH RECURSIVE tenants AS (
-    (SELECT tenant_id FROM timer_schedules WHERE tenant_id > :after
-     ORDER BY tenant_id LIMIT 1)
+    SELECT {_next_tenant(":after")} AS tenant_id
   UNION ALL
-    SELECT f.tenant_id FROM tenants AS p CROSS JOIN LATERAL (
-        SELECT tenant_id FROM timer_schedules WHERE tenant_id > p.tenant_id
-        ORDER BY tenant_id LIMIT 1
-    ) AS f
+    SELECT {_next_tenant("p.tenant_id")} FROM tenants AS p WHERE p.tenant_id IS NOT NULL
 ), {LOWEST_FAR}
 SELECT tenants.tenant_id, e.due_at
 FROM tenants CROSS JOIN lowest CROSS JOIN LATERAL {_tenant_earliest("tenants.tenant_id")} AS e
-WHERE e.due_at IS NOT NULL
+WHERE tenants.tenant_id IS NOT NULL
 LIMIT :limit
 """
 )
-# Near ones in the tenant's due order; far ones read (among the tenant's keys) only when the
+# Near ones in the tenant's due order; far ones (ix_timer_schedules_far_tenant) only when the
 # near ones do not fill the page with timers due before every far one; the page is sorted
 # out of at most twice its size.
 SCHEDULED_FOR_TENANT = sa.text(

@@ -45,6 +45,7 @@ from timer_adapters_postgres._sql import (
     CLAIM_FIRST_SQL,
     CLAIM_PLANNING,
     COUNT_SCHEDULED,
+    COUNT_SCHEDULED_FOR_TENANT,
     FIRST_EDGE,
     MARK,
     MARK_SQL,
@@ -58,7 +59,6 @@ from timer_adapters_postgres._sql import (
     READ_EDGE,
     RELEASE,
     TRY_LOCK_FAR_EDGE,
-    count_scheduled_for_tenant,
     select_by_correlation,
     select_due_for_tenant,
     select_for_tenant,
@@ -598,14 +598,18 @@ class PostgresTimerStore(
         return None if value is None else require_utc(value)
 
     async def count_scheduled_for_tenant(self, tenant_id: TenantId) -> int:
-        statement = count_scheduled_for_tenant(tenant_id)
-        return await self._count("count a tenant's scheduled timers", statement)
+        params = {"tenant": tenant_id}
+        return await self._count(
+            "count a tenant's scheduled timers", COUNT_SCHEDULED_FOR_TENANT, params
+        )
 
     async def count_scheduled(self) -> int:
-        return await self._count("count scheduled timers", COUNT_SCHEDULED)
+        return await self._count("count scheduled timers", COUNT_SCHEDULED, {})
 
-    async def _count(self, action: str, statement: sa.Executable) -> int:
-        return int(await self._run(action, lambda conn: conn.execute(statement).scalar_one()))
+    async def _count(self, action: str, statement: sa.TextClause, params: dict[str, Any]) -> int:
+        return int(
+            await self._run(action, lambda conn: conn.execute(statement, params).scalar_one())
+        )
 
     async def _entries(self, action: str, statement: sa.Select[Any]) -> list[TimerEntry]:
         rows = await self._run(action, lambda conn: conn.execute(statement).all())

@@ -179,8 +179,6 @@ class PostgresTimerStore(
         self._clock_lane: StatementLane | None = None
         # The far edge (timer_core.horizon): moved before a find that reached it.
         self._far = FarEdge(self._advance)
-        self.edge_attempts = 0
-        """How many times an advance found the far edge's lock held by a writer (tests)."""
         self._clock = DatabaseClock(
             self._read_clock,
             skew_warning_s=clock_skew_warning_s,
@@ -506,7 +504,6 @@ class PostgresTimerStore(
             if done:
                 break
         if raised is None:
-            self.edge_attempts += 1
             log.debug("the far edge's lock is held by a writer; the edge stays at %s", stored)
             return None if stored is None else require_utc(stored)
         return require_utc(raised)

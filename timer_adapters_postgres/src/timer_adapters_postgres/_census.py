@@ -72,7 +72,7 @@ COUNT_DUE = sa.text(
     f"""
 SELECT count(*) FROM (
     (SELECT 1 FROM timer_schedules
-     WHERE state = 'Scheduled' AND far_bucket IS NULL
+     WHERE state = 'Scheduled' AND far_bucket IS NULL AND due_at > '-infinity'
        AND due_at > CAST(:after AS timestamptz) AND due_at <= CAST(:until AS timestamptz)
      ORDER BY due_at LIMIT :cap)
   UNION ALL
@@ -100,7 +100,7 @@ OLDEST_DUE = sa.text(
     f"""
 WITH near AS (
     SELECT min(due_at) AS due_at FROM timer_schedules
-    WHERE state = 'Scheduled' AND far_bucket IS NULL
+    WHERE state = 'Scheduled' AND far_bucket IS NULL AND due_at > '-infinity'
 ), {LOWEST_FAR}
 SELECT {EARLIEST_OF_NEAR_AND_FAR} FROM near, lowest
 """

@@ -23,9 +23,10 @@ RETURNING = (
 
 # -- near and far (timer_core.horizon) --------------------------------------------------------
 # A timer due at or after the far edge is written far: far_bucket is its due time floored to
-# a bucket, and it is in ix_timer_schedules_far only, not in the due-order indexes, which
-# every due and claim query below reads through "state = 'Scheduled' AND far_bucket IS NULL"
-# (their predicate). The invariant: every Scheduled timer due before the edge is near.
+# a bucket, and it is in the far indexes only, not in the due-order indexes, which every due
+# and claim query below reads through "state = 'Scheduled' AND far_bucket IS NULL" (their
+# predicate; ix_timer_schedules_due's adds "due_at > '-infinity'", see ._schema). The
+# invariant: every Scheduled timer due before the edge is near.
 FAR_BUCKET_INTERVAL = f"interval '{int(BUCKET.total_seconds())} seconds'"
 
 
@@ -105,7 +106,7 @@ CLAIM = CLAIM_ROWS.format(
     locked="""
     SELECT ctid
     FROM timer_schedules
-    WHERE state = 'Scheduled' AND far_bucket IS NULL
+    WHERE state = 'Scheduled' AND far_bucket IS NULL AND due_at > '-infinity'
       AND due_at <= :now
       AND (lease_until IS NULL OR lease_until < now() OR lease_owner = :owner)
       {after}
@@ -173,7 +174,7 @@ DUE_TENANTS_NEAR = sa.text(
 SELECT tenant_id, min(due_at) AS due_at, sum(count(*)) OVER () AS walked
 FROM (
     SELECT tenant_id, due_at FROM timer_schedules
-    WHERE state = 'Scheduled' AND far_bucket IS NULL AND due_at <= :now
+    WHERE state = 'Scheduled' AND far_bucket IS NULL AND due_at > '-infinity' AND due_at <= :now
     ORDER BY due_at, tenant_id, service_call_id
     LIMIT :walk
 ) AS due
@@ -188,7 +189,7 @@ DUE_FITS = sa.text(
     """
 SELECT count(*) <= :limit FROM (
     SELECT 1 FROM timer_schedules
-    WHERE state = 'Scheduled' AND far_bucket IS NULL
+    WHERE state = 'Scheduled' AND far_bucket IS NULL AND due_at > '-infinity'
       AND due_at <= :now
       AND (lease_until IS NULL OR lease_until < now() OR lease_owner = :owner)
     ORDER BY due_at, tenant_id, service_call_id
@@ -439,7 +440,7 @@ NEXT_DUE = sa.text(
     f"""
 WITH near AS (
     SELECT min(due_at) AS due_at FROM timer_schedules
-    WHERE state = 'Scheduled' AND far_bucket IS NULL
+    WHERE state = 'Scheduled' AND far_bucket IS NULL AND due_at > '-infinity'
       AND (lease_until IS NULL OR lease_until < now() OR lease_owner = :owner)
 ), {LOWEST_FAR}
 SELECT {EARLIEST_OF_NEAR_AND_FAR} FROM near, lowest

@@ -688,8 +688,9 @@ class TestFarPlans:
         )
 
     async def test_capped_count_of_a_far_range_reads_the_far_index(self, storm: sa.Engine) -> None:
-        """A capped count of a range past the edge reads that range's buckets of the far
-        index, not the table."""
+        """A capped count of a range past the edge counts the range's whole buckets in the
+        far index alone and reads rows only where the range cuts a bucket; counts across
+        bucket boundaries and open ends are exact."""
         params = {
             "after": NOW + timedelta(days=1),
             "until": NOW + timedelta(days=1, hours=1),
@@ -697,9 +698,20 @@ class TestFarPlans:
         }
         with storm.connect() as conn:
             assert conn.execute(census.COUNT_DUE, params).scalar_one() == 1000
+            seconds = timedelta(seconds=7)
+            odd = {"after": params["after"] + seconds, "until": params["until"] + seconds}
+            odd["cap"] = 10_000
+            # 3,600 far timers a second apart from 1 day + 1 s on: the hour after
+            # 1 day + 7 s holds those due at 1 day + 8 s ... 1 day + 3,607 s.
+            assert conn.execute(census.COUNT_DUE, odd).scalar_one() == 3600
+            everything = {"after": "-infinity", "until": "infinity", "cap": 10 * FAR}
+            assert conn.execute(census.COUNT_DUE, everything).scalar_one() == STORM + FAR
         plan = list(nodes(explain_and_undo(storm, census.COUNT_DUE, params)["Plan"]))
         assert "Seq Scan" not in {n["Node Type"] for n in plan}
-        assert any(n.get("Index Name") == "ix_timer_schedules_far" for n in plan)
+        far = [n for n in plan if n.get("Index Name") == "ix_timer_schedules_far"]
+        # The whole buckets from the index alone, the one the range's start cuts read.
+        (whole,) = [n for n in far if n["Node Type"] == "Index Only Scan"]
+        assert whole["Actual Rows"] == 1000
 
     async def test_pending_tenants_with_only_far_timers_are_listed(self, storm: sa.Engine) -> None:
         """A tenant whose timers are all far is listed with its earliest far due time."""

@@ -29,7 +29,7 @@ def _shared_database(postgres_cluster: PostgresCluster) -> str:
 def postgres_url(postgres_cluster: PostgresCluster, _shared_database: str) -> str:
     """The SQLAlchemy URL of a database whose timer tables (if any) are empty for this test."""
     with psycopg.connect(postgres_cluster.conninfo(_shared_database), autocommit=True) as conn:
-        for table in ("timer_schedules", "timer_tombstones"):
+        for table in ("timer_schedules", "timer_tombstones", "timer_horizon"):
             if conn.execute("SELECT to_regclass(%s)", (table,)).fetchone() != (None,):
                 conn.execute(f"TRUNCATE {table}")
     return postgres_cluster.url(_shared_database)

@@ -30,9 +30,13 @@ from timer_adapters_postgres._sql import (
     CLAIM_BY_TENANT,
     CLAIM_FIRST,
     CLAIM_PLANNING,
+    COUNT_SCHEDULED,
+    COUNT_SCHEDULED_FOR_TENANT,
     DUE_TENANTS,
     DUE_TENANTS_NEAR,
     MARK,
+    MOVE_NEAR_ALL,
+    MOVE_NEAR_SKIPPING,
     NEXT_DUE,
     PURGE,
     RELEASE,
@@ -42,6 +46,8 @@ from timer_core import DueCursor
 log = logging.getLogger(__name__)
 
 STORM = 100_000
+#: Timers set a day or more ahead, past the far edge (far_bucket set, as the store writes them).
+FAR = 30_000
 LIMIT = 100
 NOW = datetime(2030, 1, 1, 12, tzinfo=UTC)
 
@@ -121,7 +127,8 @@ def no_full_scan(plan: list[dict[str, Any]]) -> None:
 
 @pytest.fixture(scope="module")
 def storm(postgres_cluster: PostgresCluster) -> Iterator[sa.Engine]:
-    """100,000 Scheduled timers over 50 tenants, all due, plus 20,000 Reached ones; analysed.
+    """100,000 Scheduled timers over 50 tenants, all due, plus 20,000 Reached ones, and
+    30,000 far ones a day or more ahead (the far edge 20 minutes ahead); analysed.
 
     Built once for the module in a database of its own; tests change it only in
     transactions they roll back (or release what they claim).
@@ -145,6 +152,23 @@ def storm(postgres_cluster: PostgresCluster) -> Iterator[sa.Engine]:
                     """
                 ),
                 {"now": NOW, "storm": STORM},
+            )
+            conn.execute(
+                sa.text(
+                    """
+                    INSERT INTO timer_schedules
+                        (tenant_id, service_call_id, due_at, registered_at, far_bucket)
+                    SELECT 'tenant-' || (i % 50), 'far-' || i, due, :now,
+                           date_bin(interval '10 minutes', due, TIMESTAMPTZ 'epoch')
+                    FROM (SELECT i, :now + interval '1 day' + make_interval(secs => i) AS due
+                          FROM generate_series(1, :far) AS i) AS f
+                    """
+                ),
+                {"now": NOW, "far": FAR},
+            )
+            conn.execute(
+                sa.text("INSERT INTO timer_horizon (id, edge) VALUES (1, :edge)"),
+                {"edge": NOW + timedelta(minutes=20)},
             )
         with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
             conn.execute(sa.text("ANALYZE timer_schedules"))
@@ -270,7 +294,7 @@ class TestClaimPlan:
 
 @contextlib.contextmanager
 def made_due(
-    postgres_cluster: PostgresCluster, name: str, *, analysed: bool
+    postgres_cluster: PostgresCluster, name: str, *, analysed: bool, far: bool = False
 ) -> Iterator[sa.Engine]:
     """20,000 timers over 50 tenants scheduled far off, analysed then (or never), then all
     made due at once, in a database of their own dropped afterwards."""
@@ -285,19 +309,21 @@ def made_due(
             conn.execute(
                 sa.text(
                     """
-                    INSERT INTO timer_schedules (tenant_id, service_call_id, due_at, registered_at)
+                    INSERT INTO timer_schedules
+                        (tenant_id, service_call_id, due_at, registered_at, far_bucket)
                     SELECT 'tenant-' || (i % 50), 'call-' || i,
-                           :now + interval '70 years' + make_interval(secs => i), :now
+                           :now + interval '70 years' + make_interval(secs => i), :now,
+                           CASE WHEN :far THEN :now END
                     FROM generate_series(1, 20000) AS i
                     """
                 ),
-                {"now": NOW},
+                {"now": NOW, "far": far},
             )
         with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
             if analysed:
                 conn.execute(sa.text("ANALYZE timer_schedules"))
             conn.execute(
-                sa.text("UPDATE timer_schedules SET due_at = :due"),
+                sa.text("UPDATE timer_schedules SET due_at = :due, far_bucket = NULL"),
                 {"due": NOW - timedelta(seconds=1)},
             )
         yield engine
@@ -311,6 +337,16 @@ def stale_storm(postgres_cluster: PostgresCluster) -> Iterator[sa.Engine]:
     """20,000 timers over 50 tenants analysed while far off, then all made due (a storm the
     statistics have not seen, as after a bulk reschedule or a long outage)."""
     with made_due(postgres_cluster, f"timer_stale_storm_{os.getpid()}", analysed=True) as engine:
+        yield engine
+
+
+@pytest.fixture(scope="module")
+def moved_storm(postgres_cluster: PostgresCluster) -> Iterator[sa.Engine]:
+    """20,000 timers over 50 tenants analysed while all far (as after a bulk load of timers
+    weeks ahead: the due-order indexes look empty), then all made near and due (moved in
+    by an advance and come due)."""
+    name = f"timer_moved_storm_{os.getpid()}"
+    with made_due(postgres_cluster, name, analysed=True, far=True) as engine:
         yield engine
 
 
@@ -353,17 +389,19 @@ class TestTenantClaimPlan:
     """The claim shared among tenants seeks each tenant's own index range, not the storm."""
 
     @pytest.mark.parametrize("plan", ["custom", "generic", "repeated"])
-    @pytest.mark.parametrize("statistics", ["stale", "none"])
+    @pytest.mark.parametrize("statistics", ["stale", "none", "far"])
     async def test_each_tenant_is_a_seek_into_the_tenant_due_index(
         self, request: pytest.FixtureRequest, plan: str, statistics: str
     ) -> None:
         """Each tenant's share is read from ix_timer_schedules_tenant_due, unsorted, even with
         statistics that call nothing due (then ix_timer_schedules_due looked free) or none:
         planned for the values, for any values, and once prepared and run again and again
-        (as psycopg does). The shares differ (what does not divide evenly goes one each to
-        the first tenants)."""
+        (as psycopg does), or taken while every timer was far (then the due index, whose
+        order serves one tenant's claim too, looked empty: at 10,000,000 far timers it was
+        walked for every tenant, 70,000 buffers a claim of 100). The shares differ (what
+        does not divide evenly goes one each to the first tenants)."""
         storm = request.getfixturevalue(
-            "stale_storm" if statistics == "stale" else "unanalysed_storm"
+            {"stale": "stale_storm", "none": "unanalysed_storm", "far": "moved_storm"}[statistics]
         )
         tenants = [f"tenant-{n}" for n in range(50)]
         shares = [3] * 25 + [1] * 25
@@ -507,16 +545,22 @@ class TestCensusPlans:
         assert walk["Actual Rows"] == 100
 
     async def test_pending_tenants_is_a_seek_per_tenant(self, storm: sa.Engine) -> None:
-        """Listing tenants reads one index entry per tenant listed, not their backlogs."""
+        """Listing tenants reads a few index entries per tenant listed (near and far), not
+        their backlogs."""
         plan = list(
             nodes(
                 explain_and_undo(storm, census.PENDING_TENANTS, {"after": "", "limit": 20})["Plan"]
             )
         )
         no_full_scan(plan)
+        # A seek into each index for the next tenant, and one for the tenant's earliest.
         walks = [n for n in plan if n.get("Index Name") == "ix_timer_schedules_tenant_due"]
         assert walks
-        assert sum(n["Actual Rows"] * n["Actual Loops"] for n in walks) <= 20
+        assert sum(n["Actual Rows"] * n["Actual Loops"] for n in walks) <= 2 * 20 + 1
+        far = [n for n in plan if n.get("Index Name") == "ix_timer_schedules_far_tenant"]
+        assert far
+        assert sum(n["Actual Rows"] * n["Actual Loops"] for n in far) <= 20 + 1
+        assert not [n for n in plan if n.get("Index Name") == "timer_schedules_pkey"]
 
     @pytest.mark.parametrize("generic", [False, True], ids=["custom", "generic"])
     async def test_tenant_page_reads_the_tenant_index_in_order(
@@ -533,9 +577,16 @@ class TestCensusPlans:
         }
         document = explain_and_undo(storm, census.SCHEDULED_FOR_TENANT, params, generic=generic)
         plan = list(nodes(document["Plan"]))
-        no_full_scan(plan)
+        assert "Seq Scan" not in {n["Node Type"] for n in plan}
         (walk,) = [n for n in plan if n.get("Index Name") == "ix_timer_schedules_tenant_due"]
         assert walk["Actual Rows"] == 50
+        # The page is sorted out of the near ones alone: the tenant's far timers come after
+        # them and are not read.
+        for node in plan:
+            if node["Node Type"] == "Sort":
+                assert node["Actual Rows"] <= 2 * 50
+        reads = [n for n in plan if "Index Name" in n and n is not walk]
+        assert sum(n["Actual Rows"] * n["Actual Loops"] for n in reads) <= 1, reads
 
     async def test_correlation_lookup_seeks_each_tenant(self, storm: sa.Engine) -> None:
         """A correlation id across tenants is a seek per tenant, never a scan of the table."""
@@ -559,3 +610,119 @@ class TestCensusPlans:
         assert "Seq Scan" not in {n["Node Type"] for n in plan}
         (walk,) = [n for n in plan if n.get("Index Name") == "timer_schedules_pkey"]
         assert walk["Actual Rows"] <= 300
+
+
+class TestFarPlans:
+    """Timers past the far edge are moved, counted and found through ix_timer_schedules_far,
+    never by a scan of the table."""
+
+    @pytest.mark.parametrize("statement", ["skipping", "all"])
+    @pytest.mark.parametrize("generic", [False, True], ids=["custom", "generic"])
+    async def test_an_advance_batch_walks_the_far_index_from_its_lowest_bucket(
+        self, storm: sa.Engine, statement: str, generic: bool
+    ) -> None:
+        """A batch of the advance reads its rows in bucket order from the far index, stops
+        after the batch, and updates them by TID: no sort, whatever the batch's target."""
+        params = {"target": NOW + timedelta(days=2), "limit": 200}
+        chosen = MOVE_NEAR_SKIPPING if statement == "skipping" else MOVE_NEAR_ALL
+        plan = list(nodes(explain_and_undo(storm, chosen, params, generic=generic)["Plan"]))
+        no_full_scan(plan)
+        (walk,) = [n for n in plan if n.get("Index Name") == "ix_timer_schedules_far"]
+        assert walk["Node Type"] == "Index Scan"
+        assert walk["Actual Rows"] == 200
+        (update,) = [n for n in plan if n["Node Type"] == "Tid Scan"]
+        assert update["Actual Rows"] == 200
+
+    async def test_count_reads_the_far_index_alone_for_far_timers(self, storm: sa.Engine) -> None:
+        """count_scheduled counts far timers in the far index alone (the near ones as the
+        planner sees fit: here they are most of the table)."""
+        with storm.connect() as conn:
+            assert conn.execute(COUNT_SCHEDULED).scalar_one() == STORM + FAR
+        plan = list(nodes(explain_and_undo(storm, COUNT_SCHEDULED, {})["Plan"]))
+        (far,) = [n for n in plan if n.get("Index Name") == "ix_timer_schedules_far"]
+        assert far["Node Type"] == "Index Only Scan"
+        assert far["Actual Rows"] == FAR
+
+    async def test_next_due_with_only_far_timers_reads_their_lowest_bucket(
+        self, storm: sa.Engine
+    ) -> None:
+        """With no near timer, next_due_at reads the lowest far bucket's timers only."""
+        with storm.connect() as conn, conn.begin() as transaction:
+            conn.execute(
+                sa.text(
+                    "UPDATE timer_schedules SET state = 'Reached', reached_at = :now "
+                    "WHERE state = 'Scheduled' AND far_bucket IS NULL"
+                ),
+                {"now": NOW},
+            )
+            earliest = conn.execute(NEXT_DUE, {"owner": "explain"}).scalar_one()
+            document = explain(conn, NEXT_DUE, {"owner": "explain"})
+            transaction.rollback()
+        assert earliest == NOW + timedelta(days=1, seconds=1)
+        plan = list(nodes(document["Plan"]))
+        assert "Seq Scan" not in {n["Node Type"] for n in plan}
+        far = [n for n in plan if n.get("Index Name") == "ix_timer_schedules_far"]
+        # One seek for the lowest bucket, then that bucket's timers (10 minutes of them).
+        assert far and sum(n["Actual Rows"] * n["Actual Loops"] for n in far) <= 1 + 600
+
+    @pytest.mark.parametrize("generic", [False, True], ids=["custom", "generic"])
+    async def test_tenant_count_reads_its_near_and_far_indexes(
+        self, storm: sa.Engine, generic: bool
+    ) -> None:
+        """A tenant's count is its entries of the tenant due index and its far timers read
+        through a far index, never its keys (and their rows) in the table."""
+        params = {"tenant": "tenant-7"}
+        with storm.connect() as conn:
+            counted = conn.execute(COUNT_SCHEDULED_FOR_TENANT, params).scalar_one()
+        assert counted == (STORM + FAR) // 50
+        document = explain_and_undo(storm, COUNT_SCHEDULED_FOR_TENANT, params, generic=generic)
+        plan = list(nodes(document["Plan"]))
+        no_full_scan(plan)
+        names = {n["Index Name"] for n in plan if "Index Name" in n}
+        # The far part through either far index, as the statistics say (here, with far
+        # timers 1 in 5 of the table, often the bucket one).
+        assert "ix_timer_schedules_tenant_due" in names
+        assert names - {"ix_timer_schedules_tenant_due"} in (
+            {"ix_timer_schedules_far_tenant"},
+            {"ix_timer_schedules_far"},
+        )
+
+    async def test_capped_count_of_a_far_range_reads_the_far_index(self, storm: sa.Engine) -> None:
+        """A capped count of a range past the edge counts the range's whole buckets in the
+        far index alone and reads rows only where the range cuts a bucket; counts across
+        bucket boundaries and open ends are exact."""
+        params = {
+            "after": NOW + timedelta(days=1),
+            "until": NOW + timedelta(days=1, hours=1),
+            "cap": 1000,
+        }
+        with storm.connect() as conn:
+            assert conn.execute(census.COUNT_DUE, params).scalar_one() == 1000
+            seconds = timedelta(seconds=7)
+            odd = {"after": params["after"] + seconds, "until": params["until"] + seconds}
+            odd["cap"] = 10_000
+            # 3,600 far timers a second apart from 1 day + 1 s on: the hour after
+            # 1 day + 7 s holds those due at 1 day + 8 s ... 1 day + 3,607 s.
+            assert conn.execute(census.COUNT_DUE, odd).scalar_one() == 3600
+            everything = {"after": "-infinity", "until": "infinity", "cap": 10 * FAR}
+            assert conn.execute(census.COUNT_DUE, everything).scalar_one() == STORM + FAR
+        plan = list(nodes(explain_and_undo(storm, census.COUNT_DUE, params)["Plan"]))
+        assert "Seq Scan" not in {n["Node Type"] for n in plan}
+        far = [n for n in plan if n.get("Index Name") == "ix_timer_schedules_far"]
+        # The whole buckets from the index alone, the one the range's start cuts read.
+        (whole,) = [n for n in far if n["Node Type"] == "Index Only Scan"]
+        assert whole["Actual Rows"] == 1000
+
+    async def test_pending_tenants_with_only_far_timers_are_listed(self, storm: sa.Engine) -> None:
+        """A tenant whose timers are all far is listed with its earliest far due time."""
+        with storm.connect() as conn, conn.begin() as transaction:
+            conn.execute(
+                sa.text(
+                    "DELETE FROM timer_schedules WHERE tenant_id = 'tenant-7' "
+                    "AND far_bucket IS NULL"
+                )
+            )
+            rows = conn.execute(census.PENDING_TENANTS, {"after": "tenant-69", "limit": 2}).all()
+            transaction.rollback()
+        assert tuple(rows[0]) == ("tenant-7", NOW + timedelta(days=1, seconds=7))
+        assert rows[1].tenant_id == "tenant-8" and rows[1].due_at < NOW

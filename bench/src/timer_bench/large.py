@@ -351,6 +351,8 @@ class PostgresLarge:
         return psycopg.connect(self.cluster.conninfo(db), autocommit=True)
 
     def load(self, db: str, pending: int, reached: int, base_ms: int) -> None:
+        from timer_core.horizon import AHEAD, BUCKET
+
         tenant = (
             f"'tenant-' || CASE WHEN i % {TENANTS} < 10 THEN '0' ELSE '' END || (i % {TENANTS})"
         )
@@ -361,14 +363,28 @@ class PostgresLarge:
                 conn.execute("SET LOCAL maintenance_work_mem = '512MB'")
                 for name, _ in indexes:
                     conn.execute(f'DROP INDEX "{name}"')
+                # As the store writes them: the far edge set from the load's now (raised
+                # only), each timer due at or past it far (in its bucket, out of the
+                # due-order indexes).
+                bucket = f"interval '{int(BUCKET.total_seconds())} seconds'"
+                conn.execute(
+                    "INSERT INTO timer_horizon AS h (id, edge) VALUES (1, date_bin("
+                    f"{bucket}, {base} + interval '{int(AHEAD.total_seconds())} seconds', "
+                    "TIMESTAMPTZ 'epoch')) "
+                    "ON CONFLICT (id) DO UPDATE SET edge = greatest(h.edge, excluded.edge)"
+                )
                 conn.execute(
                     "INSERT INTO timer_schedules "
-                    "(tenant_id, service_call_id, correlation_id, due_at, registered_at) "
+                    "(tenant_id, service_call_id, correlation_id, due_at, registered_at, "
+                    "far_bucket) "
                     f"SELECT {tenant}, 'large-' || lpad(i::text, 9, '0'), "
-                    "'trace-' || lpad(i::text, 9, '0'), "
-                    f"date_trunc('milliseconds', {base} + interval '{LEAD_MS} milliseconds' "
-                    f"+ random() * interval '{HORIZON_MS} milliseconds'), {base} "
-                    f"FROM generate_series(0, {pending - 1}) AS i"
+                    "'trace-' || lpad(i::text, 9, '0'), due, "
+                    f"{base}, CASE WHEN due >= h.edge THEN date_bin({bucket}, due, "
+                    "TIMESTAMPTZ 'epoch') END "
+                    f"FROM (SELECT i, date_trunc('milliseconds', {base} "
+                    f"+ interval '{LEAD_MS} milliseconds' "
+                    f"+ random() * interval '{HORIZON_MS} milliseconds') AS due "
+                    f"FROM generate_series(0, {pending - 1}) AS i) AS g, timer_horizon AS h"
                 )
                 conn.execute(
                     "INSERT INTO timer_schedules (tenant_id, service_call_id, correlation_id, "

@@ -2,8 +2,10 @@
 their statements and the mixin that runs them in the store's threads.
 
 Each is an index walk whose length its arguments bound (the query-plan tests prove it): a
-capped count stops after ``cap`` entries of ``ix_timer_schedules_due``; tenants are found
-by a loose scan, one seek each.
+capped count stops after ``cap`` entries of ``ix_timer_schedules_due`` and
+``ix_timer_schedules_far``; tenants are found by a loose scan, one seek each. A tenant's
+timers due past the far edge (see ._sql) are found through
+``ix_timer_schedules_far_tenant``.
 """
 
 from __future__ import annotations
@@ -15,6 +17,11 @@ from typing import Any, TypeVar
 import sqlalchemy as sa
 
 from timer_adapters_postgres._rows import entry_from_row
+from timer_adapters_postgres._sql import (
+    EARLIEST_OF_NEAR_AND_FAR,
+    FAR_BUCKET_INTERVAL,
+    LOWEST_FAR,
+)
 from timer_core import (
     CorrelationId,
     DueCursor,
@@ -50,60 +57,152 @@ _COLUMNS = (
 # An open end of a due range: PostgreSQL's infinities sort outside every instant.
 _EARLIEST, _LATEST = "-infinity", "infinity"
 
-# The inner LIMIT stops the walk of the partial due index after :cap entries; the ORDER BY
+# Near timers are counted and listed through the due-order indexes, far ones (due at or after
+# the far edge, see ._sql) through ix_timer_schedules_far or ix_timer_schedules_far_tenant.
+_FAR_RANGE = f"""far_bucket IS NOT NULL
+      AND far_bucket > CAST(:after AS timestamptz) - {FAR_BUCKET_INTERVAL}
+      AND far_bucket <= CAST(:until AS timestamptz)
+      AND due_at > CAST(:after AS timestamptz) AND due_at <= CAST(:until AS timestamptz)"""
+_AFTER, _UNTIL = "CAST(:after AS timestamptz)", "CAST(:until AS timestamptz)"
+# The inner LIMITs stop the walk of the partial due index after :cap entries; the ORDER BY
 # is what keeps it a walk of that index (without it, a range holding most rows is planned as
-# a sequential scan, which reads the whole table when the range holds few).
+# a sequential scan, which reads the whole table when the range holds few). Far timers are
+# counted in ix_timer_schedules_far: those of the buckets wholly inside the range from the
+# index alone (index-only; reading each row's due time took 0.65-1.3 s for a cap of a few
+# hundred thousand at 10,000,000 far), those of the bucket at either end of it (where the
+# range cuts a bucket) with their due times read (no order there: a sort would be the
+# planner's choice where the statistics show few).
 COUNT_DUE = sa.text(
-    """
+    f"""
 SELECT count(*) FROM (
-    SELECT 1 FROM timer_schedules
-    WHERE state = 'Scheduled'
-      AND due_at > CAST(:after AS timestamptz) AND due_at <= CAST(:until AS timestamptz)
-    ORDER BY due_at LIMIT :cap
+    (SELECT 1 FROM timer_schedules
+     WHERE state = 'Scheduled' AND far_bucket IS NULL AND due_at > '-infinity'
+       AND due_at > {_AFTER} AND due_at <= {_UNTIL}
+     ORDER BY due_at LIMIT :cap)
+  UNION ALL
+    (SELECT 1 FROM timer_schedules
+     WHERE far_bucket > {_AFTER} AND far_bucket <= {_UNTIL} - {FAR_BUCKET_INTERVAL}
+     ORDER BY far_bucket LIMIT :cap)
+  UNION ALL
+    (SELECT 1 FROM timer_schedules
+     WHERE far_bucket > {_AFTER} - {FAR_BUCKET_INTERVAL} AND far_bucket <= {_AFTER}
+       AND due_at > {_AFTER} AND due_at <= {_UNTIL}
+     LIMIT :cap)
+  UNION ALL
+    (SELECT 1 FROM timer_schedules
+     WHERE far_bucket > {_UNTIL} - {FAR_BUCKET_INTERVAL} AND far_bucket <= {_UNTIL}
+       AND far_bucket > {_AFTER} AND due_at <= {_UNTIL}
+     LIMIT :cap)
+  LIMIT :cap
 ) AS capped
 """
 )
+# A tenant's far timers: through ix_timer_schedules_far_tenant (or the far index's buckets).
 COUNT_TENANT_DUE = sa.text(
-    """
+    f"""
 SELECT count(*) FROM (
-    SELECT 1 FROM timer_schedules
-    WHERE tenant_id = :tenant AND state = 'Scheduled'
-      AND due_at > CAST(:after AS timestamptz) AND due_at <= CAST(:until AS timestamptz)
-    ORDER BY tenant_id, due_at LIMIT :cap
+    (SELECT 1 FROM timer_schedules
+     WHERE tenant_id = :tenant AND state = 'Scheduled' AND far_bucket IS NULL
+       AND due_at > CAST(:after AS timestamptz) AND due_at <= CAST(:until AS timestamptz)
+     ORDER BY tenant_id, due_at LIMIT :cap)
+  UNION ALL
+    (SELECT 1 FROM timer_schedules WHERE tenant_id = :tenant AND {_FAR_RANGE} LIMIT :cap)
+  LIMIT :cap
 ) AS capped
 """
 )
 # Every Scheduled timer, claimed or not (next_due_at leaves out what others hold).
-OLDEST_DUE = sa.text("SELECT min(due_at) FROM timer_schedules WHERE state = 'Scheduled'")
-TENANT_OLDEST_DUE = sa.text(
-    "SELECT min(due_at) FROM timer_schedules WHERE tenant_id = :tenant AND state = 'Scheduled'"
-)
-# A loose scan of ix_timer_schedules_tenant_due: each step seeks the first entry of the next
-# tenant, which is also that tenant's earliest due timer.
-PENDING_TENANTS = sa.text(
-    """
-WITH RECURSIVE pending AS (
-    (SELECT tenant_id, due_at, 1 AS n FROM timer_schedules
-     WHERE state = 'Scheduled' AND tenant_id > :after
-     ORDER BY tenant_id, due_at, service_call_id LIMIT 1)
-  UNION ALL
-    SELECT f.tenant_id, f.due_at, p.n + 1 FROM pending AS p CROSS JOIN LATERAL (
-        SELECT tenant_id, due_at FROM timer_schedules
-        WHERE state = 'Scheduled' AND tenant_id > p.tenant_id
-        ORDER BY tenant_id, due_at, service_call_id LIMIT 1
-    ) AS f
-    WHERE p.n < :limit
-)
-SELECT tenant_id, due_at FROM pending
+OLDEST_DUE = sa.text(
+    f"""
+WITH near AS (
+    SELECT min(due_at) AS due_at FROM timer_schedules
+    WHERE state = 'Scheduled' AND far_bucket IS NULL AND due_at > '-infinity'
+), {LOWEST_FAR}
+SELECT {EARLIEST_OF_NEAR_AND_FAR} FROM near, lowest
 """
 )
+
+
+def _tenant_earliest(tenant: str) -> str:
+    """The earliest due time of the tenant ``tenant``, near or far, as a subquery of one row
+    (``due_at``) beside ``lowest``: its near one (a seek), and only when that does not come
+    before every far timer, its far ones too. OFFSET 0 keeps it one evaluation per tenant."""
+    return f"""(
+    SELECT CASE
+        WHEN lowest.bucket IS NULL OR near.due_at < lowest.bucket THEN near.due_at
+        ELSE (SELECT least(near.due_at, min(f.due_at)) FROM timer_schedules AS f
+              WHERE f.tenant_id = {tenant} AND f.far_bucket IS NOT NULL)
+    END AS due_at
+    FROM (SELECT min(s.due_at) AS due_at FROM timer_schedules AS s
+          WHERE s.tenant_id = {tenant} AND s.state = 'Scheduled' AND s.far_bucket IS NULL)
+        AS near
+    OFFSET 0
+)"""
+
+
+TENANT_OLDEST_DUE = sa.text(
+    f"""
+WITH {LOWEST_FAR}
+SELECT e.due_at FROM lowest CROSS JOIN LATERAL {_tenant_earliest(":tenant")} AS e
+"""
+)
+
+
+def _next_tenant(after: str) -> str:
+    """The tenant after ``after`` with pending timers, near or far: the nearer of a seek
+    into each of ix_timer_schedules_tenant_due and ix_timer_schedules_far_tenant (least()
+    passes over a NULL)."""
+    return f"""least(
+        (SELECT tenant_id FROM timer_schedules
+         WHERE state = 'Scheduled' AND far_bucket IS NULL AND tenant_id > {after}
+         ORDER BY tenant_id, due_at, service_call_id LIMIT 1),
+        (SELECT tenant_id FROM timer_schedules
+         WHERE far_bucket IS NOT NULL AND tenant_id > {after}
+         ORDER BY tenant_id LIMIT 1))"""
+
+
+# A loose scan of both (each step seeks the next tenant in each), and each tenant's earliest
+# due time (a seek into ix_timer_schedules_tenant_due; its far timers read only when it has
+# no near one before them).
+PENDING_TENANTS = sa.text(
+    f"""
+WITH RECURSIVE tenants AS (
+    SELECT {_next_tenant(":after")} AS tenant_id
+  UNION ALL
+    SELECT {_next_tenant("p.tenant_id")} FROM tenants AS p WHERE p.tenant_id IS NOT NULL
+), {LOWEST_FAR}
+SELECT tenants.tenant_id, e.due_at
+FROM tenants CROSS JOIN lowest CROSS JOIN LATERAL {_tenant_earliest("tenants.tenant_id")} AS e
+WHERE tenants.tenant_id IS NOT NULL
+LIMIT :limit
+"""
+)
+# Near ones in the tenant's due order; far ones (ix_timer_schedules_far_tenant) only when the
+# near ones do not fill the page with timers due before every far one; the page is sorted
+# out of at most twice its size.
 SCHEDULED_FOR_TENANT = sa.text(
     f"""
-SELECT {_COLUMNS} FROM timer_schedules
-WHERE tenant_id = :tenant AND state = 'Scheduled'
-  AND due_at >= CAST(:due_from AS timestamptz) AND due_at <= CAST(:due_until AS timestamptz)
-  AND (due_at, service_call_id) > (CAST(:after_due AS timestamptz), :after_call)
-ORDER BY tenant_id, due_at, service_call_id LIMIT :limit
+WITH near AS (
+    SELECT {_COLUMNS} FROM timer_schedules
+    WHERE tenant_id = :tenant AND state = 'Scheduled' AND far_bucket IS NULL
+      AND due_at >= CAST(:due_from AS timestamptz)
+      AND due_at <= CAST(:due_until AS timestamptz)
+      AND (due_at, service_call_id) > (CAST(:after_due AS timestamptz), :after_call)
+    ORDER BY tenant_id, due_at, service_call_id LIMIT :limit
+), {LOWEST_FAR}
+SELECT * FROM (
+    SELECT * FROM near
+  UNION ALL
+    (SELECT {_COLUMNS} FROM timer_schedules
+    WHERE tenant_id = :tenant AND far_bucket IS NOT NULL
+      AND due_at >= CAST(:due_from AS timestamptz)
+      AND due_at <= CAST(:due_until AS timestamptz)
+      AND (due_at, service_call_id) > (CAST(:after_due AS timestamptz), :after_call)
+      AND ((SELECT count(*) FROM near) < :limit
+           OR (SELECT max(due_at) FROM near) >= (SELECT bucket FROM lowest))
+    ORDER BY due_at, service_call_id LIMIT :limit)
+) AS found
+ORDER BY due_at, service_call_id LIMIT :limit
 """
 )
 # The next :scan keys of the tenant after :after (primary key order) are the window; of them,

@@ -15,12 +15,14 @@ import sqlalchemy as sa
 from timer_core import SchemaVersionError
 
 __all__ = [
+    "FAR_EDGE_LOCK",
     "MIGRATIONS",
     "SCHEMA_VERSION",
     "Migration",
     "metadata",
     "migrate",
     "schema_version",
+    "timer_horizon",
     "timer_schedules",
     "timer_tombstones",
 ]
@@ -48,6 +50,9 @@ timer_schedules = sa.Table(
     sa.Column("command_position", sa.BigInteger, nullable=True),
     sa.Column("traceparent", sa.Text, nullable=True),
     sa.Column("tracestate", sa.Text, nullable=True),
+    # NULL: the timer is near (in the due-order indexes); else it is due at or after the far
+    # edge (timer_horizon), and this is its due time floored to a 10-minute bucket.
+    sa.Column("far_bucket", sa.DateTime(timezone=True), nullable=True),
     sa.CheckConstraint("state IN ('Scheduled', 'Reached')", name="ck_timer_schedules_state"),
     sa.CheckConstraint(
         "(state = 'Reached') = (reached_at IS NOT NULL)", name="ck_timer_schedules_reached_at"
@@ -60,7 +65,7 @@ timer_schedules = sa.Table(
         "tenant_id",
         "due_at",
         "service_call_id",
-        postgresql_where=sa.text("state = 'Scheduled'"),
+        postgresql_where=sa.text("state = 'Scheduled' AND far_bucket IS NULL"),
     ),
     sa.Index(
         "ix_timer_schedules_tenant_correlation", "tenant_id", "correlation_id", "service_call_id"
@@ -70,7 +75,19 @@ timer_schedules = sa.Table(
         "due_at",
         "tenant_id",
         "service_call_id",
-        postgresql_where=sa.text("state = 'Scheduled'"),
+        postgresql_where=sa.text(
+            "state = 'Scheduled' AND far_bucket IS NULL AND due_at > '-infinity'::timestamptz"
+        ),
+    ),
+    sa.Index(
+        "ix_timer_schedules_far",
+        "far_bucket",
+        postgresql_where=sa.text("far_bucket IS NOT NULL"),
+    ),
+    sa.Index(
+        "ix_timer_schedules_far_tenant",
+        "tenant_id",
+        postgresql_where=sa.text("far_bucket IS NOT NULL"),
     ),
     sa.Index(
         "ix_timer_schedules_reached",
@@ -98,6 +115,43 @@ timer_tombstones = sa.Table(
     sa.Column("cancelled_at", sa.DateTime(timezone=True), nullable=False),
     sa.Index("ix_timer_tombstones_cancelled_at", "cancelled_at"),
 )
+
+#: The far edge (one row, or none yet): every Scheduled timer due before ``edge`` is near.
+timer_horizon = sa.Table(
+    "timer_horizon",
+    metadata,
+    sa.Column("id", sa.SmallInteger, primary_key=True, autoincrement=False),
+    sa.Column("edge", sa.DateTime(timezone=True), nullable=True),
+    sa.CheckConstraint("id = 1", name="ck_timer_horizon_one_row"),
+)
+
+#: Every statement that decides whether a timer it writes is far takes this advisory lock
+#: shared (through ``timer_far_edge()``, until its transaction ends); the advance takes it
+#: exclusive to raise the edge. Any constant no host uses for its own advisory locks works;
+#: this one spells "TIMEF".
+FAR_EDGE_LOCK = 0x54494D4546
+
+# The far edge as a writer must judge it: read after the shared lock is held, so the edge is
+# the one committed last, never one an advance raised meanwhile (READ COMMITTED: each query
+# of a VOLATILE function takes a new snapshot, the calling statement's is taken before it
+# runs). A writer holding the lock keeps the edge where it read it until it commits.
+FAR_EDGE_FUNCTION = f"""
+CREATE OR REPLACE FUNCTION timer_far_edge() RETURNS timestamptz
+LANGUAGE plpgsql VOLATILE AS $body$
+DECLARE
+    stored timestamptz;
+BEGIN
+    PERFORM pg_advisory_xact_lock_shared({FAR_EDGE_LOCK});
+    SELECT edge INTO stored FROM timer_horizon;
+    RETURN stored;
+END
+$body$
+"""
+# metadata.create_all makes (and drop_all drops) the function with the table.
+_CREATE_FUNCTION = sa.DDL(FAR_EDGE_FUNCTION)  # type: ignore[no-untyped-call]
+_DROP_FUNCTION = sa.DDL("DROP FUNCTION IF EXISTS timer_far_edge()")  # type: ignore[no-untyped-call]
+sa.event.listen(timer_horizon, "after_create", _CREATE_FUNCTION)
+sa.event.listen(timer_horizon, "before_drop", _DROP_FUNCTION)
 
 #: Which migrations a database has had; the highest version is its schema version.
 schema_migrations = sa.Table(
@@ -245,6 +299,57 @@ MIGRATIONS: tuple[Migration, ...] = (
                 autovacuum_vacuum_insert_scale_factor = 0.02,
                 autovacuum_analyze_scale_factor = 0.02
             )
+            """,
+        ),
+    ),
+    Migration(
+        7,
+        "timers far ahead kept out of the due-order indexes: far_bucket, timer_horizon",
+        (
+            # Nullable without a default: catalog only, and every existing timer is near.
+            "ALTER TABLE timer_schedules ADD COLUMN far_bucket timestamptz",
+            """
+            CREATE TABLE timer_horizon (
+                id smallint NOT NULL,
+                edge timestamptz,
+                CONSTRAINT timer_horizon_pkey PRIMARY KEY (id),
+                CONSTRAINT ck_timer_horizon_one_row CHECK (id = 1)
+            )
+            """,
+            FAR_EDGE_FUNCTION,
+            # The due-order indexes take near timers only: a timer set weeks ahead wrote a
+            # random leaf of each (a page read and written per index per timer at 10,000,000
+            # pending); far ones are appended to their bucket's end of ix_timer_schedules_far
+            # (equal keys are ordered by heap position) and moved in as the edge passes.
+            # "due_at > '-infinity'" holds for every timer; only the queries that state it
+            # can use this index: not the claim by tenant, whose order the index would give
+            # (its tenant fixed) and which statistics taken with few timers near (all far
+            # after a bulk load) planned as a walk of every tenant's due timers per tenant.
+            "DROP INDEX ix_timer_schedules_due",
+            """
+            CREATE INDEX ix_timer_schedules_due
+                ON timer_schedules (due_at, tenant_id, service_call_id)
+                WHERE state = 'Scheduled' AND far_bucket IS NULL
+                  AND due_at > '-infinity'::timestamptz
+            """,
+            "DROP INDEX ix_timer_schedules_tenant_due",
+            """
+            CREATE INDEX ix_timer_schedules_tenant_due
+                ON timer_schedules (tenant_id, due_at, service_call_id)
+                WHERE state = 'Scheduled' AND far_bucket IS NULL
+            """,
+            """
+            CREATE INDEX ix_timer_schedules_far
+                ON timer_schedules (far_bucket)
+                WHERE far_bucket IS NOT NULL
+            """,
+            # A tenant's far timers (its counts, its earliest, its pages in the console),
+            # appended at its tenant's end (equal keys again) rather than read among all of
+            # the tenant's keys.
+            """
+            CREATE INDEX ix_timer_schedules_far_tenant
+                ON timer_schedules (tenant_id)
+                WHERE far_bucket IS NOT NULL
             """,
         ),
     ),

@@ -12,11 +12,76 @@ from typing import Any
 import sqlalchemy as sa
 
 from timer_adapters_postgres._lanes import pyformat
+from timer_adapters_postgres._schema import FAR_EDGE_LOCK
 from timer_adapters_postgres._schema import timer_schedules as t
+from timer_core.horizon import AHEAD, BUCKET
 
 RETURNING = (
     "tenant_id, service_call_id, correlation_id, due_at, registered_at, state, reached_at, "
     "traceparent, tracestate"
+)
+
+# -- near and far (timer_core.horizon) --------------------------------------------------------
+# A timer due at or after the far edge is written far: far_bucket is its due time floored to
+# a bucket, and it is in the far indexes only, not in the due-order indexes, which every due
+# and claim query below reads through "state = 'Scheduled' AND far_bucket IS NULL" (their
+# predicate; ix_timer_schedules_due's adds "due_at > '-infinity'", see ._schema). The
+# invariant: every Scheduled timer due before the edge is near.
+FAR_BUCKET_INTERVAL = f"interval '{int(BUCKET.total_seconds())} seconds'"
+
+
+def _bucket_of(due: str) -> str:
+    return f"date_bin({FAR_BUCKET_INTERVAL}, {due}, TIMESTAMPTZ 'epoch')"
+
+
+# The edge as a writer judges it, locked until its transaction ends (see timer_far_edge() in
+# ._schema): computed once per statement, in a CTE.
+FAR_EDGE_CTE = "far AS MATERIALIZED (SELECT timer_far_edge() AS edge)"
+
+
+def far_bucket_of(due: str) -> str:
+    """The far_bucket a timer due at ``due`` is written with, ``far`` being FAR_EDGE_CTE."""
+    return f"CASE WHEN far.edge IS NOT NULL AND {due} >= far.edge THEN {_bucket_of(due)} END"
+
+
+# A general apply's first statement: the edge's lock, taken before any timer row is locked
+# (an advance holding it may wait for a row this transaction would otherwise hold first).
+LOCK_FAR_EDGE = sa.text("SELECT timer_far_edge()")
+# At start, on a database without an edge: one from the database's clock (a find moves it
+# to its own ``now`` anyway). Writers that read no edge wrote every timer near, which the
+# invariant allows, so this needs no lock.
+FIRST_EDGE = sa.text(
+    f"""
+INSERT INTO timer_horizon (id, edge)
+VALUES (1, {_bucket_of(f"now() + interval '{int(AHEAD.total_seconds())} seconds'")})
+ON CONFLICT (id) DO NOTHING
+"""
+)
+READ_EDGE = sa.text("SELECT edge FROM timer_horizon")
+# The advance: far timers due before :target made near, a batch at a time, lowest bucket
+# first (a walk of ix_timer_schedules_far, no sort). Batches before the last skip rows others
+# hold; the last, under the edge's lock, waits for them.
+MOVE_NEAR = """
+UPDATE timer_schedules SET far_bucket = NULL
+WHERE ctid = ANY(ARRAY(
+    SELECT ctid FROM timer_schedules
+    WHERE far_bucket IS NOT NULL AND far_bucket < :target
+    ORDER BY far_bucket
+    LIMIT :limit
+    FOR UPDATE{skip}
+))
+"""
+MOVE_NEAR_SKIPPING = sa.text(MOVE_NEAR.format(skip=" SKIP LOCKED"))
+MOVE_NEAR_ALL = sa.text(MOVE_NEAR.format(skip=""))
+# Exclusive, without waiting: while any writer holds it shared, the advance tries later
+# (queued for it, it would hold up every writer behind a host's long transaction).
+TRY_LOCK_FAR_EDGE = sa.text(f"SELECT pg_try_advisory_xact_lock({FAR_EDGE_LOCK})")
+RAISE_EDGE = sa.text(
+    """
+INSERT INTO timer_horizon AS h (id, edge) VALUES (1, :target)
+ON CONFLICT (id) DO UPDATE SET edge = greatest(h.edge, excluded.edge)
+RETURNING edge
+"""
 )
 
 # Claiming: the LIMIT sits inside the locking subquery, which walks ix_timer_schedules_due in
@@ -41,7 +106,7 @@ CLAIM = CLAIM_ROWS.format(
     locked="""
     SELECT ctid
     FROM timer_schedules
-    WHERE state = 'Scheduled'
+    WHERE state = 'Scheduled' AND far_bucket IS NULL AND due_at > '-infinity'
       AND due_at <= :now
       AND (lease_until IS NULL OR lease_until < now() OR lease_owner = :owner)
       {after}
@@ -83,12 +148,12 @@ DUE_TENANTS = sa.text(
     """
 WITH RECURSIVE pending AS (
     (SELECT tenant_id, due_at FROM timer_schedules
-     WHERE state = 'Scheduled'
+     WHERE state = 'Scheduled' AND far_bucket IS NULL
      ORDER BY tenant_id, due_at, service_call_id LIMIT 1)
   UNION ALL
     SELECT n.tenant_id, n.due_at FROM pending AS p CROSS JOIN LATERAL (
         SELECT tenant_id, due_at FROM timer_schedules
-        WHERE state = 'Scheduled' AND tenant_id > p.tenant_id
+        WHERE state = 'Scheduled' AND far_bucket IS NULL AND tenant_id > p.tenant_id
         ORDER BY tenant_id, due_at, service_call_id LIMIT 1
     ) AS n
 )
@@ -109,7 +174,7 @@ DUE_TENANTS_NEAR = sa.text(
 SELECT tenant_id, min(due_at) AS due_at, sum(count(*)) OVER () AS walked
 FROM (
     SELECT tenant_id, due_at FROM timer_schedules
-    WHERE state = 'Scheduled' AND due_at <= :now
+    WHERE state = 'Scheduled' AND far_bucket IS NULL AND due_at > '-infinity' AND due_at <= :now
     ORDER BY due_at, tenant_id, service_call_id
     LIMIT :walk
 ) AS due
@@ -124,7 +189,7 @@ DUE_FITS = sa.text(
     """
 SELECT count(*) <= :limit FROM (
     SELECT 1 FROM timer_schedules
-    WHERE state = 'Scheduled'
+    WHERE state = 'Scheduled' AND far_bucket IS NULL AND due_at > '-infinity'
       AND due_at <= :now
       AND (lease_until IS NULL OR lease_until < now() OR lease_owner = :owner)
     ORDER BY due_at, tenant_id, service_call_id
@@ -159,7 +224,7 @@ CLAIM_OF_TENANTS = CLAIM_ROWS.format(
     CROSS JOIN LATERAL (
         SELECT ctid
         FROM timer_schedules
-        WHERE state = 'Scheduled'
+        WHERE state = 'Scheduled' AND far_bucket IS NULL
           AND (tenant_id, due_at, service_call_id) > (k.tenant_id, k.after_due, k.after_call)
           AND tenant_id = k.tenant_id AND due_at <= CAST(:now AS timestamptz)
           AND (lease_until IS NULL OR lease_until < now() OR lease_owner = :owner)
@@ -214,10 +279,14 @@ TIMER_COLUMNS = """v(tenant_id, service_call_id, correlation_id, due_at, registe
          traceparent, tracestate)"""
 INSERT = sa.text(
     f"""
+WITH {FAR_EDGE_CTE}
 INSERT INTO timer_schedules
     (tenant_id, service_call_id, correlation_id, due_at, registered_at, command_position,
-     traceparent, tracestate)
-SELECT * FROM unnest({TIMER_ARRAYS})
+     traceparent, tracestate, far_bucket)
+SELECT v.*, {far_bucket_of("v.due_at")}
+FROM unnest({TIMER_ARRAYS})
+    AS {TIMER_COLUMNS}
+CROSS JOIN far
 ON CONFLICT (tenant_id, service_call_id) DO NOTHING
 RETURNING tenant_id
 """
@@ -226,13 +295,15 @@ RETURNING tenant_id
 # one timer_core.replay decided (an unpositioned reschedule's is the stored one).
 RESCHEDULE = sa.text(
     f"""
+WITH {FAR_EDGE_CTE}
 UPDATE timer_schedules AS s
 SET due_at = v.due_at, registered_at = v.registered_at, correlation_id = v.correlation_id,
     command_position = v.position,
     traceparent = v.traceparent, tracestate = v.tracestate,
-    lease_owner = NULL, lease_until = NULL
+    lease_owner = NULL, lease_until = NULL, far_bucket = {far_bucket_of("v.due_at")}
 FROM unnest({TIMER_ARRAYS})
     AS {TIMER_COLUMNS}
+CROSS JOIN far
 WHERE s.tenant_id = v.tenant_id AND s.service_call_id = v.service_call_id
 """
 )
@@ -257,6 +328,16 @@ WHERE s.tenant_id = v.tenant_id AND s.service_call_id = v.service_call_id
 """
 )
 NOTIFY = sa.text("SELECT pg_notify(:channel, :payload)")
+# The lowest far bucket (one seek into ix_timer_schedules_far), and the earliest due time of
+# "near" (a CTE with due_at) and the far timers; shared by next_due_at and the census.
+LOWEST_FAR = (
+    "lowest AS (SELECT min(far_bucket) AS bucket FROM timer_schedules WHERE far_bucket IS NOT NULL)"
+)
+EARLIEST_OF_NEAR_AND_FAR = """CASE
+    WHEN lowest.bucket IS NULL OR near.due_at < lowest.bucket THEN near.due_at
+    ELSE (SELECT least(near.due_at, min(f.due_at)) FROM timer_schedules AS f
+          WHERE f.far_bucket = lowest.bucket)
+END"""
 # The common batch, only new timers (no row, no tombstone for any key: timer_core.replay's
 # new_timers): inserted, and the earliest announced, in one statement, so one round trip (and
 # in autocommit one commit) instead of locking the keys, their tombstones, inserting and
@@ -270,11 +351,11 @@ INSERT_NEW = f"""
 WITH v AS (
     SELECT * FROM unnest({TIMER_ARRAYS})
         AS {TIMER_COLUMNS}
-), inserted AS (
+), {FAR_EDGE_CTE}, inserted AS (
     INSERT INTO timer_schedules
         (tenant_id, service_call_id, correlation_id, due_at, registered_at, command_position,
-         traceparent, tracestate)
-    SELECT * FROM v
+         traceparent, tracestate, far_bucket)
+    SELECT v.*, {far_bucket_of("v.due_at")} FROM v CROSS JOIN far
     WHERE NOT EXISTS (
             SELECT FROM timer_schedules AS s JOIN v AS k
               ON s.tenant_id = k.tenant_id AND s.service_call_id = k.service_call_id)
@@ -329,7 +410,8 @@ WHERE ctid = ANY(ARRAY(
 # One statement per reached_at (a firing batch shares one).
 MARK = sa.text(
     LOCKED_BY_KEY.format(
-        set="state = 'Reached', reached_at = :reached_at, lease_owner = NULL, lease_until = NULL",
+        set="state = 'Reached', reached_at = :reached_at, lease_owner = NULL, lease_until = NULL, "
+        "far_bucket = NULL",
         arrays="CAST(:due_ats AS timestamptz[]), CAST(:tokens AS bigint[])",
         columns="due_at, token",
         fence="""s.due_at = v.due_at
@@ -349,12 +431,19 @@ RELEASE = sa.text(
     )
 )
 # Timers leased by another instance are left out: it is firing them, and counting them would
-# make this worker spin on a due time it cannot claim. Expired leases count again.
+# make this worker spin on a due time it cannot claim. Expired leases count again. The near
+# minimum is the first entry of ix_timer_schedules_due; far timers (never leased) are due in
+# their bucket or later, so the earliest of them is in the lowest bucket, read only when no
+# near timer comes before that bucket (near timers due later than the edge are those written
+# before there was one).
 NEXT_DUE = sa.text(
-    """
-SELECT min(due_at) FROM timer_schedules
-WHERE state = 'Scheduled'
-  AND (lease_until IS NULL OR lease_until < now() OR lease_owner = :owner)
+    f"""
+WITH near AS (
+    SELECT min(due_at) AS due_at FROM timer_schedules
+    WHERE state = 'Scheduled' AND far_bucket IS NULL AND due_at > '-infinity'
+      AND (lease_until IS NULL OR lease_until < now() OR lease_owner = :owner)
+), {LOWEST_FAR}
+SELECT {EARLIEST_OF_NEAR_AND_FAR} FROM near, lowest
 """
 )
 # Retention deletes in reached_at order, from where its last batch of this purge ended (the
@@ -413,6 +502,7 @@ ENTRY_COLUMNS = (
     t.c.tracestate,
 )
 _IS_SCHEDULED = t.c.state == sa.literal_column("'Scheduled'")
+_IS_NEAR = t.c.far_bucket.is_(None)
 
 
 def select_timer(tenant_id: str, service_call_id: str) -> sa.Select[Any]:
@@ -426,7 +516,7 @@ def select_due_for_tenant(tenant_id: str, now: datetime, limit: int) -> sa.Selec
     """A tenant's due timers in its own due order."""
     return (
         sa.select(*ENTRY_COLUMNS)
-        .where(t.c.tenant_id == tenant_id, _IS_SCHEDULED, t.c.due_at <= now)
+        .where(t.c.tenant_id == tenant_id, _IS_SCHEDULED, _IS_NEAR, t.c.due_at <= now)
         .order_by(t.c.due_at, t.c.service_call_id)
         .limit(limit)
     )
@@ -449,10 +539,26 @@ def select_for_tenant(tenant_id: str, limit: int, after: str | None) -> sa.Selec
     return statement.order_by(t.c.service_call_id).limit(limit)
 
 
-def count_scheduled(tenant_id: str | None = None) -> sa.Select[Any]:
-    """How many timers (of one tenant, or of all) are Scheduled."""
-    statement = sa.select(sa.func.count()).select_from(t).where(_IS_SCHEDULED)
-    return statement if tenant_id is None else statement.where(t.c.tenant_id == tenant_id)
+# Near ones counted in ix_timer_schedules_due, far ones in ix_timer_schedules_far (far timers
+# are all Scheduled: marking one makes it near).
+COUNT_SCHEDULED = sa.text(
+    """
+SELECT (SELECT count(*) FROM timer_schedules WHERE state = 'Scheduled' AND far_bucket IS NULL)
+     + (SELECT count(*) FROM timer_schedules WHERE far_bucket IS NOT NULL)
+"""
+)
+
+
+# A tenant's near ones in ix_timer_schedules_tenant_due, its far ones in
+# ix_timer_schedules_far_tenant (the per-tenant quota asks, off by default).
+COUNT_SCHEDULED_FOR_TENANT = sa.text(
+    """
+SELECT (SELECT count(*) FROM timer_schedules
+        WHERE tenant_id = :tenant AND state = 'Scheduled' AND far_bucket IS NULL)
+     + (SELECT count(*) FROM timer_schedules
+        WHERE tenant_id = :tenant AND far_bucket IS NOT NULL)
+"""
+)
 
 
 # The database clock's reading (see ._clock): the instant the statement runs, not the

@@ -44,14 +44,21 @@ from timer_adapters_postgres._sql import (
     CLAIM_AFTER_SQL,
     CLAIM_FIRST_SQL,
     CLAIM_PLANNING,
+    COUNT_SCHEDULED,
+    COUNT_SCHEDULED_FOR_TENANT,
+    FIRST_EDGE,
     MARK,
     MARK_SQL,
+    MOVE_NEAR_ALL,
+    MOVE_NEAR_SKIPPING,
     NEXT_DUE,
     PURGE,
     PURGE_TOMBSTONES,
+    RAISE_EDGE,
     READ_CLOCK,
+    READ_EDGE,
     RELEASE,
-    count_scheduled,
+    TRY_LOCK_FAR_EDGE,
     select_by_correlation,
     select_due_for_tenant,
     select_for_tenant,
@@ -74,12 +81,16 @@ from timer_core import (
     TimerOperation,
     TimerStore,
 )
+from timer_core.horizon import FarEdge
 from timer_core.instants import require_utc
 from timer_core.redaction import redact_url
 
-__all__ = ["PostgresTimerStore"]
+__all__ = ["MOVE_BATCH", "PostgresTimerStore"]
 
 log = logging.getLogger(__name__)
+
+#: Far timers made near per statement of an advance (each its own transaction, ~10 ms).
+MOVE_BATCH = 200
 
 _T = TypeVar("_T")
 
@@ -166,6 +177,8 @@ class PostgresTimerStore(
         self._announcing: asyncio.Task[None] | None = None
         self._lifecycle = asyncio.Lock()
         self._clock_lane: StatementLane | None = None
+        # The far edge (timer_core.horizon): moved before a find that reached it.
+        self._far = FarEdge(self._advance)
         self._clock = DatabaseClock(
             self._read_clock,
             skew_warning_s=clock_skew_warning_s,
@@ -228,6 +241,7 @@ class PostgresTimerStore(
                         self._connections.prepare_schema, engine, migrating=self._migrate
                     ),
                 )
+                self._far.edge = await loop.run_in_executor(executor, _first_edge, engine)
                 if self._listen:
                     listener = ScheduleListener(
                         self._connections.conninfo(),
@@ -267,6 +281,7 @@ class PostgresTimerStore(
                 announcing.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await announcing
+            await self._far.aclose()
             await self._close_clock()
             listener, self._listener = self._listener, None
             engine, self._engine, self._autocommit = self._engine, None, None
@@ -450,6 +465,49 @@ class PostgresTimerStore(
         self._purged_to = last if timers >= limit else None
         return timers + tombstones
 
+    # -- the far edge ------------------------------------------------------------------------
+
+    @property
+    def far_edge(self) -> datetime | None:
+        """The far edge as this store last read or raised it (None: none known)."""
+        return self._far.edge
+
+    async def _advance(self, target: datetime) -> datetime | None:
+        """Make every far timer due before ``target`` near and raise the stored edge to
+        ``target`` (never lower it); the stored edge (timer_core.horizon's ``advance``).
+
+        The batches run in transactions of their own; the last one and the edge's rise in
+        one, under the edge's lock taken exclusive: no writer is then between reading the
+        edge and committing, so none commits a timer far below the new edge. While writers
+        hold it, the edge stays (every far timer committed due before ``target`` is near all
+        the same) and the next find tries again.
+        """
+        stored = await self._run("read the far edge", lambda conn: conn.execute(READ_EDGE).scalar())
+        if stored is not None and stored >= target:
+            return require_utc(stored)
+        params = {"target": target, "limit": MOVE_BATCH}
+
+        def move(conn: sa.Connection) -> int:
+            return conn.execute(MOVE_NEAR_SKIPPING, params).rowcount
+
+        def last(conn: sa.Connection) -> tuple[bool, datetime | None]:
+            if not conn.execute(TRY_LOCK_FAR_EDGE).scalar_one():
+                return True, None
+            if conn.execute(MOVE_NEAR_ALL, params).rowcount >= MOVE_BATCH:
+                return False, None  # more came meanwhile: committed, batches again
+            return True, conn.execute(RAISE_EDGE, {"target": target}).scalar_one()
+
+        while True:
+            while await self._run("move far timers near", move) >= MOVE_BATCH:
+                pass
+            done, raised = await self._run("raise the far edge", last, atomic=True)
+            if done:
+                break
+        if raised is None:
+            log.debug("the far edge's lock is held by a writer; the edge stays at %s", stored)
+            return None if stored is None else require_utc(stored)
+        return require_utc(raised)
+
     # -- claiming ----------------------------------------------------------------------------
 
     async def find_due(
@@ -458,6 +516,7 @@ class PostgresTimerStore(
         """Claim up to ``limit`` due timers (see :class:`PostgresTimerStore`), in due order."""
         if limit <= 0:
             return []
+        await self._far.before_find(require_utc(now))
         params: dict[str, Any] = {
             "owner": self._owner_id,
             "lease": self._lease,
@@ -484,6 +543,7 @@ class PostgresTimerStore(
         """Claim up to ``limit`` due timers shared among tenants (see the port)."""
         if limit <= 0:
             return []
+        await self._far.before_find(require_utc(now))
         lane = self._lane_of("claiming")
         return _claimed(await self._tenant_claims.claim(lane, require_utc(now), limit, after))
 
@@ -505,6 +565,7 @@ class PostgresTimerStore(
     ) -> list[TimerEntry]:
         if limit <= 0:
             return []
+        await self._far.before_find(require_utc(now))
         statement = select_due_for_tenant(tenant_id, require_utc(now), limit)
         return await self._entries("read a tenant's due timers", statement)
 
@@ -534,17 +595,33 @@ class PostgresTimerStore(
         return None if value is None else require_utc(value)
 
     async def count_scheduled_for_tenant(self, tenant_id: TenantId) -> int:
-        return await self._count("count a tenant's scheduled timers", count_scheduled(tenant_id))
+        params = {"tenant": tenant_id}
+        return await self._count(
+            "count a tenant's scheduled timers", COUNT_SCHEDULED_FOR_TENANT, params
+        )
 
     async def count_scheduled(self) -> int:
-        return await self._count("count scheduled timers", count_scheduled())
+        return await self._count("count scheduled timers", COUNT_SCHEDULED, {})
 
-    async def _count(self, action: str, statement: sa.Select[Any]) -> int:
-        return int(await self._run(action, lambda conn: conn.execute(statement).scalar_one()))
+    async def _count(self, action: str, statement: sa.TextClause, params: dict[str, Any]) -> int:
+        return int(
+            await self._run(action, lambda conn: conn.execute(statement, params).scalar_one())
+        )
 
     async def _entries(self, action: str, statement: sa.Select[Any]) -> list[TimerEntry]:
         rows = await self._run(action, lambda conn: conn.execute(statement).all())
         return [entry_from_row(row) for row in rows]
+
+
+def _first_edge(engine: sa.Engine) -> datetime | None:
+    """The stored far edge, set from the database's clock first if there was none."""
+    try:
+        with engine.begin() as conn:
+            conn.execute(FIRST_EDGE)
+            edge = conn.execute(READ_EDGE).scalar()
+    except sqlalchemy.exc.SQLAlchemyError as exc:
+        raise translate_error(exc, "read the far edge") from exc
+    return None if edge is None else require_utc(edge)
 
 
 def _token(entry: TimerEntry) -> int | None:

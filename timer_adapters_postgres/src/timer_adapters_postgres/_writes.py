@@ -34,6 +34,7 @@ from timer_adapters_postgres._sql import (
     INSERT,
     INSERT_NEW_AUTOCOMMIT,
     INSERT_NEW_IN_TRANSACTION,
+    LOCK_FAR_EDGE,
     LOCK_KEYS,
     LOCK_TOMBSTONES,
     NOTIFY,
@@ -127,6 +128,8 @@ def apply_operations(
     is :func:`timer_core.replay.replay`'s to decide, over the keys' rows locked first.
     Raises :class:`RacingInsert` when another transaction inserted one of the keys
     meanwhile."""
+    # The far edge's lock before any timer row's (see LOCK_FAR_EDGE).
+    conn.execute(LOCK_FAR_EDGE, {})
     keys = key_columns(operation_keys(ops))
     stored = {
         TimerKey(row.tenant_id, row.service_call_id): StoredKey(

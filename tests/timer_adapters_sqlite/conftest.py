@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from timer_adapters_sqlite import SqliteTimerStore
+from timer_adapters_sqlite import MIGRATIONS, SqliteTimerStore
 from timer_core import TimerEntry
 
 T0 = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
@@ -58,3 +58,21 @@ def raw(db_path: Path) -> Iterator[sqlite3.Connection]:
         yield connection
     finally:
         connection.close()
+
+
+def migrate_to(connection: sqlite3.Connection, version: int) -> None:
+    """Build the standalone schema exactly as version ``version`` left it (older databases
+    for the migration tests), on an autocommit connection to an empty file."""
+    connection.execute(
+        "CREATE TABLE timer_schema_version (version INTEGER PRIMARY KEY, "
+        "description TEXT NOT NULL) STRICT"
+    )
+    for migration in MIGRATIONS[:version]:
+        for statement in migration.statements("standalone"):
+            connection.execute(statement)
+        for table, column, declaration in migration.columns:
+            connection.execute(f"ALTER TABLE {table} ADD COLUMN {column} {declaration}")
+        connection.execute(
+            "INSERT INTO timer_schema_version VALUES (?, ?)",
+            (migration.version, migration.description),
+        )

@@ -9,10 +9,11 @@ from pathlib import Path
 
 import sqlalchemy as sa
 
-from tests.timer_adapters_sqlite.conftest import T0, entry
-from timer_adapters_sqlite import MIGRATIONS, SqliteTimerStore, schedule_in_transaction
+from timer_adapters_sqlite import SqliteTimerStore, schedule_in_transaction
 from timer_core import ScheduleTimer, ServiceCallId, TenantId
 from timer_core.horizon import edge_for
+
+from .conftest import T0, entry, migrate_to
 
 A = TenantId("tenant-a")
 MINUTE = 60.0
@@ -174,19 +175,7 @@ class TestMigration:
         before; timers written after the first find may be far."""
         connection = sqlite3.connect(db_path, isolation_level=None)
         try:
-            connection.execute(
-                "CREATE TABLE timer_schema_version (version INTEGER PRIMARY KEY, "
-                "description TEXT NOT NULL) STRICT"
-            )
-            for migration in MIGRATIONS[:4]:
-                for statement in migration.statements("standalone"):
-                    connection.execute(statement)
-                for table, column, declaration in migration.columns:
-                    connection.execute(f"ALTER TABLE {table} ADD COLUMN {column} {declaration}")
-                connection.execute(
-                    "INSERT INTO timer_schema_version VALUES (?, ?)",
-                    (migration.version, migration.description),
-                )
+            migrate_to(connection, 4)
             connection.execute(
                 "INSERT INTO timer_schedules (tenant_id, service_call_id, due_at, registered_at) "
                 "VALUES ('tenant-a', 'old', '2030-01-05T11:00:00.000Z', '2030-01-01T12:00:00.000Z')"

@@ -26,7 +26,7 @@ from timer_core import (
     TraceContext,
 )
 
-from .conftest import entry
+from .conftest import entry, migrate_to
 
 _GOOD_TS = "2030-01-01T12:00:00.000Z"
 _TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
@@ -207,19 +207,7 @@ def _create_version_before_trace_context(path: Path) -> None:
     timer that has a command position."""
     connection = sqlite3.connect(path, isolation_level=None)
     try:
-        connection.execute(
-            "CREATE TABLE timer_schema_version (version INTEGER PRIMARY KEY, "
-            "description TEXT NOT NULL) STRICT"
-        )
-        for migration in _BEFORE_TRACE_CONTEXT:
-            for statement in migration.statements("standalone"):
-                connection.execute(statement)
-            for table, column, declaration in migration.columns:
-                connection.execute(f"ALTER TABLE {table} ADD COLUMN {column} {declaration}")
-            connection.execute(
-                "INSERT INTO timer_schema_version VALUES (?, ?)",
-                (migration.version, migration.description),
-            )
+        migrate_to(connection, _BEFORE_TRACE_CONTEXT[-1].version)
         connection.execute(
             "INSERT INTO timer_schedules (tenant_id, service_call_id, correlation_id, due_at, "
             "registered_at, command_position) VALUES ('tenant-a', 'old', 'corr', ?, ?, 7)",

@@ -544,38 +544,35 @@ class SqliteTimerStore(TimerStore, FindsDueByTenant, ReportsRemoteSchedules, Sql
         of its own: the poll runs between two slices instead of waiting for the whole count.
         Exact when nothing is written meanwhile; a timer rescheduled across the slice being
         counted may be counted twice or not at all (it is a gauge's reading)."""
+        # "" sorts before every stored value, 0 before every rowid.
+        near = await self._count_in_slices(
+            COUNT_SCHEDULED_BOUNDARY, COUNT_SCHEDULED_REST, ("", "", "")
+        )
+        far = await self._count_in_slices(COUNT_FAR_BOUNDARY, COUNT_FAR_REST, ("", 0))
+        return near + far
+
+    async def _count_in_slices(
+        self, boundary_sql: str, rest_sql: str, start: tuple[Any, ...]
+    ) -> int:
+        """Count an index's entries a slice a read: ``boundary_sql`` gives the key
+        :attr:`count_slice` entries after a key, ``rest_sql`` how many are left after the
+        last such key; ``start`` sorts before every stored key."""
         slice_ = self.count_slice
         total = 0
-        after = ("", "", "")  # "" sorts before every stored value
+        after = start
 
-        def boundary(connection: sa.Connection) -> tuple[str, str, str] | None:
-            row = driver_of(connection).execute(COUNT_SCHEDULED_BOUNDARY, (*after, slice_))
-            found = row.fetchone()
-            return None if found is None else (found[0], found[1], found[2])
+        def boundary(connection: sa.Connection) -> tuple[Any, ...] | None:
+            found = driver_of(connection).execute(boundary_sql, (*after, slice_)).fetchone()
+            return None if found is None else tuple(found)
 
         def rest(connection: sa.Connection) -> int:
-            (found,) = driver_of(connection).execute(COUNT_SCHEDULED_REST, after).fetchone()
+            (found,) = driver_of(connection).execute(rest_sql, after).fetchone()
             return int(found)
 
         while (last := await self._read(boundary)) is not None:
             total += slice_
             after = last
-        total += await self._read(rest)
-        far_after: tuple[str, int] = ("", 0)
-
-        def far_boundary(connection: sa.Connection) -> tuple[str, int] | None:
-            row = driver_of(connection).execute(COUNT_FAR_BOUNDARY, (*far_after, slice_))
-            found = row.fetchone()
-            return None if found is None else (found[0], found[1])
-
-        def far_rest(connection: sa.Connection) -> int:
-            (found,) = driver_of(connection).execute(COUNT_FAR_REST, far_after).fetchone()
-            return int(found)
-
-        while (far_last := await self._read(far_boundary)) is not None:
-            total += slice_
-            far_after = far_last
-        return total + await self._read(far_rest)
+        return total + await self._read(rest)
 
 
 def _cursor_text(due_at: datetime) -> str:

@@ -172,7 +172,8 @@ class Rig:
 
         def move() -> None:
             with psycopg.connect(self.conninfo, autocommit=True) as conn:
-                conn.execute("UPDATE timer_schedules SET due_at = %s", (due,))
+                # Near too: a timer stored far ahead is out of the due-order indexes.
+                conn.execute("UPDATE timer_schedules SET due_at = %s, far_bucket = NULL", (due,))
 
         await asyncio.to_thread(move)
         return due

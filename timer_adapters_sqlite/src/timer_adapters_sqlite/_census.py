@@ -15,7 +15,7 @@ import sqlalchemy as sa
 
 from timer_adapters_sqlite._disk import driver_of
 from timer_adapters_sqlite._rows import entry_from_row, read_timestamp
-from timer_adapters_sqlite._schema import HORIZON, TABLE, TOMBSTONES
+from timer_adapters_sqlite._schema import TABLE, TOMBSTONES
 from timer_adapters_sqlite._sql import BUCKET_CHARS, COLUMNS, EDGE, NEXT_DUE_AT, NEXT_FAR_DUE_AT
 from timer_core import (
     CorrelationId,
@@ -81,10 +81,17 @@ SELECT min(?3, (
         LIMIT ?3)
 ))
 """
+
+
 # Every far timer is due at or after the edge: a range that ends before it has none, and
 # the walk of the tenant's far timers is skipped. An open end ("" or "~") reads no due time
 # (SQLite then never fetches the row the index entry points to).
-_FAR_REACHED = f"?2 >= (SELECT edge FROM {HORIZON} WHERE id = 1)"
+def _reaches_edge(until: str) -> str:
+    """Whether a due range ending at ``until`` reaches the edge (else it holds no far timer)."""
+    return f"{until} >= ({EDGE})"
+
+
+_FAR_REACHED = _reaches_edge("?2")
 COUNT_TENANT_DUE = f"""
 SELECT min(?3, (
     SELECT count(*) FROM (
@@ -114,7 +121,7 @@ def _earliest_of_tenant(tenant: str) -> str:
         f"WHERE tenant_id = {tenant} AND far_bucket IS NOT NULL"
     )
     return (
-        f"(SELECT CASE WHEN near.d < (SELECT edge FROM {HORIZON} WHERE id = 1) THEN near.d "
+        f"(SELECT CASE WHEN near.d < ({EDGE}) THEN near.d "
         f"ELSE (SELECT min(x) FROM (SELECT near.d AS x UNION ALL {far})) END "
         f"FROM ({near}) AS near)"
     )
@@ -160,7 +167,7 @@ UNION ALL
 SELECT * FROM (
     SELECT {COLUMNS} FROM {TABLE} INDEXED BY idx_timer_schedules_far_tenant
     WHERE tenant_id = ?1 AND far_bucket IS NOT NULL
-      AND ?3 >= (SELECT edge FROM {HORIZON} WHERE id = 1)
+      AND {_reaches_edge("?3")}
       AND due_at >= ?2 AND due_at <= ?3 AND (due_at, service_call_id) > (?4, ?5)
     ORDER BY due_at, service_call_id LIMIT ?6)
 ORDER BY due_at, service_call_id LIMIT ?6

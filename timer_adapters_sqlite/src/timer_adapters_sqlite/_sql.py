@@ -59,14 +59,15 @@ def _json_rows(columns: Sequence[str], alias: str) -> tuple[dict[str, str], str]
 BUCKET_CHARS = 15
 
 
+# The far edge: the one row of timer_horizon, read by its key (none: no edge yet).
+EDGE = f"SELECT edge FROM {HORIZON} WHERE id = 1"
+
+
 def _far_bucket(due_at: str) -> str:
     """``far_bucket`` of a timer written with ``due_at``: its bucket when it is due at or
     after the far edge, else NULL (near; also while there is no edge). The subquery is
     uncorrelated: SQLite reads the edge once per statement."""
-    return (
-        f"CASE WHEN {due_at} >= (SELECT edge FROM {HORIZON} WHERE id = 1) "
-        f"THEN substr({due_at}, 1, {BUCKET_CHARS}) END"
-    )
+    return f"CASE WHEN {due_at} >= ({EDGE}) THEN substr({due_at}, 1, {BUCKET_CHARS}) END"
 
 
 def _insert(value: Mapping[str, str], source: str = "", *, new_only: bool = False) -> str:
@@ -246,7 +247,6 @@ WHERE far_bucket IS NOT NULL AND far_bucket = (
     SELECT min(far_bucket) FROM {TABLE} INDEXED BY idx_timer_schedules_far
     WHERE far_bucket IS NOT NULL)
 """
-EDGE = f"SELECT edge FROM {HORIZON} WHERE id = 1"
 # The far timers of the buckets before ?1 (an edge) moved near, ?2 at most, in bucket order.
 MOVE_NEAR = f"""
 UPDATE {TABLE} SET far_bucket = NULL WHERE rowid IN (

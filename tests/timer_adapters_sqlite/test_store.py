@@ -14,6 +14,7 @@ from timer_adapters_sqlite import SqliteTimerStore
 from timer_core import (
     CommandOutcome,
     DueCursor,
+    PositionedOperation,
     StoreError,
     StoreUnavailable,
     TimerEntry,
@@ -398,6 +399,26 @@ class TestQueries:
         assert left == ["c2", "c3", "c4", "pending"]
         assert await store.purge_reached(T0 + timedelta(days=1), limit=100) == 3
         assert [t.service_call_id for t in await store.list_for_tenant("tenant-a")] == ["pending"]
+
+    async def test_a_long_purge_lets_writes_queued_meanwhile_commit_first(
+        self, store: SqliteTimerStore
+    ) -> None:
+        """A purge of many commits slice by slice: a write queued while it runs (a mark of
+        fired timers, new commands) is committed between two slices, not after the purge;
+        and the purge still deletes all it was asked to, tombstones included."""
+        store.purge_slice_s = 0.0  # one statement a slice: many slices
+        timers = [entry(call=f"old-{i:03d}") for i in range(200)]
+        await store.apply(timers)
+        await store.mark_reached([t.reach(T0) for t in timers])
+        await store.apply([PositionedOperation(TimerKey("tenant-a", "gone"), 5, T0)])
+        committed = store.transactions_committed
+        purging = asyncio.ensure_future(store.purge_reached(T0 + timedelta(days=1), limit=500))
+        await asyncio.sleep(0)  # the purge's first slice is queued
+        await store.apply([entry(call="new", due_in=60)])
+        assert not purging.done()  # the write did not wait for the whole purge
+        assert await purging == 201  # 200 fired timers and the tombstone
+        assert store.transactions_committed - committed >= 200 // 16
+        assert [t.service_call_id for t in await store.list_for_tenant("tenant-a")] == ["new"]
 
     async def test_list_and_correlation_are_in_key_order(self, store: SqliteTimerStore) -> None:
         """list_for_tenant pages by service call id; correlation lookups come in key order."""

@@ -11,6 +11,7 @@ import pytest
 from timer_adapters_memory import FakeClock, MemoryEventBus, MemoryTimerStore
 from timer_core import (
     CommandOutcome,
+    Instrumentation,
     ScheduleTimer,
     ServiceCallId,
     TenantId,
@@ -21,6 +22,7 @@ from timer_core import (
 from timer_core.commands import schedule_timer
 from timer_core.maintenance import (
     BATCH_BUDGET,
+    FORCED_SHARE,
     IDLE_S,
     OWED_MOST_BATCHES,
     OWED_PER_FIRED,
@@ -296,19 +298,20 @@ async def fill(store: ClockedPurgeStore, clock: FakeClock, count: int) -> None:
 
 
 class TestPurgeOfABusyWorker:
-    async def test_a_worker_never_idle_still_purges_a_quarter_of_the_time(self) -> None:
+    async def test_a_worker_never_idle_still_purges_half_the_time(self) -> None:
         """Interrupted at every call (timers coming due all the time), an unfinished purge
-        still deletes a batch per call, but no sooner than three times its duration after
-        the last such batch."""
+        still deletes a batch per call, but no sooner than its own duration after the last
+        such batch (FORCED_SHARE of the time)."""
+        assert FORCED_SHARE == 0.5
         store, clock = clocked_store()
         await fill(store, clock, 30)
         retention = Retention(store, clock, keep=timedelta(hours=1), batch=10, every=60.0)
         await retention.purge(None, lambda: True)
         assert [deleted for _, _, deleted in store.purges] == [10]
-        clock.advance(0.02)  # less than three times the 0.008 s the batch took
+        clock.advance(0.006)  # less than the 0.008 s the batch took
         await retention.purge(None, lambda: True)
         assert len(store.purges) == 1
-        clock.advance(0.02)
+        clock.advance(0.006)
         await retention.purge(None, lambda: True)
         assert [deleted for _, _, deleted in store.purges] == [10, 10]
 
@@ -432,3 +435,28 @@ class TestPurgeBesideFiring:
         async with asyncio.timeout(5):
             await rig.worker.wait_until_idle()
         assert len(store.purges) == 1
+
+
+class PurgeCounts(Instrumentation):
+    """Collects what retention reports it deleted."""
+
+    def __init__(self) -> None:
+        self.purged: list[int] = []
+
+    def timers_purged(self, count: int) -> None:
+        self.purged.append(count)
+
+
+class TestPurgeIsCounted:
+    async def test_every_deleting_batch_is_reported_with_its_count(self) -> None:
+        """The instrumentation hears of each batch that deleted timers, with how many (the
+        service's timer_timers_purged_total); the last, empty batch is not reported."""
+        store, clock = clocked_store()
+        await fill(store, clock, 25)
+        counts = PurgeCounts()
+        retention = Retention(
+            store, clock, keep=timedelta(hours=1), batch=10, every=60.0, instrumentation=counts
+        )
+        await retention.purge(None, lambda: False)
+        assert counts.purged == [10, 10, 5]
+        assert [deleted for _, _, deleted in store.purges] == [10, 10, 5]

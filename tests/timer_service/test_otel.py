@@ -283,6 +283,7 @@ class TestMetrics:
         otel.set_clock_skew(lambda: 0.25)
         otel.poll_completed(0.01, 1)
         otel.worker_error(RuntimeError("store down"))
+        otel.timers_purged(5)
         data = telemetry.metrics.get_metrics_data()
         assert data is not None
         exported = {

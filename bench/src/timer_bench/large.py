@@ -693,10 +693,16 @@ async def steady(
             }
             usage = Usage.now(groups)
             stream_started = time.perf_counter()
-            sent, reached, readable, early = await steady_lateness(
-                broker, rate, seconds, check, prefix=label
-            )
+            in_stream = asyncio.create_task(purged_in_stream(services, seconds))
+            try:
+                sent, reached, readable, early = await steady_lateness(
+                    broker, rate, seconds, check, prefix=label
+                )
+            except BaseException:
+                in_stream.cancel()
+                raise
             stream_s = time.perf_counter() - stream_started
+            purged_between, between_s = await in_stream
             cores = usage.cores(Usage.now(groups))
             # Only this run's timers (an earlier run's late ones may fire meanwhile).
             reached = {k: v for k, v in reached.items() if k.startswith(f"{label}-")}
@@ -732,6 +738,10 @@ async def steady(
         "purged_per_s": kit.rate(purged, stream_s),
         "purge_vs_fire": round(purged / max(fired, 1), 2),
         "purge_exhausted": purgeable_at_end == 0,
+        # From the services' own count (timer_timers_purged_total), from 5 s into the stream
+        # to its last send: no idle second before or after the stream in the window.
+        "purged_in_stream_per_s": kit.rate(purged_between, between_s),
+        "purge_in_stream_vs_fire": round(purged_between / max(rate * between_s, 1), 2),
         "cores": {group: round(used, 3) for group, used in cores.items()},
         "cpu_ms_per_timer": {
             group: round(cores[group] * stream_s * 1000 / max(fired, 1), 4)
@@ -742,6 +752,21 @@ async def steady(
         "plans": store.logged_plans(offset),
         "service_log_tails": tails,
     }
+
+
+async def purged_in_stream(services: list[Service], seconds: float) -> tuple[float, float]:
+    """How many timers the services' retention deleted from 5 s into a stream of ``seconds``
+    to its end, and over how many seconds (read from their ``timer_timers_purged_total``)."""
+
+    async def total() -> float:
+        counts = await asyncio.gather(*(service.metrics() for service in services))
+        return sum(series.get("timer_timers_purged_total", 0.0) for series in counts)
+
+    lead = min(5.0, seconds / 4)
+    await asyncio.sleep(lead)
+    began, first = time.perf_counter(), await total()
+    await asyncio.sleep(max(0.0, seconds - lead))
+    return await total() - first, time.perf_counter() - began
 
 
 async def run(store: Large, root: Path, args: argparse.Namespace) -> dict[str, Any]:

@@ -354,16 +354,23 @@ class SqliteTimerStore(TimerStore, FindsDueByTenant, ReportsRemoteSchedules, Sql
         before = format_timestamp(require_utc(reached_before, "reached_before"))
         if limit <= 0:
             return 0
-        params = {"before": before, "limit": limit}
+        deleted = 0
+        while deleted < limit:
+            # One slice a transaction: a mark or a command queued meanwhile runs between two
+            # slices, never behind the whole purge (the writer takes its jobs in turn).
+            slice_deleted, exhausted = await self._write(
+                partial(_purge_slice, before, limit - deleted, self.purge_slice_s),
+                synced=False,  # lost, it is done again
+            )
+            deleted += slice_deleted
+            if exhausted:
+                break
+        return deleted
 
-        def purge(connection: sa.Connection) -> int:
-            deleted = connection.execute(PURGE_REACHED, params).rowcount
-            if deleted < limit:
-                rest = {"before": before, "limit": limit - deleted}
-                deleted += connection.execute(PURGE_TOMBSTONES, rest).rowcount
-            return deleted
-
-        return await self._write(purge, synced=False)  # lost, it is done again
+    purge_slice_s = 0.001
+    """How long one transaction of :meth:`purge_reached` deletes for before it commits and
+    lets the writes queued behind it run (a purge of many is a series of such slices):
+    firing waits for one slice of a purge, not for all of it."""
 
     move_batch = 200
     """How many far timers one transaction moves near (~10 ms of the writer at 10M rows)."""
@@ -588,3 +595,29 @@ def _changes_since(last: int | None, connection: sa.Connection) -> tuple[int, da
     if last is None or version == last:
         return version, None
     return version, earliest_due(connection)
+
+
+_PURGE_CHUNK = 16  # rows one statement of a purge slice deletes (then the clock is read)
+
+
+def _purge_slice(
+    before: str, most: int, budget_s: float, connection: sa.Connection
+) -> tuple[int, bool]:
+    """Delete fired timers (then cancel tombstones) older than ``before``, at most ``most``,
+    in statements of :data:`_PURGE_CHUNK` until ``budget_s`` has passed; how many, and
+    whether none older is left."""
+    driver = driver_of(connection)
+    started = time.perf_counter()
+    deleted = 0
+    for statement in (PURGE_REACHED.text, PURGE_TOMBSTONES.text):
+        while deleted < most:
+            chunk = min(_PURGE_CHUNK, most - deleted)
+            done = driver.execute(statement, {"before": before, "limit": chunk}).rowcount
+            deleted += done
+            if done < chunk:
+                break  # none left of this kind
+            if time.perf_counter() - started >= budget_s:
+                return deleted, False
+        else:
+            return deleted, False  # ``most`` reached: maybe more left
+    return deleted, True

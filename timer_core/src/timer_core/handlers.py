@@ -207,7 +207,14 @@ class HandlerWorker:
         self._retention = (
             None
             if retention is None
-            else Retention(store, clock, keep=retention, batch=500, every=60.0)
+            else Retention(
+                store,
+                clock,
+                keep=retention,
+                batch=500,
+                every=60.0,
+                instrumentation=self._instrumentation,
+            )
         )
         self._rng = rng or random.Random()
         self._wake = asyncio.Event()

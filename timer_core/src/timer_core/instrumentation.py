@@ -87,5 +87,8 @@ class Instrumentation:
     def worker_error(self, error: BaseException) -> None:
         """A worker pass failed as a whole (store down); the worker backs off and retries."""
 
+    def timers_purged(self, count: int) -> None:
+        """Retention deleted ``count`` expired fired timers (and cancel tombstones)."""
+
 
 NO_INSTRUMENTATION = Instrumentation()

@@ -76,7 +76,7 @@ class TimerWorker:
     - with ``retention``, deletes ``Reached`` timers fired longer ago than that, in batches
       of at most ``retention_batch`` (fewer when a batch takes over 10 ms), beside its
       sleep (a timer coming due is fired meanwhile), freely with nothing due for a second,
-      else at most three for each timer it fired, and at most every ``retention_every``
+      else at most two and a half for each timer it fired, and at most every ``retention_every``
       seconds once caught up;
     - :meth:`stop` lets the pass in flight finish, then :meth:`run` returns.
     """
@@ -126,7 +126,12 @@ class TimerWorker:
             None
             if retention is None
             else Retention(
-                store, clock, keep=retention, batch=retention_batch, every=retention_every
+                store,
+                clock,
+                keep=retention,
+                batch=retention_batch,
+                every=retention_every,
+                instrumentation=instrumentation,
             )
         )
         self._wake = asyncio.Event()

@@ -141,6 +141,11 @@ class PrometheusInstrumentation(Instrumentation):
             "Worker passes that failed as a whole (store errors); retried with backoff.",
             registry=self.registry,
         )
+        self.purged = Counter(
+            "timer_timers_purged",
+            "Fired timers (and cancel tombstones) deleted by retention (TIMER_RETENTION).",
+            registry=self.registry,
+        )
         self.polling = Histogram(
             "timer_polling_duration_seconds",
             "Duration of one worker pass (find due, publish, mark).",
@@ -279,3 +284,6 @@ class PrometheusInstrumentation(Instrumentation):
 
     def worker_error(self, error: BaseException) -> None:
         self.worker_errors.inc()
+
+    def timers_purged(self, count: int) -> None:
+        self.purged.inc(count)

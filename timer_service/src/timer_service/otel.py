@@ -245,6 +245,11 @@ class OtelInstrumentation(Instrumentation):
             unit="{pass}",
             description="Worker passes that failed as a whole; retried with backoff.",
         )
+        self._purged = meter.create_counter(
+            "timer.timers.purged",
+            unit="{timer}",
+            description="Fired timers (and cancel tombstones) deleted by retention.",
+        )
         self._broker_state_recreated = meter.create_counter(
             "timer.broker_state.recreated",
             unit="{object}",
@@ -514,6 +519,10 @@ class OtelInstrumentation(Instrumentation):
     def worker_error(self, error: BaseException) -> None:
         self._worker_errors.add(1)
         self.inner.worker_error(error)
+
+    def timers_purged(self, count: int) -> None:
+        self._purged.add(count)
+        self.inner.timers_purged(count)
 
 
 class _Both(BatchObserver):

@@ -222,12 +222,12 @@ class Syncer:
             try:
                 self._fd = os.open(f"{self._path}-wal", os.O_RDONLY)
             except FileNotFoundError:
-                # No log: everything is in the database file (checkpointed); sync that.
-                fd = os.open(self._path, os.O_RDONLY)
-                try:
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
+                # No log: SQLite removes it only after checkpointing it into the database
+                # file and syncing that, so there is nothing left to sync. The database file
+                # itself is never opened here: closing a descriptor of it would drop every
+                # POSIX lock this process's connections hold on it (SQLite's "How To Corrupt
+                # An SQLite Database File", 2.2), letting another process reset the log under
+                # them.
                 return
             # The log's name in its directory must survive too (once: it is kept open).
             directory = os.open(os.path.dirname(os.path.abspath(self._path)), os.O_RDONLY)

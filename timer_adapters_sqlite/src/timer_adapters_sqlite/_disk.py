@@ -62,10 +62,16 @@ def deliver(results: list[Result]) -> None:
             log.debug("event loop closed before a timer store result could be delivered")
 
 
-# The writer checkpoints on its own only past this many WAL pages (32 MiB at 4 KiB pages):
-# normally the checkpointer thread has copied the WAL back long before. Past the size limit
-# the WAL file is cut back to it whenever it restarts.
-WRITER_AUTOCHECKPOINT_PAGES = 8192
+# The writer checkpoints on its own past this many WAL pages (8 MiB at 4 KiB pages). Under a
+# steady stream of commits the checkpointer thread's checkpoints seldom find the whole WAL
+# copied (commits land meanwhile), so the WAL restarts only after the writer's own
+# checkpoint, and that one holds the writer for as long as the WAL is: at ten million rows,
+# purging 2.5 times a 1,000/s stream, 8,192 pages held it 15-60 ms about once a second and
+# 65,536 pages 100-140 ms every few seconds (lateness p99 15-32 ms and 50-53 ms), 2,048
+# pages briefly and often (p99 15-16 ms, max 30-42 ms against 57-198); schedule storms kept
+# their rate (bench/README.md, "The purge's share of the tail"). Past the size limit the
+# WAL file is cut back to it whenever it restarts.
+WRITER_AUTOCHECKPOINT_PAGES = 2048
 WAL_SIZE_LIMIT_BYTES = 64 * 1024 * 1024
 # The shortest time from one checkpoint's start to the next one's.
 _CHECKPOINT_SPACING_S = 0.05

@@ -34,7 +34,8 @@ FORCED_SHARE = 0.5
 #: slows every statement beside it (purging 15 times the fire rate took a PostgreSQL
 #: service's lateness p99 from 17 ms to 250 ms at 1,000 timers a second; on SQLite at
 #: 10,000,000 rows, 1,000 timers a second, the p99 was 4 ms without a purge, 9-13 ms purging
-#: about twice the fire rate, 14-17 ms at 2.5 times and 20-35 ms at 3 times).
+#: about twice the fire rate, 14-32 ms at 2.5 times (depending on the file) and 20-35 ms at
+#: 3 times).
 OWED_PER_FIRED = 2.5
 
 #: What a busy worker may owe at most, in batches of ``batch``: one that could not purge for

@@ -52,7 +52,8 @@ class TestDashboard:
 
     def test_the_panels_the_operations_page_describes_are_there(self) -> None:
         """Commands by outcome, firings/s, lateness p50/p99, pending, publish failures, worker
-        errors and last poll age each have a panel, with unique ids and a description."""
+        errors, last poll age and retention's deletions each have a panel, with unique ids
+        and a description."""
         dashboard = json.loads(DASHBOARD.read_text())
         titles = [panel["title"] for panel in dashboard["panels"]]
         for wanted in (
@@ -63,6 +64,7 @@ class TestDashboard:
             "Publish failures/s",
             "Worker errors/s",
             "Last poll age",
+            "Retention purged/s",
         ):
             assert wanted in titles
         ids = [panel["id"] for panel in dashboard["panels"]]

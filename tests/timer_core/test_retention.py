@@ -22,6 +22,7 @@ from timer_core import (
 from timer_core.commands import schedule_timer
 from timer_core.maintenance import (
     BATCH_BUDGET,
+    COMMANDS_QUIET_S,
     FORCED_SHARE,
     IDLE_S,
     OWED_MOST_BATCHES,
@@ -267,6 +268,70 @@ class TestPurgeYieldsToFiring:
         assert urgent.reached_at - urgent.due_at <= timedelta(seconds=0.4)
         await rig.advance(5)
         assert rig.states() == {"urgent": TimerState.REACHED}
+
+
+class TestPurgeYieldsToCommands:
+    async def test_commands_being_stored_hold_the_idle_purge_back(self, rig: Rig) -> None:
+        """While batches of commands are stored, an idle worker starts no purge batch (it
+        owes none for what it fired); once they have been quiet for COMMANDS_QUIET_S, its
+        next idle moment purges them all."""
+        worker = await rig.start()
+        await fired_long_ago(rig, 25)
+
+        async def pass_with_commands(seconds: float) -> None:
+            """Time on to the worker's next pass, a batch of commands stored just then."""
+            passes = worker.passes
+            rig.clock.advance(seconds)
+            worker.notify_applied()
+            async with asyncio.timeout(5):
+                while worker.passes == passes or rig.clock.sleepers == 0:
+                    await asyncio.sleep(0)
+                await worker.wait_until_idle()
+
+        await pass_with_commands(2 * HOUR)
+        for _ in range(3):  # a storm across three more idle passes
+            await pass_with_commands(5)
+        assert sum(deleted for _, _, deleted in rig.store.purges) == 0
+        assert len(rig.store.entries()) == 25
+        assert COMMANDS_QUIET_S < 5
+        await rig.advance(5)  # no commands since the last batch
+        assert rig.store.entries() == []
+        assert [deleted for _, _, deleted in rig.store.purges] == [10, 10, 5]
+
+    async def test_a_cancellation_counts_towards_what_a_busy_worker_purges(self, rig: Rig) -> None:
+        """Tombstones of cancellations expire as fired timers do: a worker that fires
+        nothing while commands flow deletes nothing for plain schedules, and for
+        cancellations at most OWED_PER_FIRED a cancellation."""
+        worker = await rig.start()
+        await fired_long_ago(rig, 40)
+        rig.clock.advance(2 * HOUR)
+
+        async def pass_with_commands(cancelled: int) -> None:
+            passes = worker.passes
+            rig.clock.advance(5)
+            worker.notify_applied(cancelled=cancelled)
+            async with asyncio.timeout(5):
+                while worker.passes == passes or rig.clock.sleepers == 0:
+                    await asyncio.sleep(0)
+                await worker.wait_until_idle()
+
+        for _ in range(4):
+            await pass_with_commands(0)
+        assert sum(deleted for _, _, deleted in rig.store.purges) == 0
+        for _ in range(6):
+            await pass_with_commands(2)
+        deleted = sum(deleted for _, _, deleted in rig.store.purges)
+        assert 0 < deleted <= OWED_PER_FIRED * 2 * 6
+        assert len(rig.store.entries()) == 40 - deleted
+
+
+async def fired_long_ago(rig: Rig, count: int) -> None:
+    """``count`` timers of tenant-a fired at T0, put in the store behind the worker's back
+    (it owes no deletions for them), and what was purged so far forgotten."""
+    timers = [TimerEntry(A, ServiceCallId(f"old-{i:02d}"), at(0), at(0)) for i in range(count)]
+    await rig.store.apply(timers)
+    await rig.store.mark_reached([t.reach(at(0)) for t in timers])
+    rig.store.purges.clear()
 
 
 class ClockedPurgeStore(RecordingStore):

@@ -384,6 +384,22 @@ class TestHealth:
         assert health.last_pass_age_s == pytest.approx(1.5)
         assert not timer.health().running
 
+    async def test_health_reports_how_long_commands_have_been_quiet(self) -> None:
+        """last_commands_age_s is None until a batch of commands is stored (from the source
+        or by schedule()/cancel()), then the time since the last one."""
+        clock, source = FakeClock(T0), MemoryCommandSource()
+        async with Timer(
+            MemoryTimerStore(), MemoryEventBus(), commands=source, clock=clock
+        ) as timer:
+            assert timer.health().last_commands_age_s is None
+            source.send(schedule_command("call-1", at(3600)))
+            await source.wait_until_drained()
+            clock.advance(2.0)
+            assert timer.health().last_commands_age_s == pytest.approx(2.0)
+            await timer.cancel("tenant-a", "call-1")
+            clock.advance(0.5)
+            assert timer.health().last_commands_age_s == pytest.approx(0.5)
+
 
 class TestBadInput:
     @pytest.mark.parametrize(

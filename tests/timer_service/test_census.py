@@ -2,17 +2,34 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 from prometheus_client import generate_latest
 
 from tests.timer_service.test_otel import Telemetry
-from timer_adapters_memory import MemoryTimerStore
-from timer_core import ServiceCallId, TenantId, TimerEntry
+from timer_adapters_memory import MemoryCommandSource, MemoryEventBus, MemoryTimerStore
+from timer_adapters_nats import NatsBroker
+from timer_core import (
+    CommandOutcome,
+    EnvelopeId,
+    MessageEnvelope,
+    ScheduleTimer,
+    ServiceCallId,
+    TenantId,
+    Timer,
+    TimerEntry,
+    TimerOperation,
+)
+from timer_core.instants import to_epoch_ms
+from timer_service.bootstrap import nats_settings
 from timer_service.census import take_census, tenant_census
 from timer_service.metrics import PrometheusInstrumentation
-from timer_service.service import pending_count_pace
+from timer_service.service import COUNTS_QUIET_S, TimerService, pending_count_pace
 from timer_service.settings import Settings, SettingsError
 
 NOW = datetime(2030, 1, 1, 12, tzinfo=UTC)
@@ -135,3 +152,63 @@ class TestPendingCountPace:
     def test_a_costly_count_takes_one_percent_of_the_time(self) -> None:
         """A count that took 2.9 s (10M timers on SQLite) waits 290 s for the next."""
         assert pending_count_pace(2.9) == pytest.approx(290.0)
+
+
+class CountingStore(MemoryTimerStore):
+    """The memory store, noting when each write ended and each count began (monotonic)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.applied: list[float] = []
+        self.counted: list[float] = []
+
+    async def apply(self, operations: Sequence[TimerOperation]) -> list[CommandOutcome]:
+        outcomes = await super().apply(operations)
+        self.applied.append(time.monotonic())
+        return outcomes
+
+    async def count_scheduled(self) -> int:
+        self.counted.append(time.monotonic())
+        return await super().count_scheduled()
+
+
+class TestPendingCountWaitsForQuietCommands:
+    async def test_no_count_while_commands_are_being_stored(
+        self, tmp_path: Path, nats_url: str
+    ) -> None:
+        """The pending count (a read of the whole table) never starts within
+        COUNTS_QUIET_S of a stored batch of commands, nor of the service's start; once the
+        commands stop, it runs."""
+        settings = Settings(db_path=tmp_path / "timer.db", broker_url=nats_url, http_port=0)
+        instrumentation = PrometheusInstrumentation()
+        broker = NatsBroker(nats_settings(settings, nats_url), instrumentation=instrumentation)
+        store, source = CountingStore(), MemoryCommandSource()
+        timer = Timer(store, MemoryEventBus(), commands=source)
+        service = TimerService(settings, broker, timer, instrumentation)
+        due = datetime.now(UTC) + timedelta(days=1)
+        async with service:
+            began = time.monotonic()
+            running = asyncio.create_task(service.run(asyncio.Event()))
+            try:
+                for i in range(12):  # a batch every 0.2 s for about two seconds
+                    source.send(
+                        MessageEnvelope(
+                            id=EnvelopeId.generate(),
+                            payload=ScheduleTimer("a", f"call-{i}", due),
+                            timestamp_ms=to_epoch_ms(datetime.now(UTC)),
+                            aggregate_id=ServiceCallId(f"call-{i}"),
+                        )
+                    )
+                    await source.wait_until_drained()
+                    await asyncio.sleep(0.2)
+                async with asyncio.timeout(30):
+                    while not [at for at in store.counted if at > store.applied[-1]]:
+                        await asyncio.sleep(0.05)
+            finally:
+                running.cancel()
+                await asyncio.gather(running, return_exceptions=True)
+        assert store.counted[0] - began >= COUNTS_QUIET_S
+        for counted in store.counted:
+            before = [at for at in store.applied if at <= counted]
+            assert not before or counted - before[-1] >= COUNTS_QUIET_S
+        assert instrumentation.pending._value.get() == 12

@@ -72,6 +72,11 @@ class TimerHealth:
     """Worker passes completed since start."""
     failure: str | None = None
     """Why a component stopped on its own, if one did."""
+    last_commands_age_s: float | None = None
+    """Seconds since a batch of commands was last stored (from the command source, or by
+    :meth:`Timer.schedule` / :meth:`Timer.cancel`), on the clock's monotonic time; None
+    before the first. A host defers work that reads the whole table (a count of pending
+    timers) until commands have been quiet for a moment."""
 
 
 class Timer:
@@ -223,12 +228,14 @@ class Timer:
         """Where the Timer is now: running components, the last worker pass, any failure."""
         components = {name: not task.done() for name, task in self._tasks.items()}
         last = self._worker.last_pass_at
+        applied = self._worker.last_applied_at
         return TimerHealth(
             running=self._state is _State.RUNNING and self._failure is None,
             components=components,
             last_pass_age_s=None if last is None else self._clock.monotonic() - last,
             passes=self._worker.passes,
             failure=None if self._failure is None else self._failure_text(),
+            last_commands_age_s=None if applied is None else self._clock.monotonic() - applied,
         )
 
     @property
@@ -379,13 +386,16 @@ class Timer:
         outcome = await schedule_timer(
             self._store, command, self._clock, correlation_id=correlation_id
         )
+        self._worker.notify_applied()
         if outcome is CommandOutcome.SCHEDULED:
             self._worker.notify_scheduled(command.due_at)
         return outcome
 
     async def cancel(self, tenant_id: str, service_call_id: str) -> CommandOutcome:
         """Remove a ``Scheduled`` timer (``CANCELLED``); a no-op otherwise (``CANCEL_NOOP``)."""
-        return await cancel_timer(self._store, CancelTimer(tenant_id, service_call_id))
+        outcome = await cancel_timer(self._store, CancelTimer(tenant_id, service_call_id))
+        self._worker.notify_applied(cancelled=int(outcome is CommandOutcome.CANCELLED))
+        return outcome
 
     async def get(self, tenant_id: str, service_call_id: str) -> TimerEntry | None:
         """The timer of this service call, ``Scheduled`` or ``Reached``, or None."""
@@ -403,6 +413,9 @@ class Timer:
             self._clock,
             instrumentation=self._instrumentation,
             max_pending_per_tenant=self._max_pending_per_tenant,
+        )
+        self._worker.notify_applied(
+            cancelled=sum(outcome is CommandOutcome.CANCELLED for outcome in outcomes)
         )
         scheduled = [
             envelope.payload.due_at

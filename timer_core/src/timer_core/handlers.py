@@ -35,7 +35,7 @@ from timer_core._waits import sleep_unless
 from timer_core.errors import HandlerFailed, StoreError, ValidationError
 from timer_core.events import due_events
 from timer_core.instrumentation import NO_INSTRUMENTATION, BatchObserver, Instrumentation
-from timer_core.maintenance import Retention
+from timer_core.maintenance import COMMANDS_QUIET_S, Retention
 from timer_core.ports import (
     Clock,
     DueCursor,
@@ -224,6 +224,7 @@ class HandlerWorker:
         self._marks_wanted = asyncio.Event()  # the first handled timer waits for its mark
         self._marks_ready = asyncio.Event()  # a full mark's worth waits, or no drain goes on
         self._wake_at: datetime | None = None
+        self._commands_at = -math.inf  # when the last batch of commands was stored
         self._running: dict[TimerKey, tuple[TimerEntry, asyncio.Task[None]]] = {}
         self._timed_out: set[TimerKey] = set()
         self._to_mark: list[TimerEntry] = []  # handled (as Reached entries), mark not begun
@@ -270,6 +271,18 @@ class HandlerWorker:
             self._cursor = None  # due before the page the drain is at: start over
         if self._wake_at is None or due_at < self._wake_at:
             self._wake.set()
+
+    @property
+    def last_applied_at(self) -> float | None:
+        """Monotonic time a batch of commands was last stored (:meth:`notify_applied`);
+        None before the first."""
+        return None if self._commands_at == -math.inf else self._commands_at
+
+    def notify_applied(self, *, cancelled: int = 0) -> None:
+        """A batch of commands was just stored: retention's purge gives way to them (see
+        :meth:`TimerWorker.notify_applied <timer_core.worker.TimerWorker.notify_applied>`)."""
+        del cancelled  # this worker's purge is paced by time, not by what expires
+        self._commands_at = self._clock.monotonic()
 
     def stop(self) -> None:
         """Ask :meth:`run` to stop handing out timers and wind down (see the class notes)."""
@@ -677,9 +690,7 @@ class HandlerWorker:
             if retry_in is not None:
                 delay = min(delay, retry_in)
         if self._retention is not None:
-            await self._retention.purge(
-                next_due, lambda: self._stop.is_set() or self._wake.is_set()
-            )
+            await self._retention.purge(next_due, self._purge_interrupted)
         if self._failing:
             await self._failing.forget_stale()
         self._wake_at = now + timedelta(seconds=delay)
@@ -689,6 +700,14 @@ class HandlerWorker:
             await self._sleep(delay, wakeable=True)
         finally:
             self._asleep.clear()
+
+    def _purge_interrupted(self) -> bool:
+        """Whether retention's batches should stop: woken, stopping, or commands stored."""
+        return (
+            self._stop.is_set()
+            or self._wake.is_set()
+            or self._clock.monotonic() - self._commands_at < COMMANDS_QUIET_S
+        )
 
     async def _next_due(self, now: datetime) -> datetime | None:
         """The earliest due time of a timer not held back here, as far as can be told."""

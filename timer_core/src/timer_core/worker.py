@@ -26,7 +26,7 @@ from timer_core.firing import (
     PublishedEvents,
 )
 from timer_core.instrumentation import NO_INSTRUMENTATION, Instrumentation
-from timer_core.maintenance import Retention
+from timer_core.maintenance import COMMANDS_QUIET_S, Retention
 from timer_core.ports import (
     Clock,
     EnvelopeIdGenerator,
@@ -153,6 +153,11 @@ class TimerWorker:
         # Timers whose last publish failed, by key, until one succeeds (or they are retried).
         self._failing = FailureBook(store, clock, instrumentation, log)
         self._published = 0
+        # Cancellations stored (their tombstones expire as fired timers do), and when the
+        # last batch of commands was stored (monotonic): retention's idle purge waits for a
+        # quiet moment (see notify_applied).
+        self._cancelled = 0
+        self._commands_at = -math.inf
         self._drain_started = 0.0
         # Batches in a row (across drains) of which none was published.
         self._unpublished_batches = 0
@@ -174,6 +179,21 @@ class TimerWorker:
         """Tell the worker a timer is due at ``due_at``; it wakes now if that is earlier."""
         if self._wake_at is None or due_at < self._wake_at:
             self._wake.set()
+
+    @property
+    def last_applied_at(self) -> float | None:
+        """Monotonic time a batch of commands was last stored (:meth:`notify_applied`);
+        None before the first."""
+        return None if self._commands_at == -math.inf else self._commands_at
+
+    def notify_applied(self, *, cancelled: int = 0) -> None:
+        """Tell the worker a batch of commands was just stored (``cancelled`` of them
+        cancelled a timer). Retention's idle purge gives way to commands as it does to due
+        timers: it starts no batch until they have been quiet for
+        :data:`~timer_core.maintenance.COMMANDS_QUIET_S`; a cancellation's tombstone counts,
+        as a fired timer does, towards what a busy worker deletes."""
+        self._commands_at = self._clock.monotonic()
+        self._cancelled += cancelled
 
     async def wait_until_idle(self) -> None:
         """Return once the worker sleeps with nothing due that it knows of, no wake-up
@@ -397,7 +417,8 @@ class TimerWorker:
         if self._retention is not None and (self._purging is None or self._purging.done()):
             # Beside the sleep, not before it: a timer coming due is fired on time while a
             # batch is under way (which stops the purge after it).
-            purge = self._retention.purge(next_due, self._purge_interrupted, fired=self._published)
+            expired_later = self._published + self._cancelled  # what expires in turn
+            purge = self._retention.purge(next_due, self._purge_interrupted, fired=expired_later)
             self._purging = asyncio.ensure_future(_logged(purge))
         if self._failing:
             self._forget_settled_backoffs()
@@ -424,8 +445,13 @@ class TimerWorker:
 
     def _purge_interrupted(self) -> bool:
         """Whether retention's idle batches should stop: the worker is no longer asleep with
-        nothing due (woken, stopping, or passing again)."""
-        return self._stop.is_set() or self._wake.is_set() or not self._asleep.is_set()
+        nothing due (woken, stopping, or passing again), or commands are being stored."""
+        return (
+            self._stop.is_set()
+            or self._wake.is_set()
+            or not self._asleep.is_set()
+            or self._clock.monotonic() - self._commands_at < COMMANDS_QUIET_S
+        )
 
     def _backoff(self, failures: int) -> float:
         # Never past the polling interval: it is the longest the worker may go without

@@ -690,7 +690,11 @@ class HandlerWorker:
             if retry_in is not None:
                 delay = min(delay, retry_in)
         if self._retention is not None:
-            await self._retention.purge(next_due, self._purge_interrupted)
+            await self._retention.purge(
+                next_due,
+                lambda: self._stop.is_set() or self._wake.is_set(),
+                commands=self._commands_busy,
+            )
         if self._failing:
             await self._failing.forget_stale()
         self._wake_at = now + timedelta(seconds=delay)
@@ -701,13 +705,9 @@ class HandlerWorker:
         finally:
             self._asleep.clear()
 
-    def _purge_interrupted(self) -> bool:
-        """Whether retention's batches should stop: woken, stopping, or commands stored."""
-        return (
-            self._stop.is_set()
-            or self._wake.is_set()
-            or self._clock.monotonic() - self._commands_at < COMMANDS_QUIET_S
-        )
+    def _commands_busy(self) -> bool:
+        """Whether a batch of commands was stored within COMMANDS_QUIET_S."""
+        return self._clock.monotonic() - self._commands_at < COMMANDS_QUIET_S
 
     async def _next_due(self, now: datetime) -> datetime | None:
         """The earliest due time of a timer not held back here, as far as can be told."""

@@ -49,11 +49,11 @@ OWED_MOST_BATCHES = 4
 IDLE_S = 1.0
 
 #: Retention's idle purge gives way to commands as it does to firing: it does not start a
-#: batch while the last batch of commands was stored less than this long ago (seconds), and
-#: goes on in the next idle moment. A storm of new timers then takes the store's whole
-#: writing time (on SQLite one writer serves both; at 10,000,000 rows with a backlog of
-#: expired ones the purge cost a storm of 20,000 new timers a sixth of its rate on
-#: PostgreSQL). Deletions a busy worker owes for what it fired are still made.
+#: batch beyond what it owes while the last batch of commands was stored less than this
+#: long ago (seconds), and goes on in the next idle moment. A storm of new timers then
+#: takes the store's whole writing time (on SQLite one writer serves both; at 10,000,000
+#: rows with a backlog of expired ones the purge cost a storm of 20,000 new timers a sixth
+#: of its rate on PostgreSQL). A busy worker still deletes what it owes for what it fired.
 COMMANDS_QUIET_S = 0.25
 
 #: How long one batch should take (seconds): firing waits for a batch under way, so the
@@ -101,6 +101,7 @@ class Retention:
         interrupted: Callable[[], bool],
         *,
         fired: int | None = None,
+        commands: Callable[[], bool] | None = None,
     ) -> None:
         """Purge what is past retention, in idle time.
 
@@ -114,7 +115,9 @@ class Retention:
         ``fired`` (how many timers the worker has fired so far, a running count), such a
         batch, and any batch while the next timer is due within :data:`IDLE_S`, also waits
         until the worker fired enough timers since to owe it: at most
-        :data:`OWED_PER_FIRED` deletions for each.
+        :data:`OWED_PER_FIRED` deletions for each. While ``commands()`` says commands are
+        being stored, no batch starts beyond those: what is owed (with ``fired``) and the
+        forced one (without).
         """
         clock = self._clock
         if fired is not None:
@@ -136,8 +139,11 @@ class Retention:
                 if not forced:
                     if next_due is not None and clock.now() + last >= next_due:
                         break
-                    if fired is not None and self._owed < self._size and _soon(next_due, clock):
+                    owes = fired is not None and self._owed >= self._size
+                    if fired is not None and not owes and _soon(next_due, clock):
                         break
+                    if not owes and commands is not None and commands():
+                        break  # commands come first; what is owed is still deleted
                 size = self._size
                 started = clock.monotonic()
                 batch = await self._store.purge_reached(cutoff, size)

@@ -418,7 +418,9 @@ class TimerWorker:
             # Beside the sleep, not before it: a timer coming due is fired on time while a
             # batch is under way (which stops the purge after it).
             expired_later = self._published + self._cancelled  # what expires in turn
-            purge = self._retention.purge(next_due, self._purge_interrupted, fired=expired_later)
+            purge = self._retention.purge(
+                next_due, self._purge_interrupted, fired=expired_later, commands=self._commands_busy
+            )
             self._purging = asyncio.ensure_future(_logged(purge))
         if self._failing:
             self._forget_settled_backoffs()
@@ -445,13 +447,12 @@ class TimerWorker:
 
     def _purge_interrupted(self) -> bool:
         """Whether retention's idle batches should stop: the worker is no longer asleep with
-        nothing due (woken, stopping, or passing again), or commands are being stored."""
-        return (
-            self._stop.is_set()
-            or self._wake.is_set()
-            or not self._asleep.is_set()
-            or self._clock.monotonic() - self._commands_at < COMMANDS_QUIET_S
-        )
+        nothing due (woken, stopping, or passing again)."""
+        return self._stop.is_set() or self._wake.is_set() or not self._asleep.is_set()
+
+    def _commands_busy(self) -> bool:
+        """Whether a batch of commands was stored within COMMANDS_QUIET_S."""
+        return self._clock.monotonic() - self._commands_at < COMMANDS_QUIET_S
 
     def _backoff(self, failures: int) -> float:
         # Never past the polling interval: it is the longest the worker may go without

@@ -154,8 +154,8 @@ class TimerWorker:
         self._failing = FailureBook(store, clock, instrumentation, log)
         self._published = 0
         # Cancellations stored (their tombstones expire as fired timers do), and when the
-        # last batch of commands was stored (monotonic): retention's idle purge waits for a
-        # quiet moment (see notify_applied).
+        # last batch of commands was stored (monotonic): retention's purge beyond what it
+        # owes waits for a quiet moment (see notify_applied).
         self._cancelled = 0
         self._commands_at = -math.inf
         self._drain_started = 0.0
@@ -189,9 +189,9 @@ class TimerWorker:
     def notify_applied(self, *, cancelled: int = 0) -> None:
         """Tell the worker a batch of commands was just stored (``cancelled`` of them
         cancelled a timer). Retention's idle purge gives way to commands as it does to due
-        timers: it starts no batch until they have been quiet for
+        timers: it starts no batch beyond what it owes until they have been quiet for
         :data:`~timer_core.maintenance.COMMANDS_QUIET_S`; a cancellation's tombstone counts,
-        as a fired timer does, towards what a busy worker deletes."""
+        as a fired timer does, towards what a busy worker owes."""
         self._commands_at = self._clock.monotonic()
         self._cancelled += cancelled
 

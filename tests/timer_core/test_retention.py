@@ -77,11 +77,15 @@ class Rig:
         await self.clock.wait_for_sleepers(1)
         return self.worker
 
-    async def advance(self, seconds: float) -> None:
-        """Move time on and wait until the worker has done its pass and sleeps again."""
+    async def advance(self, seconds: float, *, cancelled: int | None = None) -> None:
+        """Move time on and wait until the worker has done its pass and sleeps again; with
+        ``cancelled``, a batch of commands (that many of them cancellations) is stored just
+        as the pass begins."""
         assert self.worker is not None
         passes = self.worker.passes
         self.clock.advance(seconds)
+        if cancelled is not None:
+            self.worker.notify_applied(cancelled=cancelled)
         async with asyncio.timeout(5):
             while self.worker.passes == passes or self.clock.sleepers == 0:
                 await asyncio.sleep(0)
@@ -275,22 +279,11 @@ class TestPurgeYieldsToCommands:
         """While batches of commands are stored, an idle worker starts no purge batch (it
         owes none for what it fired); once they have been quiet for COMMANDS_QUIET_S, its
         next idle moment purges them all."""
-        worker = await rig.start()
+        await rig.start()
         await fired_long_ago(rig, 25)
-
-        async def pass_with_commands(seconds: float) -> None:
-            """Time on to the worker's next pass, a batch of commands stored just then."""
-            passes = worker.passes
-            rig.clock.advance(seconds)
-            worker.notify_applied()
-            async with asyncio.timeout(5):
-                while worker.passes == passes or rig.clock.sleepers == 0:
-                    await asyncio.sleep(0)
-                await worker.wait_until_idle()
-
-        await pass_with_commands(2 * HOUR)
+        await rig.advance(2 * HOUR, cancelled=0)
         for _ in range(3):  # a storm across three more idle passes
-            await pass_with_commands(5)
+            await rig.advance(5, cancelled=0)
         assert sum(deleted for _, _, deleted in rig.store.purges) == 0
         assert len(rig.store.entries()) == 25
         assert COMMANDS_QUIET_S < 5
@@ -302,24 +295,14 @@ class TestPurgeYieldsToCommands:
         """Tombstones of cancellations expire as fired timers do: a worker that fires
         nothing while commands flow deletes nothing for plain schedules, and for
         cancellations at most OWED_PER_FIRED a cancellation."""
-        worker = await rig.start()
+        await rig.start()
         await fired_long_ago(rig, 40)
         rig.clock.advance(2 * HOUR)
-
-        async def pass_with_commands(cancelled: int) -> None:
-            passes = worker.passes
-            rig.clock.advance(5)
-            worker.notify_applied(cancelled=cancelled)
-            async with asyncio.timeout(5):
-                while worker.passes == passes or rig.clock.sleepers == 0:
-                    await asyncio.sleep(0)
-                await worker.wait_until_idle()
-
         for _ in range(4):
-            await pass_with_commands(0)
+            await rig.advance(5, cancelled=0)
         assert sum(deleted for _, _, deleted in rig.store.purges) == 0
         for _ in range(6):
-            await pass_with_commands(2)
+            await rig.advance(5, cancelled=2)
         deleted = sum(deleted for _, _, deleted in rig.store.purges)
         assert 0 < deleted <= OWED_PER_FIRED * 2 * 6
         assert len(rig.store.entries()) == 40 - deleted

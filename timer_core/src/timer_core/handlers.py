@@ -35,7 +35,7 @@ from timer_core._waits import sleep_unless
 from timer_core.errors import HandlerFailed, StoreError, ValidationError
 from timer_core.events import due_events
 from timer_core.instrumentation import NO_INSTRUMENTATION, BatchObserver, Instrumentation
-from timer_core.maintenance import COMMANDS_QUIET_S, Retention
+from timer_core.maintenance import CommandsStored, Retention
 from timer_core.ports import (
     Clock,
     DueCursor,
@@ -224,7 +224,7 @@ class HandlerWorker:
         self._marks_wanted = asyncio.Event()  # the first handled timer waits for its mark
         self._marks_ready = asyncio.Event()  # a full mark's worth waits, or no drain goes on
         self._wake_at: datetime | None = None
-        self._commands_at = -math.inf  # when the last batch of commands was stored
+        self._commands = CommandsStored(clock)  # what retention gives way to
         self._running: dict[TimerKey, tuple[TimerEntry, asyncio.Task[None]]] = {}
         self._timed_out: set[TimerKey] = set()
         self._to_mark: list[TimerEntry] = []  # handled (as Reached entries), mark not begun
@@ -276,13 +276,12 @@ class HandlerWorker:
     def last_applied_at(self) -> float | None:
         """Monotonic time a batch of commands was last stored (:meth:`notify_applied`);
         None before the first."""
-        return None if self._commands_at == -math.inf else self._commands_at
+        return self._commands.last_at
 
     def notify_applied(self, *, cancelled: int = 0) -> None:
         """A batch of commands was just stored: retention's purge gives way to them (see
         :meth:`TimerWorker.notify_applied <timer_core.worker.TimerWorker.notify_applied>`)."""
-        del cancelled  # this worker's purge is paced by time, not by what expires
-        self._commands_at = self._clock.monotonic()
+        self._commands.stored(cancelled=cancelled)  # (its purge is paced by time alone)
 
     def stop(self) -> None:
         """Ask :meth:`run` to stop handing out timers and wind down (see the class notes)."""
@@ -693,7 +692,7 @@ class HandlerWorker:
             await self._retention.purge(
                 next_due,
                 lambda: self._stop.is_set() or self._wake.is_set(),
-                commands=self._commands_busy,
+                commands=self._commands.busy,
             )
         if self._failing:
             await self._failing.forget_stale()
@@ -704,10 +703,6 @@ class HandlerWorker:
             await self._sleep(delay, wakeable=True)
         finally:
             self._asleep.clear()
-
-    def _commands_busy(self) -> bool:
-        """Whether a batch of commands was stored within COMMANDS_QUIET_S."""
-        return self._clock.monotonic() - self._commands_at < COMMANDS_QUIET_S
 
     async def _next_due(self, now: datetime) -> datetime | None:
         """The earliest due time of a timer not held back here, as far as can be told."""

@@ -56,6 +56,30 @@ IDLE_S = 1.0
 #: of its rate on PostgreSQL). A busy worker still deletes what it owes for what it fired.
 COMMANDS_QUIET_S = 0.25
 
+
+class CommandsStored:
+    """What a worker knows of the commands stored beside it: when the last batch was, for
+    retention to give way to them (:data:`COMMANDS_QUIET_S`), and how many cancellations
+    so far (their tombstones expire as fired timers do)."""
+
+    def __init__(self, clock: Clock) -> None:
+        self._clock = clock
+        self.last_at: float | None = None
+        """Monotonic time the last batch was stored; None before the first."""
+        self.cancelled = 0
+        """Cancellations stored so far."""
+
+    def stored(self, *, cancelled: int = 0) -> None:
+        """A batch of commands was just stored, ``cancelled`` of them cancellations."""
+        self.last_at = self._clock.monotonic()
+        self.cancelled += cancelled
+
+    def busy(self) -> bool:
+        """Whether a batch was stored less than :data:`COMMANDS_QUIET_S` ago."""
+        last = self.last_at
+        return last is not None and self._clock.monotonic() - last < COMMANDS_QUIET_S
+
+
 #: How long one batch should take (seconds): firing waits for a batch under way, so the
 #: batch shrinks (down to one timer) when a batch takes longer, and grows back (up to
 #: ``batch``) when one takes less than half of it.

@@ -26,7 +26,7 @@ from timer_core.firing import (
     PublishedEvents,
 )
 from timer_core.instrumentation import NO_INSTRUMENTATION, Instrumentation
-from timer_core.maintenance import COMMANDS_QUIET_S, Retention
+from timer_core.maintenance import CommandsStored, Retention
 from timer_core.ports import (
     Clock,
     EnvelopeIdGenerator,
@@ -153,11 +153,9 @@ class TimerWorker:
         # Timers whose last publish failed, by key, until one succeeds (or they are retried).
         self._failing = FailureBook(store, clock, instrumentation, log)
         self._published = 0
-        # Cancellations stored (their tombstones expire as fired timers do), and when the
-        # last batch of commands was stored (monotonic): retention's purge beyond what it
-        # owes waits for a quiet moment (see notify_applied).
-        self._cancelled = 0
-        self._commands_at = -math.inf
+        # The commands stored beside the worker: retention's purge beyond what it owes
+        # waits for a quiet moment (see notify_applied).
+        self._commands = CommandsStored(clock)
         self._drain_started = 0.0
         # Batches in a row (across drains) of which none was published.
         self._unpublished_batches = 0
@@ -184,7 +182,7 @@ class TimerWorker:
     def last_applied_at(self) -> float | None:
         """Monotonic time a batch of commands was last stored (:meth:`notify_applied`);
         None before the first."""
-        return None if self._commands_at == -math.inf else self._commands_at
+        return self._commands.last_at
 
     def notify_applied(self, *, cancelled: int = 0) -> None:
         """Tell the worker a batch of commands was just stored (``cancelled`` of them
@@ -192,8 +190,7 @@ class TimerWorker:
         timers: it starts no batch beyond what it owes until they have been quiet for
         :data:`~timer_core.maintenance.COMMANDS_QUIET_S`; a cancellation's tombstone counts,
         as a fired timer does, towards what a busy worker owes."""
-        self._commands_at = self._clock.monotonic()
-        self._cancelled += cancelled
+        self._commands.stored(cancelled=cancelled)
 
     async def wait_until_idle(self) -> None:
         """Return once the worker sleeps with nothing due that it knows of, no wake-up
@@ -417,9 +414,9 @@ class TimerWorker:
         if self._retention is not None and (self._purging is None or self._purging.done()):
             # Beside the sleep, not before it: a timer coming due is fired on time while a
             # batch is under way (which stops the purge after it).
-            expired_later = self._published + self._cancelled  # what expires in turn
+            expired_later = self._published + self._commands.cancelled  # expires in turn
             purge = self._retention.purge(
-                next_due, self._purge_interrupted, fired=expired_later, commands=self._commands_busy
+                next_due, self._purge_interrupted, fired=expired_later, commands=self._commands.busy
             )
             self._purging = asyncio.ensure_future(_logged(purge))
         if self._failing:
@@ -449,10 +446,6 @@ class TimerWorker:
         """Whether retention's idle batches should stop: the worker is no longer asleep with
         nothing due (woken, stopping, or passing again)."""
         return self._stop.is_set() or self._wake.is_set() or not self._asleep.is_set()
-
-    def _commands_busy(self) -> bool:
-        """Whether a batch of commands was stored within COMMANDS_QUIET_S."""
-        return self._clock.monotonic() - self._commands_at < COMMANDS_QUIET_S
 
     def _backoff(self, failures: int) -> float:
         # Never past the polling interval: it is the longest the worker may go without

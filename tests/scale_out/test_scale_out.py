@@ -4,6 +4,7 @@ three-node NATS JetStream cluster, with one service and one NATS node SIGKILLed 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import statistics
 import time
 from collections import Counter
@@ -90,7 +91,8 @@ async def read_events(js: JetStreamContext, expected: int) -> list[Fired]:
     """Every message of TIMER_EVENTS, through an ephemeral pull consumer in big batches.
 
     The JetStream API calls are retried: a request may go unanswered for longer than the
-    client's timeout on a busy machine while the cluster settles after the killed node."""
+    client's timeout on a busy machine while the cluster settles after the killed node, and
+    a fetch may be answered 503 then; the read then starts over on a new consumer."""
     totals: list[int] = []
     subscriptions: list[JetStreamContext.PullSubscription] = []
 
@@ -119,19 +121,30 @@ async def read_events(js: JetStreamContext, expected: int) -> list[Fired]:
     await wait_until_true(counted, within=60.0, what="the events stream's message count")
     total = totals[-1]
     assert total >= expected, f"the events stream holds {total} messages, expected {expected}"
-    await wait_until_true(subscribed, within=60.0, what="a consumer on the events stream")
-    sub = subscriptions[-1]
     messages: list[Msg] = []
-    deadline = time.monotonic() + 60.0
-    try:
-        while len(messages) < total:
-            assert time.monotonic() < deadline, f"read {len(messages)} of {total} events"
-            try:
-                messages += await sub.fetch(min(2000, total - len(messages)), timeout=5)
-            except TimeoutError:
-                continue
-    finally:
-        await sub.unsubscribe()
+    deadline = time.monotonic() + 120.0
+    failures: list[BaseException] = []
+    while len(messages) < total:
+        # A fetch answered 503 (no responders) means the consumer is not reachable yet or
+        # any more while the cluster settles: read again from the start on a new consumer.
+        # The read is whole only when one consumer gave every message.
+        assert time.monotonic() < deadline, f"read {len(messages)} of {total} events ({failures})"
+        await wait_until_true(subscribed, within=60.0, what="a consumer on the events stream")
+        sub = subscriptions[-1]
+        messages = []
+        try:
+            while len(messages) < total:
+                assert time.monotonic() < deadline, f"read {len(messages)} of {total} events"
+                try:
+                    messages += await sub.fetch(min(2000, total - len(messages)), timeout=5)
+                except TimeoutError:
+                    continue
+        except nats.errors.Error as exc:
+            failures.append(exc)
+            await asyncio.sleep(0.5)
+        finally:
+            with contextlib.suppress(nats.errors.Error):
+                await sub.unsubscribe()
     fired = []
     for msg in messages:
         event = decode_event(msg.data)

@@ -23,6 +23,7 @@ import sqlalchemy as sa
 from timer_adapters_sqlite._census import SqliteCensus, earliest_due, edge_of, stored_edge
 from timer_adapters_sqlite._disk import driver_of
 from timer_adapters_sqlite._errors import translate_error
+from timer_adapters_sqlite._firing import FiringLock
 from timer_adapters_sqlite._paths import database_path, require_directory
 from timer_adapters_sqlite._rows import entry_from_row, read_timestamp
 from timer_adapters_sqlite._schema import StoreMode, Synchronous, check_schema, create_sqlite_engine
@@ -55,6 +56,7 @@ from timer_core import (
     ConfigurationError,
     CorrelationId,
     DueCursor,
+    ExclusiveFiring,
     FindsDueByTenant,
     RemoteScheduleCallback,
     ReportsRemoteSchedules,
@@ -77,7 +79,9 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-class SqliteTimerStore(TimerStore, FindsDueByTenant, ReportsRemoteSchedules, SqliteCensus):
+class SqliteTimerStore(
+    TimerStore, FindsDueByTenant, ReportsRemoteSchedules, ExclusiveFiring, SqliteCensus
+):
     """A :class:`~timer_core.ports.TimerStore` on a SQLite file, through SQLAlchemy.
 
     ``mode="standalone"`` (default): the timer owns the file. ``mode="shared"``: the file is
@@ -103,6 +107,12 @@ class SqliteTimerStore(TimerStore, FindsDueByTenant, ReportsRemoteSchedules, Sql
     earliest due time, so the worker wakes (:class:`~timer_core.Timer` registers it through
     :meth:`watch_remote_schedules`). ``watch_interval_s=None`` turns the check off; the
     worker's poll stays the safety net either way.
+
+    One :class:`~timer_core.Timer` at a time fires a file's timers: the Timer takes the
+    file's firing lock at start (:meth:`acquire_firing`, an OS lock on
+    ``<path>.firing-lock``), and a second one, in this process or another, is refused with
+    :class:`~timer_core.errors.StoreInUse` until the first closes or its process ends.
+    Stores that only schedule and read, here or in other processes, are never refused.
 
     Nothing is opened before :meth:`start`, which also applies the migrations.
     ``migrate=False`` (for read-only tools) creates and changes nothing at start: it
@@ -154,6 +164,7 @@ class SqliteTimerStore(TimerStore, FindsDueByTenant, ReportsRemoteSchedules, Sql
         self._reader: Reader | None = None
         self._far = FarEdge(self._advance_far)
         self._lifecycle = asyncio.Lock()
+        self._firing = FiringLock(self.path)
 
     count_slice = 50_000
     """Index entries :meth:`count_scheduled` counts in one read (a few milliseconds)."""
@@ -231,20 +242,41 @@ class SqliteTimerStore(TimerStore, FindsDueByTenant, ReportsRemoteSchedules, Sql
                 self._watch = asyncio.create_task(self._watch_other_commits(self._watch_interval_s))
             log.debug("timer store on %s started (%s mode)", self.path, self.mode)
 
+    async def acquire_firing(self) -> None:
+        """Make this store the one that fires the file's timers (an OS lock on
+        ``<path>.firing-lock``), until :meth:`aclose` or the end of the process;
+        :class:`~timer_core.errors.StoreInUse` while another holds it. Needs no
+        :meth:`start`. :class:`~timer_core.Timer` calls it when it starts."""
+        async with self._lifecycle:
+            require_directory(self.path)
+            try:
+                await asyncio.to_thread(self._firing.acquire)
+            except OSError as exc:
+                raise StoreUnavailable(
+                    f"cannot lock {self.path}'s firing (its .firing-lock file): {exc}"
+                ) from exc
+
     async def aclose(self) -> None:
         async with self._lifecycle:
-            if self._writer is None or self._engine is None or self._reader is None:
-                return
-            await self._far.aclose()
-            engine, writer, reader = self._engine, self._writer, self._reader
-            self._engine = self._writer = self._reader = None
-            watch, self._watch = self._watch, None
-            if watch is not None:
-                watch.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await watch
-            await self._shutdown(engine, writer, reader)
-            log.debug("timer store on %s closed", self.path)
+            try:
+                await self._close_running()
+            finally:
+                # After the last write: the next owner never fires beside this one's marks.
+                self._firing.release()
+
+    async def _close_running(self) -> None:
+        if self._writer is None or self._engine is None or self._reader is None:
+            return
+        await self._far.aclose()
+        engine, writer, reader = self._engine, self._writer, self._reader
+        self._engine = self._writer = self._reader = None
+        watch, self._watch = self._watch, None
+        if watch is not None:
+            watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watch
+        await self._shutdown(engine, writer, reader)
+        log.debug("timer store on %s closed", self.path)
 
     @staticmethod
     async def _shutdown(engine: sa.Engine, writer: Writer, reader: Reader) -> None:

@@ -34,6 +34,7 @@ from timer_core.ports import (
     CommandSource,
     EnvelopeIdGenerator,
     EventPublisher,
+    ExclusiveFiring,
     ReportsRemoteSchedules,
     SharedClockStore,
     SystemClock,
@@ -264,6 +265,8 @@ class Timer:
             for resource in self._resources():
                 await resource.start()
                 opened.append(resource)
+            if isinstance(self._store, ExclusiveFiring):
+                await self._store.acquire_firing()  # a second firing Timer is refused here
         except BaseException:
             self._state = _State.CLOSED
             self._finished.set()

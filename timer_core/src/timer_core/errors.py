@@ -15,6 +15,7 @@ __all__ = [
     "SchemaNotFound",
     "SchemaVersionError",
     "StoreError",
+    "StoreInUse",
     "StoreUnavailable",
     "TimerError",
     "ValidationError",
@@ -66,6 +67,19 @@ class StoreError(TimerError):
 
 class StoreUnavailable(StoreError):
     """The store is locked, full, closed or unreachable right now (transient)."""
+
+
+class StoreInUse(StoreError):
+    """Another :class:`~timer_core.Timer` fires this store's timers, in this process or
+    another: a store that serves one firing Timer at a time (SQLite's, see
+    :class:`~timer_core.ports.ExclusiveFiring`) refuses a second one when it starts, until the
+    first is closed or its process has ended. Scheduling and reading through the store (or
+    another one on the same file) are never refused. The message names the fix; ``owner``
+    says who holds the store (``"process 1234"``, ``"this process"``)."""
+
+    def __init__(self, message: str, owner: str) -> None:
+        self.owner = owner
+        super().__init__(message)
 
 
 class SchemaVersionError(StoreError):

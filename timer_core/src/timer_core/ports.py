@@ -34,6 +34,7 @@ __all__ = [
     "DueCursor",
     "EnvelopeIdGenerator",
     "EventPublisher",
+    "ExclusiveFiring",
     "FindsDueByTenant",
     "LeasesClaims",
     "PendingTenant",
@@ -369,6 +370,27 @@ class ReportsRemoteSchedules(abc.ABC):
         the worker itself. ``None`` stops the calls. Returns whether anything will be
         reported (a store configured not to watch returns False).
         :class:`~timer_core.Timer` registers its worker here at start.
+        """
+
+
+class ExclusiveFiring(abc.ABC):
+    """A store whose timers one :class:`~timer_core.Timer` at a time may fire (a capability a
+    :class:`TimerStore` may have): SQLite's, where nothing claims timers between instances, so
+    two firing Timers on one file would each fire every timer. :class:`~timer_core.Timer`
+    calls :meth:`acquire_firing` once when it starts, after starting the store and before its
+    worker runs; a second firing Timer is thus refused at ``start()`` / ``async with``.
+    Scheduling and reading (other stores on the same storage, a host's own transaction) are
+    never refused."""
+
+    @abc.abstractmethod
+    async def acquire_firing(self) -> None:
+        """Make this instance the one that fires the storage's timers, until :meth:`aclose
+        <AsyncResource.aclose>` or the end of its process (a process killed with ``SIGKILL``
+        leaves nothing behind that would refuse its restart).
+
+        Raises :class:`~timer_core.errors.StoreInUse`, naming the fix, while another
+        instance, in this process or another, holds it. Idempotent on the instance that holds
+        it (a host may take it before starting anything else beside the store).
         """
 
 

@@ -12,7 +12,13 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 from timer_adapters_nats.embedded import NatsServerProcess
-from timer_core import Instrumentation
+from timer_core import (
+    ConfigurationError,
+    ExclusiveFiring,
+    Instrumentation,
+    StoreError,
+    StoreInUse,
+)
 from timer_core.redaction import redact_url
 from timer_service.bootstrap import bootstrap, build_store
 from timer_service.service import HEALTHY_POLL_AGE_S, StartupError, TimerService
@@ -47,6 +53,12 @@ async def serve(
     """Run the service until ``stop`` is set; raises :class:`StartupError`, or
     :class:`~timer_core.errors.ComponentFailed` after a clean shutdown if a part stopped."""
     async with contextlib.AsyncExitStack() as stack:
+        store = build_store(settings)
+        if isinstance(store, ExclusiveFiring):
+            # SQLite: the file's firing is this service's before anything starts beside it (a
+            # second service would start a second embedded nats-server on the same directory).
+            stack.push_async_callback(store.aclose)  # a no-op once the timer closed it
+            await _acquire_firing(store, settings)
         broker_url = settings.broker_url
         if broker_url is None:
             broker_url = await stack.enter_async_context(embedded_broker(settings))
@@ -55,7 +67,7 @@ async def serve(
             telemetry, shutdown = _opentelemetry(settings)
             stack.callback(shutdown)  # after the service stopped: flushes the last spans
         service = await stack.enter_async_context(
-            bootstrap(settings, broker_url, telemetry=telemetry)
+            bootstrap(settings, broker_url, telemetry=telemetry, store=store)
         )
         # What is made by now (modules, settings, connections, caches) lasts as long as the
         # process: frozen out of the cyclic collector, whose full collections then walk only
@@ -75,6 +87,20 @@ async def serve(
             on_ready(service)
         await service.run(stop)
     log.info("timer-service stopped")
+
+
+async def _acquire_firing(store: ExclusiveFiring, settings: Settings) -> None:
+    try:
+        await store.acquire_firing()
+    except StoreInUse as exc:
+        raise StartupError(
+            f"TIMER_DB_PATH={settings.db_path}: another timer-service (or Timer) fires this "
+            f"file's timers (in {exc.owner}): stop it first, or give this service a "
+            "TIMER_DB_PATH of its own; several instances sharing the work need PostgreSQL "
+            "(TIMER_DATABASE_URL)"
+        ) from exc
+    except (StoreError, ConfigurationError) as exc:
+        raise StartupError(f"TIMER_DB_PATH={settings.db_path}: {exc}") from exc
 
 
 @contextlib.asynccontextmanager

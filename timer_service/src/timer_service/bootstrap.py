@@ -23,17 +23,19 @@ def bootstrap(
     broker_url: str,
     *,
     telemetry: Callable[[Instrumentation], Instrumentation] | None = None,
+    store: TimerStore | None = None,
 ) -> TimerService:
     """The service for ``settings`` on the broker at ``broker_url``, built but not started.
 
     ``telemetry`` wraps the Prometheus instrumentation in what the parts report to instead
-    (OpenTelemetry's: :func:`timer_service.otel.configure`).
+    (OpenTelemetry's: :func:`timer_service.otel.configure`). ``store`` is the one
+    :func:`build_store` made already (default: a new one).
     """
     metrics = PrometheusInstrumentation()
     instrumentation = metrics if telemetry is None else telemetry(metrics)
     broker = NatsBroker(nats_settings(settings, broker_url), instrumentation=instrumentation)
     timer = Timer(
-        build_store(settings),
+        build_store(settings) if store is None else store,
         broker.publisher,
         commands=broker.command_source(),
         # No clock given: the store's shared one decides (the database's on PostgreSQL),

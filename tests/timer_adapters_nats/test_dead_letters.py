@@ -10,9 +10,11 @@ from tests.timer_adapters_nats.jetstream import read_stream
 from timer_adapters_nats import (
     ERROR_HEADER,
     TRUNCATED_HEADER,
+    BrokerUnavailable,
     DeadLetters,
     NatsBroker,
 )
+from timer_adapters_nats.embedded import NatsServerProcess
 from timer_core import InvalidIdentifier
 
 
@@ -126,3 +128,15 @@ class TestReplay:
         """``data`` with other than one sequence is a ValueError before anything is sent."""
         with pytest.raises(ValueError, match="exactly one"):
             await DeadLetters(broker).replay([1, 2], data=b"{}")
+
+
+class TestBrokerGone:
+    async def test_listing_without_an_answer_is_broker_unavailable(
+        self, broker: NatsBroker, nats_server: NatsServerProcess
+    ) -> None:
+        """With the server gone, listing dead letters raises the adapter's BrokerUnavailable
+        naming the broker, not an error of nats-py's."""
+        nats_server.stop()
+        with pytest.raises(BrokerUnavailable, match="did not answer a dead-letter list") as caught:
+            await DeadLetters(broker).list()
+        assert broker.settings.url in str(caught.value)

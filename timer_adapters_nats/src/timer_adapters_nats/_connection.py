@@ -46,7 +46,8 @@ CLOSE_TIMEOUT_S = 2.0
 
 
 class BrokerUnavailable(TimerError, ConnectionError):
-    """The NATS server could not be reached (or JetStream is not enabled on it) at start."""
+    """The NATS server could not be reached (or JetStream is not enabled on it) at start, or
+    did not answer a call that has no error of its own (listing dead letters)."""
 
 
 #: What a JetStream API call raises when JetStream is off or does not answer.

@@ -8,18 +8,21 @@ reads them back and re-publishes them to the command subject of their tenant.
 from __future__ import annotations
 
 import builtins
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 from datetime import datetime
 
 import attrs
+import nats.errors
 from nats.aio.msg import Msg
 from nats.js.errors import NotFoundError
 
 from timer_adapters_nats._acked import MSG_ID, Outgoing
-from timer_adapters_nats._connection import NatsConnection
+from timer_adapters_nats._connection import BrokerUnavailable, NatsConnection
 from timer_adapters_nats._settings import Subjects
 from timer_core import DecodeError, InvalidIdentifier, TenantId
 from timer_core.codec import decode_command
+from timer_core.redaction import redact_url
 
 __all__ = [
     "ERROR_HEADER",
@@ -126,7 +129,7 @@ class DeadLetters:
         """Dead letters in stream order, of one tenant (``_`` = unreadable tenant) or all.
 
         Raises :class:`~timer_core.errors.InvalidIdentifier` for a ``tenant`` that cannot be
-        one.
+        one, :class:`~timer_adapters_nats.BrokerUnavailable` when the broker does not answer.
         """
         subject = (
             self._subjects.dlq_filter if tenant is None else self._subjects.dlq(TenantId(tenant))
@@ -136,7 +139,8 @@ class DeadLetters:
         seq = 1
         while len(found) < limit:
             try:
-                raw = await js.get_msg(self._stream, seq=seq, subject=subject, next=True)
+                with self._answering("list"):
+                    raw = await js.get_msg(self._stream, seq=seq, subject=subject, next=True)
             except NotFoundError:
                 break
             assert raw.seq is not None
@@ -155,7 +159,8 @@ class DeadLetters:
         bytes, to the command subject of its own tenant, and only if it decodes. A dead letter
         whose tenant was unreadable, or whose body was cut to fit (``Timer-Truncated``), cannot
         be sent unchanged and stays. A replayed one is removed from the stream once JetStream
-        acknowledged the command.
+        acknowledged the command. Raises :class:`~timer_adapters_nats.BrokerUnavailable` when
+        the broker does not answer (what was replayed before stays replayed).
         """
         if data is not None and len(sequences) != 1:
             raise ValueError("a fixed command replaces exactly one dead letter")
@@ -163,7 +168,8 @@ class DeadLetters:
         results: list[Replayed] = []
         for seq in sequences:
             try:
-                raw = await js.get_msg(self._stream, seq=seq)
+                with self._answering("replay"):
+                    raw = await js.get_msg(self._stream, seq=seq)
             except NotFoundError:
                 results.append(Replayed(seq, False, "not found"))
                 continue
@@ -198,10 +204,25 @@ class DeadLetters:
             subject = self._subjects.commands(routed)
             # No Nats-Msg-Id: the original id may still be in the command stream's duplicate
             # window, which would drop the replay.
-            ack = await js.publish(subject, body)
-            await js.delete_msg(self._stream, seq)
+            with self._answering("replay"):
+                ack = await js.publish(subject, body)
+                await js.delete_msg(self._stream, seq)
             results.append(Replayed(seq, True, f"replayed to {subject} (seq {ack.seq})"))
         return results
+
+    @contextlib.contextmanager
+    def _answering(self, what: str) -> Iterator[None]:
+        """nats-py's errors as the adapter's own (the not-found ones pass: they are answers)."""
+        try:
+            yield
+        except NotFoundError:
+            raise
+        except nats.errors.Error as exc:
+            url = redact_url(self._connection.settings.url)
+            raise BrokerUnavailable(
+                f"the broker at {url} did not answer a dead-letter {what}: "
+                f"{type(exc).__name__} {redact_url(str(exc))}".rstrip()
+            ) from exc
 
     def _tenant_of(self, subject: str) -> str:
         return subject.removeprefix(f"{self._subjects.prefix}.dlq.")

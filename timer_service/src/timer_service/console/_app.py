@@ -12,8 +12,6 @@ from datetime import datetime
 from typing import Any
 from urllib.parse import parse_qs, urlencode
 
-import nats.errors
-
 from timer_adapters_nats import BrokerUnavailable, DeadLetter, DeadLetters
 from timer_core import (
     Clock,
@@ -189,7 +187,7 @@ class Console:
         except ValidationError as exc:
             page.status, page.error = 400, str(exc)
             html = Html("")
-        except (StoreError, BrokerUnavailable, nats.errors.Error) as exc:
+        except (StoreError, BrokerUnavailable) as exc:
             reason = redact_url(str(exc))  # a driver's message may carry a URL's password
             log.warning("console: %s %s failed: %s", request.method, request.path, reason)
             page.status, page.error = 503, f"the database or the broker did not answer: {reason}"

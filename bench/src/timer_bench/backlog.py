@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from timer_bench import kit, sqlite
-from timer_bench.kit import TENANTS, now_ms, stamp
+from timer_bench.kit import TENANTS, mib, now_ms, stamp
 from timer_bench.procs import Broker, CheckFailed, Service, postgres, vm_kib
 
 SPREAD_MS = 3_600_000  # overdue by up to an hour
@@ -37,10 +37,6 @@ def overdue_rows(count: int, base_ms: int, tenants: int) -> Iterator[sqlite.Row]
     for i in range(count):
         due = stamp(base_ms - SPREAD_MS + rng.randrange(SPREAD_MS - 1000))
         yield (f"tenant-{i % tenants:02d}", f"backlog-{i:08d}", f"trace-{i:08d}", due, registered)
-
-
-def mib(kib: int) -> float:
-    return round(kib / 1024, 1)
 
 
 class Backlog(Protocol):

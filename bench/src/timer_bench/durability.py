@@ -20,7 +20,7 @@ import contextlib
 import shutil
 import tempfile
 from collections.abc import Awaitable, Callable, Iterator
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -28,9 +28,10 @@ import timer_adapters_postgres._connections as postgres_store
 from timer_adapters_postgres import PostgresTimerStore
 from timer_adapters_sqlite import SqliteTimerStore
 from timer_bench import kit, procs
+from timer_bench.store import T0
+from timer_bench.store import entries as store_timers
 from timer_core import TimerEntry, TimerStore
 
-T0 = datetime(2030, 1, 1, tzinfo=UTC)
 #: The server default the store used to inherit, on an otherwise durable server.
 POSTGRES = {"fsync": "on", "synchronous_commit": "off", "full_page_writes": "on"}
 SIDES = ("old", "new")
@@ -39,12 +40,8 @@ Measure = Callable[[TimerStore, int], Awaitable[float]]
 
 
 def entries(count: int, prefix: str) -> list[TimerEntry]:
-    return [
-        TimerEntry(
-            f"tenant-{i % kit.TENANTS}", f"{prefix}-{i:07d}", T0 + timedelta(milliseconds=i), T0
-        )
-        for i in range(count)
-    ]
+    """The store scenario's timers, due a millisecond apart, without correlation ids."""
+    return store_timers(count, prefix, spacing_ms=1, correlated=False)
 
 
 async def batches_of_1000(store: TimerStore, count: int) -> float:

@@ -79,6 +79,11 @@ def rate(count: float, seconds: float) -> float:
     return round(count / seconds, 1) if seconds > 0 else math.inf
 
 
+def mib(kib: float) -> float:
+    """KiB (a process's ``/proc`` figures, a file's size / 1024) in MiB, one decimal."""
+    return round(kib / 1024, 1)
+
+
 # -- statistics ------------------------------------------------------------------------------
 
 

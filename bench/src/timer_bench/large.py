@@ -43,7 +43,7 @@ from typing import Any, Protocol
 from timer_bench import kit
 from timer_bench import sqlite as bench_sqlite
 from timer_bench.e2e import future_commands, steady_lateness
-from timer_bench.kit import now_ms, percentiles
+from timer_bench.kit import mib, now_ms, percentiles
 from timer_bench.procs import (
     DURABLE_PG,
     Broker,
@@ -74,10 +74,6 @@ AUTO_EXPLAIN = {
     "auto_explain.log_format": "json",
     "auto_explain.sample_rate": "0.02",
 }
-
-
-def mib(kib: float) -> float:
-    return round(kib / 1024, 1)
 
 
 # -- the stores ------------------------------------------------------------------------------

@@ -25,14 +25,18 @@ Measured = tuple[float, float]
 """Items per wall-clock second, and CPU microseconds per item (all threads)."""
 
 
-def entries(count: int, prefix: str) -> list[TimerEntry]:
+def entries(
+    count: int, prefix: str, *, spacing_ms: int = 37, correlated: bool = True
+) -> list[TimerEntry]:
+    """``count`` timers over :data:`kit.TENANTS` tenants, registered at :data:`T0` and due
+    ``spacing_ms`` apart from it, with a correlation id each unless ``correlated=False``."""
     return [
         TimerEntry(
             tenant_id=f"tenant-{i % kit.TENANTS}",
             service_call_id=f"{prefix}-{i:08d}",
-            due_at=T0 + timedelta(milliseconds=i * 37),
+            due_at=T0 + timedelta(milliseconds=i * spacing_ms),
             registered_at=T0,
-            correlation_id=f"trace-{i:08d}",
+            correlation_id=f"trace-{i:08d}" if correlated else None,
         )
         for i in range(count)
     ]

@@ -7,26 +7,14 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import psutil
 
 from tests.timer_service.process import ServiceProcess, free_port
+from tests.timer_service.test_service import run_cli
 from timer_service.cli import EXIT_CONFIG
-
-
-def run_cli(*args: str, env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "timer_service.cli", *args],
-        env=env,
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
 
 
 def embedded_env(db_path: Path) -> dict[str, str]:

@@ -22,6 +22,7 @@ from timer_core import (
     TimerEntry,
 )
 from timer_core.codec import (
+    MAX_NESTING,
     decode_command,
     decode_envelope,
     decode_event,
@@ -243,6 +244,41 @@ class TestTotalDecoding:
     def test_hostile_documents(self, data: bytes) -> None:
         """Empty, deeply nested, huge or non-standard JSON fails with a DecodeError."""
         assert decode_fails(data).field == "$"
+
+    @pytest.mark.parametrize("decoder", DECODERS)
+    @pytest.mark.parametrize("place", ["extension", "payload extension", "id"])
+    @given(commands=ts.command_envelopes(), events=ts.envelopes(ts.due_time_reached()))
+    @settings(max_examples=5)
+    def test_nesting_is_limited_alike_on_every_interpreter(
+        self,
+        decoder: Any,
+        place: str,
+        commands: MessageEnvelope[Any],
+        events: MessageEnvelope[Any],
+    ) -> None:
+        """Objects and arrays nest at most MAX_NESTING levels (the envelope is the first):
+        one level more is refused at "$" naming the limit, and so is a document nested far
+        deeper than Python 3.11's recursion limit lets json.loads read (3.14 reads it)."""
+        obj = envelope_to_dict(events if decoder is decode_event else commands)
+
+        def nest(levels: int) -> str:
+            """The document with arrays ``levels`` deep, the envelope counted, at ``place``."""
+            holder, key, arrays = {
+                "extension": (obj, "ext", levels - 1),
+                "payload extension": (obj["payload"], "ext", levels - 2),
+                "id": (obj, "id", levels - 1),
+            }[place]
+            holder[key] = "nested here"  # json.dumps itself would recurse too deep on 3.11
+            return json.dumps(obj).replace('"nested here"', "[" * arrays + '"x"' + "]" * arrays)
+
+        if place != "id":
+            decoder(nest(MAX_NESTING))
+        error = decode_fails(nest(MAX_NESTING + 1), decoder)
+        assert (error.field, error.reason) == (
+            "$",
+            f"JSON is nested more than {MAX_NESTING} levels deep",
+        )
+        assert decode_fails(nest(3000), decoder).field == "$"
 
     @given(ts.command_envelopes(), st.sampled_from(["utf-16", "utf-32", "utf-8-sig"]))
     def test_only_utf8_is_read(self, envelope: MessageEnvelope[Any], encoding: str) -> None:

@@ -70,6 +70,22 @@ class TestFakeClockSleep:
         clock.advance(0.001)
         await asyncio.wait_for(sleeper, 1)
 
+    async def test_a_sleep_counts_from_the_call_not_from_its_first_step(self) -> None:
+        """A sleep handed to a task ends its seconds after the call, even when the clock
+        moves before the task first runs: advancing by what was asked wakes it, and a sleep
+        the clock has already passed returns at once without counting as a sleeper."""
+        clock = FakeClock(START)
+        sleeper = asyncio.ensure_future(clock.sleep(5))
+        clock.advance(3)  # before the task's first step
+        await clock.wait_for_sleepers(1)
+        assert clock.pending_sleeps() == [2.0]
+        clock.advance(2)
+        await asyncio.wait_for(sleeper, 1)
+        passed = asyncio.ensure_future(clock.sleep(1))
+        clock.advance(1)
+        await asyncio.wait_for(passed, 1)
+        assert clock.sleepers == 0
+
     async def test_zero_sleep_returns_at_once(self) -> None:
         """Sleeping zero or negative seconds does not wait for the clock."""
         clock = FakeClock(START)

@@ -6,7 +6,9 @@ import asyncio
 import heapq
 import itertools
 import threading
+from collections.abc import Coroutine
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from timer_adapters_memory._waits import DEFAULT_TIMEOUT_S, within
 from timer_core.instants import require_utc
@@ -46,18 +48,30 @@ class FakeClock:
         with self._lock:
             return self._mono_us / 1_000_000
 
-    async def sleep(self, seconds: float) -> None:
-        """Return once the monotonic clock has been advanced by ``seconds``."""
+    def sleep(self, seconds: float) -> Coroutine[Any, Any, None]:
+        """Return once the monotonic clock has been advanced by ``seconds`` from the call.
+
+        From the call, not from the first step of the coroutine: a sleep handed to a task
+        (``asyncio.ensure_future(clock.sleep(5))``) ends five fake seconds after it was asked
+        for, even when the clock is advanced before the task first runs (as it can be once a
+        wait returns ahead of that task, which Python 3.12 and later do more often).
+        """
         micros = _micros(seconds)
-        if micros <= 0:
-            await asyncio.sleep(0)
-            return
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         with self._lock:
             deadline = self._mono_us + micros
+        return self._sleep_until(deadline)
+
+    async def _sleep_until(self, deadline: int) -> None:
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        with self._lock:
+            passed = deadline <= self._mono_us  # advanced that far since the call already
             item = (deadline, next(self._order), future)
-            heapq.heappush(self._sleepers, item)
-            self._notify_watchers()
+            if not passed:
+                heapq.heappush(self._sleepers, item)
+                self._notify_watchers()
+        if passed:
+            await asyncio.sleep(0)
+            return
         try:
             await future
         finally:

@@ -20,10 +20,12 @@ class _Store:
         self.stored: datetime | None = None
         self.gate = asyncio.Event()
         self.gate.set()
+        self.called = asyncio.Event()
         self.fail = False
 
     async def advance(self, target: datetime) -> datetime | None:
         self.targets.append(target)
+        self.called.set()
         await self.gate.wait()
         if self.fail:
             raise RuntimeError("disk full")
@@ -65,8 +67,10 @@ async def test_within_lead_of_the_edge_the_move_runs_beside_the_find() -> None:
     far = FarEdge(store.advance)
     await far.before_find(T0)
     store.gate.clear()
+    store.called.clear()
     near_edge = T0 + timedelta(minutes=25)
     await asyncio.wait_for(far.before_find(near_edge), 1)  # returns with the move blocked
+    await asyncio.wait_for(store.called.wait(), 1)  # the move beside it has begun
     await far.before_find(near_edge)
     assert store.targets == [T0 + timedelta(minutes=30), edge_for(near_edge)]
     store.gate.set()

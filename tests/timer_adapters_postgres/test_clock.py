@@ -138,6 +138,29 @@ class TestSkew:
         assert "behind" in warnings[0].getMessage()
         assert any("back within" in r.getMessage() for r in caplog.records)
 
+    async def test_the_warning_at_start_names_the_quickest_first_reading(
+        self, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """start() takes its first readings before it judges the skew: a first round trip
+        stretched by a busy host (400 ms: +3.200 s) does not set the skew the one warning
+        names; the quick one after it (2 ms: +3.000 s) does."""
+        mono = [0.0]
+        round_trips = iter([0.4, 0.002, 0.002])
+
+        async def read() -> datetime:
+            sent = mono[0]
+            mono[0] += next(round_trips)
+            return T0 + timedelta(seconds=sent)  # read at the round trip's start
+
+        host_ahead = T0.timestamp() - mono[0] + 3.0
+        clock = DatabaseClock(read, monotonic=lambda: mono[0], wall=lambda: host_ahead + mono[0])
+        with caplog.at_level(logging.WARNING, logger="timer_adapters_postgres._clock"):
+            await clock.start()
+            await clock.aclose()
+        warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+        assert len(warnings) == 1
+        assert "+3.001 s off" in warnings[0], warnings
+
     def test_no_warning_within_the_threshold_or_when_turned_off(
         self, caplog: pytest.LogCaptureFixture
     ) -> None:

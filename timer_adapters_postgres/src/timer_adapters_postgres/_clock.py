@@ -91,6 +91,7 @@ class DatabaseClock:
             maxlen=_SKEW_READINGS
         )
         self._warned_at: float | None = None
+        self._judging = True  # whether a reading judges the skew (not while start reads)
         self._refreshing: asyncio.Task[None] | None = None
 
     def __repr__(self) -> str:
@@ -136,8 +137,15 @@ class DatabaseClock:
         """Read the database's clock (errors raised), then keep refreshing it. Idempotent."""
         if self._refreshing is not None:
             return
-        for _ in range(_FIRST_READINGS):
-            await self.refresh()
+        # The skew is judged once the first readings are in: on a busy host the first round
+        # trip alone can be stretched well past the quickest of them.
+        self._judging = False
+        try:
+            for _ in range(_FIRST_READINGS):
+                await self.refresh()
+        finally:
+            self._judging = True
+        self._judge_skew(self._monotonic())
         self._refreshing = asyncio.create_task(self._refresh_forever(), name="timer-db-clock")
 
     async def aclose(self) -> None:
@@ -175,7 +183,8 @@ class DatabaseClock:
         self._readings.append((round_trip, skew))
         # The quickest; of equally quick ones the latest.
         self._round_trip_s, self._skew_s = min(reversed(self._readings), key=_round_trip)
-        self._judge_skew(received)
+        if self._judging:
+            self._judge_skew(received)
 
     # -- inside ------------------------------------------------------------------------------
 

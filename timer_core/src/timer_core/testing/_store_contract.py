@@ -215,6 +215,21 @@ class TimerStoreContract(_OneStore):
         (found,) = await store.list_for_tenant(A)
         assert found.trace_context == TraceContext(TRACEPARENT, "a=1")
 
+    async def test_a_stored_timer_never_carries_the_callers_claim(self, store: TimerStore) -> None:
+        """A store keeps what a timer is, not the claim the caller's entry carried (an entry
+        another store found and claimed, scheduled again): reads return no claim."""
+        claimed = attrs.evolve(entry("tenant-a", "call-1", 10, correlation="c"), claim=41)
+        moved = attrs.evolve(entry("tenant-a", "call-2", 10, correlation="c"), claim=42)
+        await store.apply([claimed, entry("tenant-a", "call-2", 5, correlation="c"), moved])
+        reads = [
+            await store.get(A, ServiceCallId("call-1")),
+            await store.get(A, ServiceCallId("call-2")),
+            *await store.list_for_tenant(A),
+            *await store.find_by_correlation(A, CorrelationId("c")),
+            *await store.find_due_for_tenant(A, at(100), 10),
+        ]
+        assert [read.claim for read in reads if read is not None] == [None] * 8
+
     # -- cancel ------------------------------------------------------------------------------
 
     async def test_cancel_removes_scheduled_timer(self, store: TimerStore) -> None:
@@ -340,6 +355,19 @@ class TimerStoreContract(_OneStore):
         assert keys(await store.find_due(at(10), 10)) == [("tenant-a", "on-time")]
         assert keys(await store.find_due_for_tenant(A, at(10), 10)) == [("tenant-a", "on-time")]
         assert await store.find_due(at(10) - timedelta(milliseconds=1), 10) == []
+
+    async def test_no_find_returns_a_timer_a_millisecond_early(self, store: TimerStore) -> None:
+        """Never early, to the millisecond: a timer due 1 ms after ``now`` is found by no
+        find (a store that compares whole seconds, or rounds, fires it early)."""
+        soon = entry("tenant-a", "soon", at(10) + timedelta(milliseconds=1))
+        await store.apply([soon, entry("tenant-a", "late", at(10) + timedelta(milliseconds=999))])
+        assert await store.find_due(at(10), 10) == []
+        assert await store.find_due_for_tenant(A, at(10), 10) == []
+        assert keys(await store.find_due(at(10) + timedelta(milliseconds=1), 10)) == keys([soon])
+        if isinstance(store, FindsDueByTenant):
+            assert await store.find_due_by_tenant(at(10), 10, after={}) == []
+            due = await store.find_due_by_tenant(at(10) + timedelta(milliseconds=998), 10, after={})
+            assert keys(due) == keys([soon])
 
     async def test_find_due_orders_by_due_at_then_tenant_then_call(self, store: TimerStore) -> None:
         """Due timers of all tenants come in (due_at, tenant_id, service_call_id) order."""
@@ -969,6 +997,40 @@ class TimerStoreContract(_OneStore):
             CommandOutcome.SCHEDULED
         ]
         assert await store.get(A, ServiceCallId("k")) == entry("tenant-a", "k", 20)
+
+    async def test_plain_cancel_keeps_a_tombstone_already_there(self, store: TimerStore) -> None:
+        """A cancel without a position leaves a key's cancel tombstone where it is: a
+        positioned schedule older than that tombstone stays STALE after it."""
+        assert await store.apply([positioned(cancel("tenant-a", "k"), 7)]) == [
+            CommandOutcome.CANCEL_NOOP
+        ]
+        assert await store.cancel(A, ServiceCallId("k")) is CommandOutcome.CANCEL_NOOP
+        assert await store.apply([positioned(entry("tenant-a", "k", 10), 6)]) == [
+            CommandOutcome.STALE
+        ]
+        await store.apply([positioned(entry("tenant-a", "j", 10), 5)])
+        await store.apply([positioned(cancel("tenant-a", "j"), 8)])
+        assert await store.schedule(entry("tenant-a", "j", 20)) is CommandOutcome.SCHEDULED
+        assert await store.cancel(A, ServiceCallId("j")) is CommandOutcome.CANCELLED
+        assert await store.apply([positioned(entry("tenant-a", "j", 30), 7)]) == [
+            CommandOutcome.STALE
+        ]
+        assert await store.get(A, ServiceCallId("k")) is None
+        assert await store.get(A, ServiceCallId("j")) is None
+
+    async def test_plain_cancel_of_a_reached_timer_keeps_its_position(
+        self, store: TimerStore
+    ) -> None:
+        """A cancel without a position of a ``Reached`` timer changes nothing, its position
+        included: an older positioned schedule is still STALE, not IGNORED_REACHED."""
+        timer = entry("tenant-a", "k", 1)
+        await store.apply([positioned(timer, 5)])
+        await store.mark_reached([timer.reach(at(2))])
+        assert await store.cancel(A, ServiceCallId("k")) is CommandOutcome.CANCEL_NOOP
+        assert await store.apply([positioned(entry("tenant-a", "k", 9), 4)]) == [
+            CommandOutcome.STALE
+        ]
+        assert await store.get(A, ServiceCallId("k")) == timer.reach(at(2))
 
     # -- concurrency and durability ----------------------------------------------------------
 

@@ -30,21 +30,13 @@ from timer_core import (
 )
 from timer_core.fair_share import FairShare, longest_waiting_first
 from timer_core.instants import require_utc
+from timer_core.leases import Lease, claim_token
 from timer_core.replay import StoredKey, marked, operation_keys, replay
 
 __all__ = ["LeasingMemoryTimerStore", "MemoryTimerStore"]
 
 _owner_numbers = itertools.count(1)
-
-
-@attrs.define
-class _Lease:
-    """The claim column of a SQL store: who holds a timer until when (monotonic seconds), and
-    a token bumped by every claim (kept when released, so an old claim stays fenced)."""
-
-    owner: str | None
-    until: float | None
-    token: int
+_FREE = Lease()
 
 
 class _Storage:
@@ -60,7 +52,8 @@ class _Storage:
         self.due_index: list[DueCursor] = []
         # The same per tenant, in (due_at, service_call_id) order: find_due_by_tenant.
         self.tenant_index: dict[TenantId, list[tuple[datetime, ServiceCallId]]] = {}
-        self.leases: dict[TimerKey, _Lease] = {}
+        # The claim columns of a SQL store, on monotonic seconds (timer_core.leases' rules).
+        self.leases: dict[TimerKey, Lease] = {}
         # The highest command position applied per key (PositionedOperation), and the
         # tombstones of positioned cancels: key -> (position, when cancelled).
         self.positions: dict[TimerKey, int | None] = {}
@@ -91,7 +84,7 @@ class _Storage:
     def drop_lease(self, key: TimerKey) -> None:
         lease = self.leases.get(key)
         if lease is not None:
-            lease.owner = lease.until = None
+            self.leases[key] = lease.released()
 
     def stored_key(self, key: TimerKey) -> StoredKey:
         """What is stored for ``key``, as :func:`~timer_core.replay.replay` reads it."""
@@ -292,38 +285,22 @@ class MemoryTimerStore(TimerStore, FindsDueByTenant, MemoryCensus):
             found.sort(key=DueCursor.of)
             return found
 
-    def _held_by_another(self, storage: _Storage, key: TimerKey, instant: float) -> bool:
-        lease = storage.leases.get(key)
-        return (
-            lease is not None
-            and lease.owner is not None
-            and lease.owner != self._owner
-            and lease.until is not None
-            and lease.until >= instant
-        )
-
     def _claimed(self, storage: _Storage, key: TimerKey, instant: float) -> TimerEntry | None:
         """The timer of ``key`` claimed for this instance, carrying its claim (the lease
         token), unless another instance holds a live claim on it."""
         assert self._lease_s is not None
-        if self._held_by_another(storage, key, instant):
+        lease = storage.leases.get(key, _FREE)
+        if not lease.claimable_by(self._owner, instant):
             return None
-        lease = storage.leases.setdefault(key, _Lease(None, None, 0))
-        lease.owner, lease.until, lease.token = (
-            self._owner,
-            instant + self._lease_s,
-            lease.token + 1,
-        )
+        lease = storage.leases[key] = lease.claimed(self._owner, instant, self._lease_s)
         return attrs.evolve(storage.timers[key], claim=lease.token)
 
-    def _fenced(self, storage: _Storage, key: TimerKey, token: Hashable | None) -> bool:
+    def _fenced(self, storage: _Storage, key: TimerKey, claim: Hashable | None) -> bool:
         """Whether this instance may no longer mark or release ``key`` (the fence)."""
         if self._lease_s is None:
             return False
-        lease = storage.leases.get(key)
-        if token is None:  # never claimed here: only if nobody else holds it now
-            return self._held_by_another(storage, key, self._clock.monotonic())
-        return lease is None or lease.owner != self._owner or lease.token != token
+        lease = storage.leases.get(key, _FREE)
+        return not lease.settles(self._owner, claim, self._clock.monotonic())
 
     async def find_due_for_tenant(
         self, tenant_id: TenantId, now: datetime, limit: int
@@ -403,7 +380,7 @@ class MemoryTimerStore(TimerStore, FindsDueByTenant, MemoryCensus):
             instant = self._clock.monotonic()
             for cursor in storage.due_index:
                 key = TimerKey(cursor.tenant_id, cursor.service_call_id)
-                if not self._held_by_another(storage, key, instant):
+                if storage.leases.get(key, _FREE).claimable_by(self._owner, instant):
                     return cursor.due_at
             return None
 
@@ -454,7 +431,7 @@ class LeasingMemoryTimerStore(MemoryTimerStore, LeasesClaims):
         with self._storage.lock:
             storage = self._check("release_claims")
             for entry in entries:
-                token = entry.claim
+                token = claim_token(entry)
                 current = storage.timers.get(entry.key)
                 if token is None or current is None or not current.is_scheduled:
                     continue

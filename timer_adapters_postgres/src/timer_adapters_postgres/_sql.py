@@ -87,7 +87,8 @@ RETURNING edge
 # Claiming: the LIMIT sits inside the locking subquery, which walks ix_timer_schedules_due in
 # order, skips rows another transaction holds, and stops after :limit rows (no sort, no scan
 # of the whole backlog). A row whose lease ran out, or that this owner holds, is claimable
-# again; every claim bumps lease_token, which fences marks by an earlier claim. The outer
+# again; every claim bumps lease_token, which fences marks by an earlier claim (the rules of
+# timer_core.leases.Lease, here as predicates on the lease columns). The outer
 # UPDATE finds the locked rows by ctid (a TID scan): matched by key instead, as
 # "(tenant_id, service_call_id) IN (...)", PostgreSQL turns it into a hash semi-join over a
 # sequential scan of the whole table for batches of ~1000 and for every generic plan (which
@@ -405,8 +406,9 @@ WHERE ctid = ANY(ARRAY(
     ) AS m
 ))
 """
-# The fence: a timer this store claimed is marked only under that very claim (same owner,
-# same token: nobody claimed it since); one it never claimed only if nobody holds it now.
+# The fence (timer_core.leases.Lease.settles): a timer this store claimed is marked only
+# under that very claim (same owner, same token: nobody claimed it since); one it never
+# claimed only if nobody holds it now.
 # One statement per reached_at (a firing batch shares one).
 MARK = sa.text(
     LOCKED_BY_KEY.format(

@@ -83,6 +83,7 @@ from timer_core import (
 )
 from timer_core.horizon import FarEdge
 from timer_core.instants import require_utc
+from timer_core.leases import claim_token
 from timer_core.redaction import redact_url
 
 __all__ = ["MOVE_BATCH", "PostgresTimerStore"]
@@ -395,7 +396,7 @@ class PostgresTimerStore(
         for entry in entries:
             if entry.reached_at is None:
                 raise ValueError(f"timer {entry.tenant_id}/{entry.service_call_id} is not Reached")
-        tokens = [_token(entry) for entry in entries]
+        tokens = [claim_token(entry) for entry in entries]
         # A firing batch shares one reached_at: one statement then, else one per value.
         groups: dict[datetime | None, list[int]] = {}
         for index, entry in enumerate(entries):
@@ -430,7 +431,7 @@ class PostgresTimerStore(
 
     async def release_claims(self, entries: Sequence[TimerEntry]) -> None:
         """Drop this store's claims on ``entries`` so any instance may claim them at once."""
-        tokens = [_token(entry) for entry in entries]
+        tokens = [claim_token(entry) for entry in entries]
         claimed = [
             (e.key, token) for e, token in zip(entries, tokens, strict=True) if token is not None
         ]
@@ -622,12 +623,6 @@ def _first_edge(engine: sa.Engine) -> datetime | None:
     except sqlalchemy.exc.SQLAlchemyError as exc:
         raise translate_error(exc, "read the far edge") from exc
     return None if edge is None else require_utc(edge)
-
-
-def _token(entry: TimerEntry) -> int | None:
-    """The lease token a claimed entry carries (None: not claimed by a PostgreSQL store)."""
-    claim = entry.claim
-    return claim if type(claim) is int else None
 
 
 def _claimed(rows: Sequence[Any]) -> list[TimerEntry]:

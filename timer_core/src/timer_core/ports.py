@@ -286,7 +286,16 @@ class TimerStore(AsyncResource, abc.ABC):
 
     @abc.abstractmethod
     async def next_due_at(self) -> datetime | None:
-        """The earliest ``due_at`` of any ``Scheduled`` timer, or None when none is pending."""
+        """The earliest ``due_at`` of any ``Scheduled`` timer, or None when none is pending.
+
+        The worker sleeps until then, so a store must never answer later than a timer it
+        would find due (a timer left out here fires late by up to the worker's polling
+        interval), whether the timer is near or set weeks ahead. ``Reached`` timers and
+        cancel tombstones never count. A leasing store (:class:`LeasesClaims`) leaves out
+        the timers another instance holds under a live lease (it is firing them: counting
+        them would make this worker wake for timers it cannot claim) and counts its own
+        claims and expired leases (which it may claim).
+        """
 
     @abc.abstractmethod
     async def count_scheduled(self) -> int:
@@ -334,7 +343,27 @@ class LeasesClaims(abc.ABC):
     claim (:attr:`TimerEntry.claim <timer_core.TimerEntry.claim>`), and its
     :meth:`~TimerStore.mark_reached` is fenced: it leaves alone a timer that another claim
     took over since the find returned it (a slow instance never overwrites the new owner's
-    work). The conformance suite is :class:`timer_core.testing.TimerStoreLeaseContract`."""
+    work). The conformance suite is :class:`timer_core.testing.TimerStoreLeaseContract`.
+
+    The rules, per ``Scheduled`` timer, each store instance being one owner
+    (:class:`timer_core.leases.Lease` decides them; a store keeps one lease per timer):
+
+    - **Claim.** A find claims a timer that nobody holds, whose lease ran out, or that this
+      same owner holds already (a re-claim: the owner's lease is extended); a timer another
+      owner holds under a live lease is skipped, not waited for. Every claim gives the timer
+      a new claim (a token) that goes out with the entry; two claims never share a timer.
+    - **Expiry.** A lease runs ``claim_lease_s`` from the find, on the clock the store's
+      leases run on (the database's, for a shared database), and is live up to and
+      including its end.
+    - **Fence.** A mark or a release with an entry carrying a claim counts only while that
+      claim is the timer's last and this owner's (even after the lease ran out, as long as
+      nobody claimed the timer since). A mark with an entry carrying no claim counts only
+      while no other owner holds the timer; a release carrying no claim does nothing.
+    - **Release.** A mark, a release and a reschedule end the lease (anyone may claim the
+      timer at once); the claim counter is kept, so an older claim stays fenced. A cancel
+      deletes the timer with its lease.
+    - :meth:`~TimerStore.next_due_at` leaves out what other owners hold (see there).
+    """
 
     @property
     @abc.abstractmethod

@@ -168,3 +168,20 @@ class TestResultFiles:
         from timer_bench.__main__ import parser, result_name
 
         assert result_name(parser().parse_args(argv)) == name
+
+
+class TestLargeStoreCalls:
+    async def test_measures_the_fair_share_find_the_service_uses(self, tmp_path: Path) -> None:
+        """The large-table kit times find_due_by_tenant on a store that finds by tenant
+        (the drain's find whenever more is due than one batch holds)."""
+        from timer_bench.large import SqliteLarge, store_calls
+
+        large = SqliteLarge(tmp_path)
+        db = large.create("calls")
+        measured = await store_calls(large, db, samples=1)
+        assert set(measured) == {
+            "count_scheduled",
+            "next_due_at",
+            "find_due (batch 100)",
+            "find_due_by_tenant (batch 100)",
+        }

@@ -56,6 +56,7 @@ from timer_bench.procs import (
     vm_kib,
     with_children,
 )
+from timer_core import FindsDueByTenant
 from timer_core.horizon import edge_for
 
 TENANTS = 1000
@@ -585,7 +586,7 @@ async def store_calls(store: Large, db: str, samples: int = 5) -> dict[str, floa
         "next_due_at": timers.next_due_at,
         "find_due (batch 100)": lambda: timers.find_due(datetime.now(UTC), 100),
     }
-    if getattr(timers, "finds_due_by_tenant", False):
+    if isinstance(timers, FindsDueByTenant):
         calls["find_due_by_tenant (batch 100)"] = lambda: timers.find_due_by_tenant(
             datetime.now(UTC), 100, after={}
         )

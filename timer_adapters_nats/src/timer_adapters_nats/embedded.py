@@ -94,6 +94,9 @@ class NatsServerProcess:
     this one, routed to on the cluster ports they chose, so no port is picked and then
     bound later (where another process could take it in between). With ``die_with_parent``
     (Linux) the server is terminated when the process that started it dies, even by SIGKILL.
+    With ``sync_always`` JetStream forces every write to disk before it acknowledges it
+    (``jetstream { sync_interval: always }``, written to ``store_dir/sync.conf``); without it,
+    nats-server syncs every two minutes, so a power loss can lose what it acknowledged since.
     """
 
     def __init__(
@@ -113,8 +116,10 @@ class NatsServerProcess:
         stop_timeout_s: float = 10.0,
         extra_args: Sequence[str] = (),
         die_with_parent: bool = False,
+        sync_always: bool = False,
     ) -> None:
         self.store_dir = Path(store_dir)
+        self.sync_always = sync_always
         self.die_with_parent = die_with_parent
         self.host = host
         self.port = port
@@ -199,6 +204,11 @@ class NatsServerProcess:
         args = [str(executable), "-a", self.host, "-p", str(self.port or -1)]
         if self.jetstream:
             args += ["-js", "-sd", str(self.store_dir)]
+            if self.sync_always:
+                # No command-line flag sets it; the flags above still win over the file.
+                config = self.store_dir / "sync.conf"
+                config.write_text("jetstream { sync_interval: always }\n")
+                args += ["-c", str(config)]
         if self.server_name:
             args += ["--server_name", self.server_name]
         if self.cluster_name or self.cluster_port is not None or self.routes or self.seeds:

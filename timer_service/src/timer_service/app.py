@@ -120,7 +120,13 @@ async def embedded_broker(settings: Settings) -> AsyncIterator[str]:
     port = _EMBEDDED_PORT if _port_free(_EMBEDDED_PORT) else 0
     # Started from the event loop's own thread, which lives as long as the process: the
     # server's parent-death signal is tied to the thread that forked it.
-    server = NatsServerProcess(store_dir, host="127.0.0.1", port=port, die_with_parent=True)
+    server = NatsServerProcess(
+        store_dir,
+        host="127.0.0.1",
+        port=port,
+        die_with_parent=True,
+        sync_always=settings.embedded_nats_sync == "always",
+    )
     server.start()
     try:
         broker_url_file(settings).write_text(server.url + "\n")

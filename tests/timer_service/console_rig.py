@@ -36,10 +36,14 @@ class ConsoleRig:
 
 @contextlib.asynccontextmanager
 async def console_rig(
-    *, token: str | None = TOKEN, tenants: Sequence[str] | None = None
+    *,
+    token: str | None = TOKEN,
+    tenants: Sequence[str] | None = None,
+    warnings: Sequence[str] = (),
 ) -> AsyncIterator[ConsoleRig]:
     """A worker that quarantined the poison timer of tenant-a (and fired some of 120 others,
-    tenant-b holds three more far ahead), with the console on a free loopback port."""
+    tenant-b holds three more far ahead), with the console on a free loopback port, showing
+    the service's ``warnings``."""
     metrics = PrometheusInstrumentation()
     rig = Rig(instrumentation=metrics)
     await rig.store.start()
@@ -59,6 +63,7 @@ async def console_rig(
         access=access,
         port=port,
         tenants=tenants,
+        warnings=lambda: list(warnings),
     )
     endpoint = HealthEndpoint(
         "127.0.0.1",

@@ -24,6 +24,7 @@ from timer_core.redaction import redact_url
 from timer_service.access import HttpAccess
 from timer_service.census import Census, take_census
 from timer_service.console import Console
+from timer_service.durability import BrokerDurability, read_durability
 from timer_service.http import HealthEndpoint
 from timer_service.metrics import PrometheusInstrumentation
 from timer_service.settings import Settings
@@ -164,6 +165,7 @@ class TimerService:
                 dead_letters=broker.dead_letters,
                 commands=lambda: TimerClient(broker),
                 tenants=settings.console_tenants,
+                warnings=self._warnings,
             )
         self.http = HealthEndpoint(
             settings.http_host,
@@ -174,6 +176,8 @@ class TimerService:
             access=access,
             app=self.console,
         )
+        #: What is known of how the broker keeps what it acknowledged (read at start).
+        self.durability: BrokerDurability | None = None
         self._running = contextlib.AsyncExitStack()
         # What of the broker state is missing and not recreated (None: all there), and since
         # when (loop time).
@@ -221,6 +225,7 @@ class TimerService:
                     f"TIMER_BROKER_URL={redact_url(self.broker_url)}: cannot connect to the "
                     f"broker: {redact_url(str(exc))}"
                 ) from exc
+            self.durability = await self._read_durability()
             try:
                 await starting.enter_async_context(self.timer)
             except (StoreError, ConfigurationError) as exc:
@@ -275,7 +280,34 @@ class TimerService:
         }
         if fault is not None:
             details["broker_state"] = fault
+        if self.durability is not None:
+            details.update(self.durability.health())
         return healthy, details
+
+    async def _read_durability(self) -> BrokerDurability:
+        """Read what can be known of the broker's durability; warn when an acknowledged
+        event can be lost on power loss, or refuse to start (TIMER_REQUIRE_DURABLE_BROKER)."""
+        replicas: int | None = None
+        stream = self.broker.settings.events_stream
+        try:
+            info = await self.broker.jetstream.stream_info(stream)
+            replicas = info.config.num_replicas
+        except Exception as exc:  # provisioning off and no stream yet: replicas unknown
+            log.debug("could not read the replicas of %s: %s", stream, exc)
+        durability = await read_durability(self.settings, replicas)
+        risk = durability.risk()
+        if risk is None:
+            log.info("the broker forces every acknowledged write to disk before acknowledging it")
+        elif self.settings.require_durable_broker:
+            raise StartupError(f"TIMER_REQUIRE_DURABLE_BROKER=true: {risk}")
+        else:
+            log.warning("%s", risk)
+        return durability
+
+    def _warnings(self) -> list[str]:
+        """What the console shows on its overview: how acknowledged events can be lost."""
+        risk = None if self.durability is None else self.durability.risk()
+        return [] if risk is None else [f"Broker durability: {risk}."]
 
     async def run(self, stop: asyncio.Event) -> None:
         """Fire timers and take commands until ``stop`` is set.

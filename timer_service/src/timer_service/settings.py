@@ -97,6 +97,17 @@ class Settings:
     broker_nkey_seed_file: Path | None = None
     broker_token: str | None = attrs.field(default=None, repr=_shown_secret)
     broker_inbox_prefix: str = "_INBOX"
+    embedded_nats_sync: Literal["always", "interval"] = "always"
+    """``TIMER_EMBEDDED_NATS_SYNC``: ``always``: the embedded nats-server forces every write
+    to disk before it acknowledges it; ``interval``: nats-server's default, every two minutes
+    (a power loss can lose what it acknowledged since)."""
+    broker_monitor_url: str | None = attrs.field(default=None, repr=_shown_url)
+    """``TIMER_BROKER_MONITOR_URL``: an external nats-server's monitoring endpoint
+    (``http://host:8222``), where the service reads at start whether it syncs before it
+    acknowledges."""
+    require_durable_broker: bool = False
+    """``TIMER_REQUIRE_DURABLE_BROKER``: refuse to start unless the broker is known to force
+    every acknowledged write to disk."""
     otel: bool = False
     """OpenTelemetry traces and metrics (the ``otel`` extra): ``TIMER_OTEL``, else on when an
     ``OTEL_EXPORTER_OTLP_*ENDPOINT`` is set; ``OTEL_SDK_DISABLED=true`` turns it off."""
@@ -406,6 +417,9 @@ ENVIRONMENT: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "TIMER_BROKER_NKEY_SEED_FILE": ("broker_nkey_seed_file", _file),
     "TIMER_BROKER_TOKEN": ("broker_token", _secret),
     "TIMER_BROKER_INBOX_PREFIX": ("broker_inbox_prefix", _subject_prefix),
+    "TIMER_EMBEDDED_NATS_SYNC": ("embedded_nats_sync", _choice("always", "interval", lower=True)),
+    "TIMER_BROKER_MONITOR_URL": ("broker_monitor_url", _url(("http", "https"))),
+    "TIMER_REQUIRE_DURABLE_BROKER": ("require_durable_broker", _bool),
     "TIMER_OTEL": ("otel", _bool),
     "TIMER_OTEL_TIMER_SPANS": ("otel_timer_spans", _bool),
     "TIMER_OTEL_LATENESS_SAMPLE": (

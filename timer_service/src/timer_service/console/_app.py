@@ -110,7 +110,8 @@ class Console:
     dead-letter stream (``dead_letters`` makes its reader on first use); acts by retrying
     quarantined timers, replaying dead letters and cancelling timers (through the client
     ``commands`` makes, on the broker, when given; else the store).
-    ``tenants`` limits everything it shows and does to those tenants.
+    ``tenants`` limits everything it shows and does to those tenants. ``warnings`` gives the
+    service's warnings (how acknowledged events can be lost, say), which head the overview.
     """
 
     prefix = "/console"
@@ -128,6 +129,7 @@ class Console:
         dead_letters: Callable[[], DeadLetters] | None = None,
         commands: Callable[[], TimerScheduler] | None = None,
         tenants: Sequence[str] | None = None,
+        warnings: Callable[[], Sequence[str]] | None = None,
     ) -> None:
         if not isinstance(store, TimerCensus) or not isinstance(store, TimerLookup):
             raise TypeError(
@@ -144,6 +146,7 @@ class Console:
         self._census_cap = census_cap
         self._dead_letters_of = dead_letters
         self._commands_of = commands
+        self._warnings = warnings
         self._scope = None if tenants is None else frozenset(TenantId(t) for t in tenants)
         self.sessions = Sessions()
         self._own_census: tuple[float, Census] | None = None
@@ -258,7 +261,9 @@ class Console:
 
     async def _overview(self, page: Page) -> Html:
         now = self._clock.now()
-        parts: list[Html] = [_search_forms()]
+        warnings = [] if self._warnings is None else self._warnings()
+        parts: list[Html] = [Html(f'<p class="notice" role="alert">{esc(w)}</p>') for w in warnings]
+        parts.append(_search_forms())
         if self._scope is None:
             census = await self.census()
             if census is not None:

@@ -143,6 +143,8 @@ class PostgresCluster:
     port: int
     process: subprocess.Popen[bytes]
     user: str = "postgres"
+    command: list[str] = attrs.field(factory=list)
+    """How it was started: :meth:`start_again` runs it again, on the same port and data."""
 
     @property
     def pid(self) -> int:
@@ -176,6 +178,14 @@ class PostgresCluster:
         if not log.exists():
             return ""
         return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+
+    def start_again(self) -> None:
+        """Start the stopped server again on its port and data (a restart after :meth:`stop`)."""
+        if self.process.poll() is None:
+            return
+        self.process = _launch(self.root, self.command)
+        if not _wait_ready(self):
+            raise RuntimeError(f"PostgreSQL did not start again:\n{self.log_tail()}")
 
     def stop(self) -> None:
         """Fast shutdown by pid (SIGINT), SIGKILL if it does not exit in time."""
@@ -280,7 +290,6 @@ def start_cluster(
     last_error = ""
     for _attempt in range(3):  # the free port may be taken between probing and binding
         port = _free_port()
-        log = (root / "postgres.log").open("ab")
         command = [
             str(bin_dir / "postgres"),
             "-D",
@@ -294,21 +303,29 @@ def start_cluster(
         ]
         for name, value in options.items():
             command += ["-c", f"{name}={value}"]
-        process = subprocess.Popen(
-            command,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=env,
-            cwd=root,
-            **drop,  # type: ignore[call-overload]
+        cluster = PostgresCluster(
+            root=root, port=port, process=_launch(root, command), command=command
         )
-        log.close()
-        cluster = PostgresCluster(root=root, port=port, process=process)
         if _wait_ready(cluster):
             return cluster
         last_error = cluster.log_tail()
         cluster.stop()
     raise RuntimeError(f"PostgreSQL did not start:\n{last_error}")
+
+
+def _launch(root: Path, command: list[str]) -> subprocess.Popen[bytes]:
+    """``postgres`` with ``command``, as the server's user, logging to ``root/postgres.log``."""
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LC_ALL": "C", "TZ": "UTC"}
+    with (root / "postgres.log").open("ab") as log:
+        process: subprocess.Popen[bytes] = subprocess.Popen(
+            command,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=root,
+            **_as_server_user(),  # type: ignore[call-overload]
+        )
+    return process
 
 
 def _wait_ready(cluster: PostgresCluster) -> bool:

@@ -34,6 +34,7 @@ SCENARIOS = {
         "the console's pages and the census at 10M timers on PostgreSQL",
     ),
     "durability": ("durability", "synced command commits at the defaults beside the old ones"),
+    "faults": ("faults", "the nine fault and pressure scenarios on PostgreSQL, with recovery"),
 }
 
 

@@ -762,6 +762,47 @@ def durability_block(document: dict[str, Any]) -> str:
     )
 
 
+def _late_pair(late: dict[str, float | None]) -> str:
+    return " / ".join("-" if late[q] is None else ms(late[q] or 0.0) for q in ("p50", "p99"))
+
+
+def faults_rows(document: dict[str, Any]) -> list[Sequence[object]]:
+    """One row per scenario: services, recovery, time to recover, lateness, checks."""
+    rows: list[Sequence[object]] = []
+    for name, r in document["results"].items():
+        failed = [check for check, ok in r["checks"].items() if not ok]
+        rows.append(
+            (
+                f"`{name}`",
+                r["instances"],
+                f"**{r['recovery']:.0%}**",
+                f"{r['recovery_s']:g} s",
+                _late_pair(r["late_ms"]["fault"]),
+                _late_pair(r["late_ms"]["recovery"]),
+                "all passed" if not failed else "FAILED: " + ", ".join(failed),
+            )
+        )
+    return rows
+
+
+def faults_block(document: dict[str, Any]) -> str:
+    shape = document["shape"]
+    header = (
+        "scenario | services | recovery (rate after / baseline) | time to recover | "
+        "late p50 / p99 during | late p50 / p99 after | checks"
+    )
+    return "\n\n".join(
+        [
+            f"Run: `python -m timer_bench faults` on {document['date']}: "
+            f"{shape['rate']} timers a second over {kit.TENANTS} tenants, each due 1-1.5 s "
+            f"after it is sent; phases of {shape['baseline_s']:g} s baseline, "
+            f"{shape['fault_s']:g} s fault, {shape['recovery_s']:g} s recovery.",
+            markdown_table(header, faults_rows(document), "lrrrrrl"),
+            machine_line(document, "postgres", "nats_server"),
+        ]
+    )
+
+
 BLOCKS: dict[str, Callable[[dict[str, Any]], str]] = {
     "e2e": e2e_block,
     "fire-tenants": fire_tenants_block,
@@ -782,6 +823,7 @@ BLOCKS: dict[str, Callable[[dict[str, Any]], str]] = {
     "console-sqlite": console_block,
     "console-postgres": console_block,
     "durability": durability_block,
+    "faults": faults_block,
 }
 
 

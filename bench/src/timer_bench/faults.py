@@ -90,6 +90,32 @@ class Shape:
         return cls(200, 30.0, 60.0, 30.0, 5.0, 12.0, 20_000)
 
 
+#: The public benchmark's published figures for the same scenarios, as theirs: the
+#: completion rate after the fault (chaos) or under pressure, as a share of the clean
+#: baseline's, per system; None where the cell produced no figure (the worker exited, or
+#: the cell timed out: rc=137). From the 2026-05-09 full sweep (eight PostgreSQL job
+#: systems, PostgreSQL 18.3, 4 CPUs), its SUMMARY.md.
+PUBLISHED: dict[str, Any] = {
+    "source": (
+        "hardbyte/postgresql-job-queue-benchmarking, results/2026-05-09-full-sweep/SUMMARY.md "
+        "(commit 71de3c5adec9373eb94e15e7c2f38a3ccbada32e)"
+    ),
+    "machine": "a workstation with 4 CPUs and an 8 GB cgroup limit, PostgreSQL 18.3",
+    "systems": ["awa", "absurd", "oban", "pgboss", "procrastinate", "river", "pgque", "pgmq"],
+    "recovery": {
+        "postgres_restart": [1.00, 0.0, 0.0, None, 0.0, 1.01, 1.00, 0.0],
+        "pg_backend_kill": [1.00, 0.0, 1.00, None, 0.0, 1.01, 1.00, 0.0],
+        "pool_exhaustion": [1.00, 0.87, 0.86, 0.96, 0.99, 1.00, 1.00, 1.00],
+        "crash_recovery": [0.98, 1.03, 0.98, 1.17, 0.73, 1.21, 0.98, 0.74],
+        "repeated_kills": [0.99, 1.12, 0.88, 0.99, 0.18, 1.09, 0.72, 0.26],
+        "idle_in_tx": [0.75, None, 0.96, None, None, None, 1.00, None],
+        "sustained_high_load": [0.73, 0.71, 1.02, 1.36, 0.94, 1.40, 1.00, 1.50],
+        "active_readers": [0.71, 0.74, 0.98, 1.01, 0.63, 1.00, 1.00, 0.39],
+        "event_burst": [0.80, None, 1.00, None, None, None, 1.00, None],
+    },
+}
+
+
 # -- the load and the events -----------------------------------------------------------------
 
 
@@ -492,6 +518,7 @@ def main(args: argparse.Namespace) -> int:
         ),
         "shape": shape.__dict__,
         "results": results,
+        "published": PUBLISHED,
     }
     kit.write_result(document, args.output)
     checks = {

@@ -139,11 +139,11 @@ class TestHandlers:
 
 class TestDurability:
     def test_measures_both_defaults_on_both_stores(self, tmp_path: Path) -> None:
-        """Old and new defaults are measured side by side on SQLite and PostgreSQL, each
-        measure with its per-round ratios."""
+        """Old and new defaults are measured side by side on SQLite, PostgreSQL and the
+        embedded nats-server's sync, each measure with its per-round ratios."""
         code, log, result = run("durability", tmp_path / "durability.json")
         assert code == 0, log[-3000:]
-        assert set(result["results"]) == {"sqlite", "postgres"}
+        assert set(result["results"]) == {"sqlite", "postgres", "nats"}
         for measures in result["results"].values():
             for figure in measures.values():
                 assert len(figure["old"]) == len(figure["new"]) == len(figure["rounds"]) == 1

@@ -9,7 +9,10 @@ the store as it is (its command connections raise ``synchronous_commit`` to ``on
 the same store without the raise, which is the old behaviour and exists only here (the
 store's private statement is swapped for a no-op). Each side runs on a fresh database in a
 directory of the real disk (the kit's scratch directory beside the repository: fsync on a
-tmpfs would cost nothing).
+tmpfs would cost nothing). NATS: the embedded ``nats-server``'s default, every write forced to
+disk before its acknowledgement (``sync_interval: always``), against nats-server's own default
+(a sync every two minutes, the old embedded server), publishing ``DueTimeReached`` envelopes
+as the worker does, on a fresh server per side.
 """
 
 from __future__ import annotations
@@ -25,9 +28,11 @@ from pathlib import Path
 from typing import Any
 
 import timer_adapters_postgres._connections as postgres_store
+from timer_adapters_nats import NatsBroker, NatsServerProcess, NatsSettings
 from timer_adapters_postgres import PostgresTimerStore
 from timer_adapters_sqlite import SqliteTimerStore
 from timer_bench import kit, procs
+from timer_bench.publish import firings
 from timer_bench.store import T0
 from timer_bench.store import entries as store_timers
 from timer_core import TimerEntry, TimerStore
@@ -102,6 +107,46 @@ MEASURES: dict[str, dict[str, Measure]] = {
 }
 
 
+async def publish_batches_of_100(broker: NatsBroker, count: int) -> float:
+    """Events/s published in batches of 100, each batch's acknowledgements awaited (the
+    worker's firing batch)."""
+    events = firings(count)
+    watch = kit.Stopwatch()
+    for start in range(0, count, 100):
+        results = await broker.publisher.publish_many(events[start : start + 100])
+        assert all(result is None for result in results), results
+    return kit.rate(count, watch.elapsed())
+
+
+async def publish_one_by_one(broker: NatsBroker, count: int) -> float:
+    """Events/s published one at a time, each acknowledgement awaited before the next."""
+    events = firings(count // 50)
+    watch = kit.Stopwatch()
+    for event in events:
+        await broker.publisher.publish(event)
+    return kit.rate(len(events), watch.elapsed())
+
+
+NATS_MEASURES: dict[str, Callable[[NatsBroker, int], Awaitable[float]]] = {
+    "publish DueTimeReached, batches of 100": publish_batches_of_100,
+    "publish DueTimeReached, 1 at a time": publish_one_by_one,
+}
+
+
+async def nats_side(
+    disk: Path, measure: Callable[[NatsBroker, int], Awaitable[float]], side: str, count: int
+) -> float:
+    where = Path(tempfile.mkdtemp(dir=disk))
+    server = NatsServerProcess(where / "nats", sync_always=side == "new")
+    await asyncio.to_thread(server.start)
+    try:
+        async with NatsBroker(NatsSettings(url=server.url)) as broker:
+            return await measure(broker, count)
+    finally:
+        await asyncio.to_thread(server.stop)
+        shutil.rmtree(where, ignore_errors=True)
+
+
 @contextlib.contextmanager
 def old_postgres_commits(old: bool) -> Iterator[None]:
     """Without the store's raise of ``synchronous_commit`` when ``old``."""
@@ -135,6 +180,16 @@ async def postgres_side(cluster: Any, measure: Measure, side: str, count: int) -
         cluster.drop_database(name)
 
 
+def _sides(taken: list[dict[str, float]]) -> dict[str, Any]:
+    old, new = [one["old"] for one in taken], [one["new"] for one in taken]
+    return {
+        "old": old,
+        "new": new,
+        "new_vs_old": kit.median_ratio(new, old),
+        "rounds": kit.ratios(new, old),
+    }
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="2,000 timers a measure, 1 round")
     parser.add_argument("--rounds", type=int, default=5)
@@ -142,7 +197,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     count, rounds = (2_000, 1) if args.quick else (20_000, args.rounds)
-    machine = kit.machine(postgres=procs.postgres_version())
+    machine = kit.machine(
+        postgres=procs.postgres_version(), nats_server=procs.nats_server_version()
+    )
     # A directory on the repository's disk, not /tmp (a tmpfs on some machines).
     disk = Path(tempfile.mkdtemp(prefix="durability-", dir=kit.RESULTS.parent))
     results: dict[str, dict[str, Any]] = {}
@@ -160,13 +217,15 @@ def main(args: argparse.Namespace) -> int:
                         return await postgres_side(cluster, measure, which, count)
 
                     taken = asyncio.run(kit.alternated(rounds, SIDES, side))
-                    old, new = [one["old"] for one in taken], [one["new"] for one in taken]
-                    results.setdefault(store, {})[name] = {
-                        "old": old,
-                        "new": new,
-                        "new_vs_old": kit.median_ratio(new, old),
-                        "rounds": kit.ratios(new, old),
-                    }
+                    results.setdefault(store, {})[name] = _sides(taken)
+            for name, nats_measure in NATS_MEASURES.items():
+                kit.progress(f"nats: {name}")
+
+                async def nats(which: str, _: int, measure: Any = nats_measure) -> float:
+                    return await nats_side(disk, measure, which, count)
+
+                taken = asyncio.run(kit.alternated(rounds, SIDES, nats))
+                results.setdefault("nats", {})[name] = _sides(taken)
     finally:
         shutil.rmtree(disk, ignore_errors=True)
     document = {

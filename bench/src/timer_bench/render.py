@@ -736,6 +736,8 @@ def durability_block(document: dict[str, Any]) -> str:
     titles = {
         "sqlite": "SQLite (old: `synchronous=NORMAL`; new: the default)",
         "postgres": "PostgreSQL, server `synchronous_commit=off` (old: inherited)",
+        "nats": "JetStream (old: nats-server's `sync_interval`, 2 min; new: the embedded "
+        "server's `always`)",
     }
     tables = []
     for store, measures in document["results"].items():
@@ -757,7 +759,7 @@ def durability_block(document: dict[str, Any]) -> str:
             f"{settings['timers']:,} timers a measure (the one-by-one rows a fiftieth), "
             f"{settings['rounds']} alternated rounds, old and new on fresh databases.",
             *tables,
-            machine_line(document, "postgres"),
+            machine_line(document, "postgres", "nats_server"),
         ]
     )
 

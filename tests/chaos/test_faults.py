@@ -44,6 +44,7 @@ class TestFaults:
         rate is back to at least 98% of the baseline."""
         result = await run_scenario(name, Shape.of(quick=True), cluster, tmp_path)
         assert result["rates"]["baseline"] > 0 and result["timers"] > 0, result
+        assert result["fault"] and all(done > 0 for done in result["fault"].values()), result
         failed = [check for check, ok in result["checks"].items() if not ok]
         assert failed == [], result
         if name in CHAOS:

@@ -86,7 +86,7 @@ class Shape:
     @classmethod
     def of(cls, quick: bool) -> Shape:
         if quick:
-            return cls(50, 4.0, 5.0, 5.0, 1.5, 2.5, 1_500)
+            return cls(50, 3.0, 4.0, 4.0, 1.5, 2.0, 1_500)
         return cls(200, 30.0, 60.0, 30.0, 5.0, 12.0, 20_000)
 
 
@@ -188,6 +188,8 @@ class Run:
     client: TimerClient
     ledger: Ledger
     load_factor: list[float]
+    done: dict[str, int] = field(default_factory=dict)
+    """What the fault did, counted (backends terminated, connections held, kills...)."""
 
 
 def _connect(run: Run) -> psycopg.Connection[Any]:
@@ -197,6 +199,7 @@ def _connect(run: Run) -> psycopg.Connection[Any]:
 async def postgres_restart(run: Run) -> None:
     """The server stopped (fast shutdown), down for ``down_s``, started again on its port."""
     await asyncio.to_thread(run.cluster.stop)
+    run.done["seconds down"] = round(run.shape.down_s)
     await asyncio.sleep(run.shape.down_s)
     await asyncio.to_thread(run.cluster.start_again)
     await asyncio.sleep(max(0.0, run.shape.fault_s - run.shape.down_s))
@@ -207,9 +210,12 @@ async def pg_backend_kill(run: Run) -> None:
     deadline = time.monotonic() + run.shape.fault_s
     with _connect(run) as sql:
         while time.monotonic() < deadline:
-            sql.execute(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            killed = sql.execute(
+                "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity "
                 "WHERE application_name = 'timer' AND pid <> pg_backend_pid()"
+            ).fetchone()
+            run.done["backends terminated"] = run.done.get("backends terminated", 0) + int(
+                killed[0] if killed else 0
             )
             await asyncio.sleep(1.0)
 
@@ -227,13 +233,15 @@ async def pool_exhaustion(run: Run) -> None:
 
     try:
         await asyncio.to_thread(take_all)
+        run.done["connections held"] = len(held)
         await asyncio.sleep(run.shape.fault_s)
     finally:
         for connection in held:
             connection.close()
 
 
-async def _kill_and_restart(service: Service, down_s: float) -> None:
+async def _kill_and_restart(run: Run, service: Service, down_s: float) -> None:
+    run.done["services killed"] = run.done.get("services killed", 0) + 1
     service.kill()
     await asyncio.sleep(down_s)
     service.start()
@@ -243,7 +251,7 @@ async def _kill_and_restart(service: Service, down_s: float) -> None:
 async def crash_recovery(run: Run) -> None:
     """One of the two services killed with SIGKILL, down for ``down_s``, started again."""
     started = time.monotonic()
-    await _kill_and_restart(run.services[0], run.shape.down_s)
+    await _kill_and_restart(run, run.services[0], run.shape.down_s)
     await asyncio.sleep(max(0.0, run.shape.fault_s - (time.monotonic() - started)))
 
 
@@ -252,7 +260,9 @@ async def repeated_kills(run: Run) -> None:
     deadline = time.monotonic() + run.shape.fault_s
     while time.monotonic() < deadline:
         began = time.monotonic()
-        await _kill_and_restart(run.services[0], min(run.shape.down_s, run.shape.kill_every_s / 3))
+        await _kill_and_restart(
+            run, run.services[0], min(run.shape.down_s, run.shape.kill_every_s / 3)
+        )
         await asyncio.sleep(
             max(0.0, min(deadline, began + run.shape.kill_every_s) - time.monotonic())
         )
@@ -264,6 +274,7 @@ async def idle_in_tx(run: Run) -> None:
     with _connect(run) as sql:
         sql.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
         sql.execute("SELECT txid_current(), count(*) FROM timer_schedules")
+        run.done["seconds idle in a transaction"] = round(run.shape.fault_s)
         await asyncio.sleep(run.shape.fault_s)
         sql.execute("ROLLBACK")
 
@@ -271,6 +282,7 @@ async def idle_in_tx(run: Run) -> None:
 async def sustained_high_load(run: Run) -> None:
     """Three times the steady load for the whole phase."""
     run.load_factor[0] = 3.0
+    run.done["load factor"] = 3
     try:
         await asyncio.sleep(run.shape.fault_s)
     finally:
@@ -292,6 +304,7 @@ async def active_readers(run: Run) -> None:
                 sql.execute("COMMIT")
 
     readers = [asyncio.to_thread(reader, float(i)) for i in range(4)]
+    run.done["readers"] = len(readers)
     running = asyncio.gather(*readers)
     try:
         await asyncio.sleep(run.shape.fault_s)
@@ -314,6 +327,7 @@ async def event_burst(run: Run) -> None:
         for (tenant, call, d), error in zip(chunk, results, strict=True):
             if error is None:
                 run.ledger.acked[(tenant, call)] = d
+    run.done["timers due at one instant"] = len(timers)
     await asyncio.sleep(run.shape.fault_s)
 
 
@@ -474,6 +488,7 @@ async def run_scenario(name: str, shape: Shape, cluster: Any, root: Path) -> dic
                     stopped.append(False)
     result = outcome(ledger, phases, stopped)
     result["instances"] = instances
+    result["fault"] = run.done
     if name in CHAOS:
         result["checks"][f"recovered to {RECOVERED:.0%} of the baseline"] = (
             result["recovery"] >= RECOVERED

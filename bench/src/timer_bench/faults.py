@@ -94,7 +94,7 @@ class Shape:
     def of(cls, quick: bool) -> Shape:
         if quick:
             return cls(50, 3.0, 4.0, 4.0, 1.5, 2.0, 1_500)
-        return cls(200, 30.0, 60.0, 30.0, 5.0, 12.0, 20_000)
+        return cls(200, 20.0, 45.0, 25.0, 5.0, 10.0, 20_000)
 
 
 #: The public benchmark's published figures for the same scenarios, as theirs: the

@@ -3,28 +3,31 @@ service says when an external one may not (log, /healthz, console) or refuses to
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import psutil
 import pytest
 
+from tests.conftest import NatsServerFactory
 from tests.timer_service.console_rig import console_rig, fetch
-from tests.timer_service.process import ServiceProcess, free_port, isolated_env
+from tests.timer_service.process import ServiceFactory, ServiceProcess, free_port, isolated_env
 from timer_adapters_nats.embedded import NatsServerProcess
 from timer_service.cli import EXIT_CONFIG
 from timer_service.durability import read_monitor
 
 
-def monitored(tmp_path: Path, name: str, *, sync_always: bool) -> NatsServerProcess:
-    """A started nats-server with its monitoring endpoint on a free port."""
-    server = NatsServerProcess(
-        tmp_path / name,
-        sync_always=sync_always,
-        extra_args=("-m", str(free_port())),
-    )
-    server.start()
-    return server
+@pytest.fixture
+def monitored(nats_server_factory: NatsServerFactory) -> Callable[..., NatsServerProcess]:
+    """``monitored(sync_always=...)``: a started nats-server with its monitoring endpoint on
+    a free port (stopped at teardown)."""
+
+    def start(*, sync_always: bool) -> NatsServerProcess:
+        server = nats_server_factory(sync_always=sync_always, extra_args=("-m", str(free_port())))
+        server.start()
+        return server
+
+    return start
 
 
 def monitor_url(server: NatsServerProcess) -> str:
@@ -33,53 +36,39 @@ def monitor_url(server: NatsServerProcess) -> str:
 
 
 @pytest.fixture
-def servers() -> Iterator[list[NatsServerProcess]]:
-    started: list[NatsServerProcess] = []
+def services(tmp_path: Path) -> Iterator[ServiceFactory[ServiceProcess]]:
+    """``services(**TIMER_settings)``: an unstarted service on ``tmp_path/timer.db``, killed
+    by its group at teardown."""
+    factory = ServiceFactory(
+        ServiceProcess,
+        tmp_path,
+        lambda **settings: isolated_env(TIMER_DB_PATH=str(tmp_path / "timer.db"), **settings),
+    )
     try:
-        yield started
+        yield factory
     finally:
-        for server in started:
-            server.stop()
+        factory.close()
 
 
-@pytest.fixture
-def services() -> Iterator[list[ServiceProcess]]:
-    made: list[ServiceProcess] = []
-    try:
-        yield made
-    finally:
-        for service in made:
-            service.kill_group()
-
-
-def start_service(tmp_path: Path, made: list[ServiceProcess], **settings: str) -> ServiceProcess:
-    env = isolated_env(TIMER_DB_PATH=str(tmp_path / "timer.db"), **settings)
-    service = ServiceProcess(env, tmp_path, tmp_path / f"service-{len(made)}.log")
-    made.append(service)
-    return service.start()
+Services = ServiceFactory[ServiceProcess]
+Monitored = Callable[..., NatsServerProcess]
 
 
 class TestEmbeddedServer:
-    def test_the_server_syncs_before_it_acknowledges(
-        self, tmp_path: Path, servers: list[NatsServerProcess]
-    ) -> None:
+    def test_the_server_syncs_before_it_acknowledges(self, monitored: Monitored) -> None:
         """A NatsServerProcess made with sync_always runs JetStream with sync_interval
         always (its own /varz says so); without it, the server's two-minute default."""
-        synced = monitored(tmp_path, "synced", sync_always=True)
-        servers.append(synced)
-        default = monitored(tmp_path, "default", sync_always=False)
-        servers.append(default)
+        synced = monitored(sync_always=True)
+        default = monitored(sync_always=False)
         assert read_monitor(monitor_url(synced))["sync_always"] is True
         config = read_monitor(monitor_url(default))
         assert not config.get("sync_always", False)
         assert config["sync_interval"] == 120 * 10**9
 
-    def test_timer_service_run_starts_it_synced_and_says_so(
-        self, tmp_path: Path, services: list[ServiceProcess]
-    ) -> None:
+    def test_timer_service_run_starts_it_synced_and_says_so(self, services: Services) -> None:
         """With no TIMER_BROKER_URL the service's own nats-server runs with sync_interval
         always, and /healthz says acknowledgements are on disk."""
-        service = start_service(tmp_path, services)
+        service = services().start()
         health = service.wait_healthy(60)
         assert health["broker_acks_on_disk"] is True
         assert "broker_durability" not in health
@@ -92,12 +81,10 @@ class TestEmbeddedServer:
         assert "sync_interval: always" in config
         assert service.terminate() == 0
 
-    def test_the_sync_can_be_turned_back_to_the_interval(
-        self, tmp_path: Path, services: list[ServiceProcess]
-    ) -> None:
+    def test_the_sync_can_be_turned_back_to_the_interval(self, services: Services) -> None:
         """TIMER_EMBEDDED_NATS_SYNC=interval runs nats-server's default, and the service warns
         that a power loss can lose what it acknowledged."""
-        service = start_service(tmp_path, services, TIMER_EMBEDDED_NATS_SYNC="interval")
+        service = services(TIMER_EMBEDDED_NATS_SYNC="interval").start()
         health = service.wait_healthy(60)
         assert health["broker_acks_on_disk"] is False
         assert "power loss of this machine" in str(health["broker_durability"])
@@ -106,14 +93,11 @@ class TestEmbeddedServer:
 
 
 class TestExternalServer:
-    def test_unknown_sync_is_a_warning(
-        self, tmp_path: Path, servers: list[NatsServerProcess], services: list[ServiceProcess]
-    ) -> None:
+    def test_unknown_sync_is_a_warning(self, monitored: Monitored, services: Services) -> None:
         """Without TIMER_BROKER_MONITOR_URL the service cannot tell, and says so: a WARNING
         in the log and the line on /healthz, naming the setting that tells."""
-        server = monitored(tmp_path, "nats", sync_always=False)
-        servers.append(server)
-        service = start_service(tmp_path, services, TIMER_BROKER_URL=server.url)
+        server = monitored(sync_always=False)
+        service = services(TIMER_BROKER_URL=server.url).start()
         health = service.wait_healthy(60)
         assert health["broker_acks_on_disk"] is None
         assert "TIMER_BROKER_MONITOR_URL" in str(health["broker_durability"])
@@ -121,54 +105,45 @@ class TestExternalServer:
         assert any("power loss of the server" in line for line in warnings), warnings
 
     def test_a_server_that_syncs_every_two_minutes_is_named(
-        self, tmp_path: Path, servers: list[NatsServerProcess], services: list[ServiceProcess]
+        self, monitored: Monitored, services: Services
     ) -> None:
         """With the monitoring endpoint, the server's own sync_interval is read and said."""
-        server = monitored(tmp_path, "nats", sync_always=False)
-        servers.append(server)
-        service = start_service(
-            tmp_path,
-            services,
+        server = monitored(sync_always=False)
+        service = services(
             TIMER_BROKER_URL=server.url,
             TIMER_BROKER_MONITOR_URL=monitor_url(server),
-        )
+        ).start()
         health = service.wait_healthy(60)
         assert health["broker_acks_on_disk"] is False
         assert "only every 120s" in str(health["broker_durability"])
 
     def test_a_synced_server_raises_no_warning(
-        self, tmp_path: Path, servers: list[NatsServerProcess], services: list[ServiceProcess]
+        self, monitored: Monitored, services: Services
     ) -> None:
         """A server with sync_interval always, read through its monitoring endpoint: on disk,
         no warning, and TIMER_REQUIRE_DURABLE_BROKER lets the service start."""
-        server = monitored(tmp_path, "nats", sync_always=True)
-        servers.append(server)
-        service = start_service(
-            tmp_path,
-            services,
+        server = monitored(sync_always=True)
+        service = services(
             TIMER_BROKER_URL=server.url,
             TIMER_BROKER_MONITOR_URL=monitor_url(server),
             TIMER_REQUIRE_DURABLE_BROKER="true",
-        )
+        ).start()
         health = service.wait_healthy(60)
         assert health["broker_acks_on_disk"] is True
         assert "broker_durability" not in health
         assert "power loss" not in service.output()
 
     def test_a_setting_refuses_to_start_on_a_server_that_can_lose_acks(
-        self, tmp_path: Path, servers: list[NatsServerProcess], services: list[ServiceProcess]
+        self, monitored: Monitored, services: Services
     ) -> None:
         """TIMER_REQUIRE_DURABLE_BROKER=true: the service exits with the configuration error
         status, its one line naming the setting and the risk."""
-        server = monitored(tmp_path, "nats", sync_always=False)
-        servers.append(server)
-        service = start_service(
-            tmp_path,
-            services,
+        server = monitored(sync_always=False)
+        service = services(
             TIMER_BROKER_URL=server.url,
             TIMER_BROKER_MONITOR_URL=monitor_url(server),
             TIMER_REQUIRE_DURABLE_BROKER="true",
-        )
+        ).start()
         assert service.proc is not None
         assert service.proc.wait(60) == EXIT_CONFIG
         assert "TIMER_REQUIRE_DURABLE_BROKER" in service.output()

@@ -777,6 +777,7 @@ def faults_rows(document: dict[str, Any]) -> list[Sequence[object]]:
             (
                 f"`{name}`",
                 r["instances"],
+                f"{r['during']:.0%}",
                 f"**{r['recovery']:.0%}**",
                 f"{r['recovery_s']:g} s",
                 _late_pair(r["late_ms"]["fault"]),
@@ -790,7 +791,8 @@ def faults_rows(document: dict[str, Any]) -> list[Sequence[object]]:
 def faults_block(document: dict[str, Any]) -> str:
     shape = document["shape"]
     header = (
-        "scenario | services | recovery (rate after / baseline) | time to recover | "
+        "scenario | services | completion during the fault / baseline | "
+        "after it (recovery) | time to recover | "
         "late p50 / p99 during | late p50 / p99 after | checks"
     )
     return "\n\n".join(
@@ -799,7 +801,7 @@ def faults_block(document: dict[str, Any]) -> str:
             f"{shape['rate']} timers a second over {kit.TENANTS} tenants, each due 1-1.5 s "
             f"after it is sent; phases of {shape['baseline_s']:g} s baseline, "
             f"{shape['fault_s']:g} s fault, {shape['recovery_s']:g} s recovery.",
-            markdown_table(header, faults_rows(document), "lrrrrrl"),
+            markdown_table(header, faults_rows(document), "lrrrrrrl"),
             machine_line(document, "postgres", "nats_server"),
         ]
     )

@@ -514,6 +514,7 @@ async def run_scenario(name: str, shape: Shape, cluster: Any, root: Path) -> dic
                     stopped.append(False)
     result = outcome(ledger, phases, stopped)
     result["instances"] = instances
+    result["kind"] = "chaos" if name in CHAOS else "pressure"
     result["fault"] = run.done
     if name in CHAOS:
         result["checks"][f"recovered to {RECOVERED:.0%} of the baseline"] = (

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 from mkdocs.exceptions import PluginError
 
-from timer_bench import compare, docs_hook, figures, kit, render
+from timer_bench import compare, docs_hook, figures, kit, pages, render
 from timer_bench.__main__ import SCENARIOS
 
 
@@ -47,13 +47,16 @@ class TestDocsFigures:
             assert named[f"{prefix}.source"].startswith("Measured on ")
             assert "cores" in named[f"{prefix}.label"]
 
-    def test_the_hook_puts_figures_in_and_refuses_unknown_ones(self) -> None:
-        """`{{ e2e.fire }}` becomes the figure; a name no results file gives fails the build."""
+    def test_the_hook_refuses_unrendered_stale_and_unknown_figures(self) -> None:
+        """A rendered page builds as it is; a placeholder, a figure edited by hand and a name no
+        results file gives each fail the build, naming the page."""
         page = SimpleNamespace(file=SimpleNamespace(src_path="page.md"))
-        rendered = docs_hook.on_page_markdown("fires {{ e2e.fire }}", page=page)
-        assert rendered == f"fires {figures.figures()['e2e.fire']}"
-        with pytest.raises(PluginError, match=r"e2e\.nothing"):
-            docs_hook.on_page_markdown("{{ e2e.nothing }}", page=page)
+        fire = figures.figures()["e2e.fire"]
+        rendered = f"fires {pages.marked('e2e.fire', fire)}"
+        assert docs_hook.on_page_markdown(rendered, page=page) == rendered
+        for wrong in ("fires {{ e2e.fire }}", rendered.replace(fire, "1/s"), "{{ e2e.nothing }}"):
+            with pytest.raises(PluginError, match=r"page\.md"):
+                docs_hook.on_page_markdown(wrong, page=page)
 
 
 class TestComparison:

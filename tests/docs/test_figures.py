@@ -1,7 +1,11 @@
-"""Every figure on a user page comes from bench/results, labelled with where it was measured.
+"""Every figure on a user page and in the README comes from bench/results, labelled with where
+it was measured (bench/README.md, "Figures in the docs", states the rule).
 
-The rule for "a figure typed by hand", on each page's own text (code removed, the rendered
-``{{ file.figure }}`` places removed): no number in the shape a measurement takes (a rate,
+A figure stands in the Markdown between markers, ``<!-- fig:e2e.fire -->26,804/s<!-- /fig -->``,
+written by ``python -m timer_bench render``: a page whose marked figures are not what
+bench/results give (stale, or edited by hand), or that still holds a ``{{ e2e.fire }}``
+placeholder, fails. The rule for "a figure typed by hand", on each page's own text (code
+removed, the marked figures removed): no number in the shape a measurement takes (a rate,
 a ratio like 1.03x, a percentile, a percentage, microseconds, a memory size other than the
 documented limits below), and in any paragraph that speaks of a measurement (measured,
 benchmark, bench/), no number with a unit of time, share or memory at all. A section using
@@ -16,32 +20,53 @@ from pathlib import Path
 
 import pytest
 
-from tests.docs.markdown import DOCS
+from tests.docs.markdown import ROOT
+from timer_bench import pages
+from timer_bench.figures import figures
 
-#: The site's own pages (the changelog's figures are history, not claims).
-PAGES = sorted(DOCS.glob("*.md"))
+#: The site's own pages and the README (the changelog's figures are history, not claims).
+PAGES = [path for path in pages.DOCUMENTS if path.name != "CHANGELOG.md"]
 #: Sizes the docs state as limits or settings, not as measurements.
-LIMITS = {"1 MiB": "message size limit", "32 MiB": "SQLite page cache", "64 MiB": "WAL limit"}
+LIMITS = {
+    "1 MiB": "message size limit",
+    "32 MiB": "SQLite page cache",
+    "64 MiB": "WAL limit",
+    "128 MB": "PostgreSQL's default shared_buffers",
+}
+#: Sizes that are no measurement of Timer's speed, each with what keeps it true.
+CHECKED = {
+    "580 bytes": "failures.md: a command's size, tests/docs/test_failures_page.py",
+    "650 bytes": "failures.md: an event's size, tests/docs/test_failures_page.py",
+    "0.9 GB": "failures.md: 7 days of those two at 100,000 timers a day",
+    "110 MB": "README.md: the tests' download (PyPI's wheels)",
+    "360 MB": "README.md: the same, installed",
+}
 
 _FENCED = re.compile(r"^(\s*)(```+|~~~+).*?^\1\2[ \t]*$", re.M | re.S)
 _CODE = re.compile(r"`[^`\n]+`")
-_FIGURE = re.compile(r"\{\{\s*([a-z0-9_]+)\.([a-z0-9_]+)\s*\}\}")
+_FIGURE = re.compile(r"<!-- fig:([a-z0-9_]+)\.([a-z0-9_]+) -->")
 _SHAPES = {
     "a rate": re.compile(r"\d[\d,.]*\s*(?:[a-z]+/s\b|/s\b|(?:per|a) second\b)"),
     "a ratio": re.compile(r"\b\d+(?:\.\d+)?x\b"),
     "a percentile": re.compile(r"\bp(?:50|90|95|99)\b:?\s*[<~]?\s*\d"),
     "a percentage": re.compile(r"\d+(?:\.\d+)?\s?%"),
     "microseconds": re.compile(r"\d+(?:\.\d+)?\s?us\b"),
-    "a memory size": re.compile(r"\d+(?:\.\d+)?\s?(?:MiB|GiB)\b"),
+    "a memory size": re.compile(r"\d+(?:\.\d+)?\s?(?:[KMGT]i?B|kB|bytes)\b"),
 }
 _MEASURED = re.compile(r"(?i)\bmeasured\b|\bbenchmark|\bbench/|timer_bench")
 _UNIT = re.compile(r"\d[\d,.]*\s?(?:ms|us|s|%|x|MiB|GiB|cores?)\b")
 
 
 def prose(path: Path) -> str:
-    """A page's own text: no code blocks, code spans or HTML comments."""
-    text = _FENCED.sub("", path.read_text())
-    return _CODE.sub("", re.sub(r"<!--.*?-->", "", text, flags=re.S))
+    """A page's own text: no code blocks, code spans, marked figures or HTML comments (each
+    marked figure's opening marker is kept, to say which results file the text cites)."""
+    text = _FENCED.sub("", without_figures(path.read_text()))
+    return _CODE.sub("", re.sub(r"<!--(?! fig:).*?-->", "", text, flags=re.S))
+
+
+def without_figures(text: str) -> str:
+    """``text`` with each marked figure's text removed, its opening marker kept."""
+    return pages.MARKED.sub(lambda m: f"<!-- fig:{m[1]} -->", text)
 
 
 def blocks(text: str) -> Iterator[str]:
@@ -51,14 +76,14 @@ def blocks(text: str) -> Iterator[str]:
 
 
 def typed_figures(text: str) -> list[str]:
-    """What in ``text`` reads as a figure typed by hand (rendered figures removed first)."""
+    """What in ``text`` reads as a figure typed by hand (marked figures removed first)."""
     found = []
-    for block in blocks(_FIGURE.sub("", text)):
+    for block in blocks(re.sub(r"<!--.*?-->", "", without_figures(text), flags=re.S)):
         for what, shape in _SHAPES.items():
             found += [
                 f"{what}: {m[0]!r} in {block.strip()[:80]!r}"
                 for m in shape.finditer(block)
-                if m[0] not in LIMITS
+                if " ".join(m[0].split()) not in LIMITS | CHECKED
             ]
         if _MEASURED.search(block):
             found += [
@@ -69,10 +94,14 @@ def typed_figures(text: str) -> list[str]:
     return sorted(set(found))
 
 
-@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
 class TestUserPages:
+    def test_figures_are_rendered_from_the_results(self, page: Path) -> None:
+        """Every marked figure is what bench/results give, and no placeholder is left."""
+        assert pages.stale([page]) == [], "run `uv run python -m timer_bench render`"
+
     def test_figures_come_from_the_results(self, page: Path) -> None:
-        """No figure on the page is typed by hand: each is a ``{{ file.figure }}``."""
+        """No figure on the page is typed by hand: each is a marked, rendered figure."""
         assert typed_figures(prose(page)) == []
 
     def test_each_section_says_where_its_figures_were_measured(self, page: Path) -> None:
@@ -103,7 +132,8 @@ class TestTheRule:
     @pytest.mark.parametrize(
         "fine",
         [
-            "It fires {{ e2e.fire }} ({{ e2e.label }}).",
+            "It fires <!-- fig:e2e.fire -->26,804/s<!-- /fig --> "
+            "(<!-- fig:e2e.label -->one service, 2 cores<!-- /fig -->).",
             "A message is at most 1 MiB; the lease lasts 30 s.",
             "Retries back off from 50 ms up to the polling interval.",
         ],
@@ -111,3 +141,25 @@ class TestTheRule:
     def test_rendered_figures_and_settings_pass(self, fine: str) -> None:
         """Rendered figures, documented limits and settings outside a measurement pass."""
         assert typed_figures(fine) == []
+
+    def test_a_hand_edited_figure_is_stale(self) -> None:
+        """A marked figure changed by hand is rewritten by the render, so the page is stale."""
+        known = figures()
+        page = f"fires {pages.marked('e2e.fire', known['e2e.fire'])} a second"
+        assert pages.fill(page, known) == page
+        edited = page.replace(known["e2e.fire"], "99,999/s")
+        assert pages.fill(edited, known) == page
+
+    def test_a_placeholder_is_rendered_and_code_is_left_alone(self) -> None:
+        """``{{ e2e.fire }}`` becomes the marked figure; in a code span or block it stays."""
+        known = figures()
+        assert pages.fill("fires {{ e2e.fire }}", known) == (
+            f"fires <!-- fig:e2e.fire -->{known['e2e.fire']}<!-- /fig -->"
+        )
+        code = "write `{{ e2e.fire }}`\n\n```\n{{ e2e.fire }}\n```\n"
+        assert pages.fill(code, known) == code
+
+    def test_an_unknown_figure_is_refused(self) -> None:
+        """A name no results file gives is an error naming it."""
+        with pytest.raises(pages.UnknownFigure, match=r"e2e\.nothing"):
+            pages.fill("{{ e2e.nothing }}", figures())

@@ -1,5 +1,6 @@
 """``python -m timer_bench <scenario>``: one command per figure; ``render`` writes the tables
-of bench/README.md from bench/results (``render --check`` fails when they are stale)."""
+of bench/README.md and the figures of docs/*.md, README.md and CHANGELOG.md from
+bench/results (``render --check`` fails when any is stale)."""
 
 from __future__ import annotations
 
@@ -45,8 +46,10 @@ def parser() -> argparse.ArgumentParser:
         sub = commands.add_parser(name, help=what, description=what)
         importlib.import_module(f"timer_bench.{module}").add_arguments(sub)
         sub.add_argument("--output", help="results file (default bench/results/<scenario>.json)")
-    render = commands.add_parser("render", help="bench/README.md's tables from bench/results")
-    render.add_argument("--check", action="store_true", help="fail if the README is stale")
+    render = commands.add_parser(
+        "render", help="the tables and figures of bench/README.md and the docs, from bench/results"
+    )
+    render.add_argument("--check", action="store_true", help="fail if any is stale")
     return top
 
 
@@ -64,9 +67,10 @@ def result_name(args: argparse.Namespace) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.scenario == "render":
-        from timer_bench.render import main as render
+        from timer_bench import pages, render
 
-        return render(check=args.check)
+        readme = render.main(check=args.check)
+        return pages.main(check=args.check) or readme
     args.output = Path(args.output) if args.output else kit.results_path(result_name(args))
     module = importlib.import_module(f"timer_bench.{SCENARIOS[args.scenario][0]}")
     code: int = module.main(args)

@@ -1,33 +1,32 @@
-"""mkdocs hook: ``{{ e2e.fire }}`` in a page becomes that figure, formatted from
-bench/results (:mod:`timer_bench.figures`); a name no results file gives fails the build."""
+"""mkdocs hook: a page whose figures are not bench/results' (a ``{{ e2e.fire }}`` not yet
+rendered, a figure stale or edited between its markers) fails the build, naming the
+command that fixes it (:mod:`timer_bench.pages` writes the figures into the pages)."""
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from mkdocs.exceptions import PluginError
 
-from timer_bench.figures import figures
+from timer_bench import pages
+from timer_bench.figures import Figures, figures
 
-#: A figure's place in a page: ``{{ file.figure }}``.
-FIGURE = re.compile(r"\{\{\s*([a-z0-9_]+\.[a-z0-9_]+)\s*\}\}")
-
-_figures: dict[str, str] | None = None
+_figures: Figures | None = None
 
 
 def on_page_markdown(markdown: str, page: Any, **kwargs: Any) -> str:
     global _figures
-    if "{{" not in markdown:
+    if "{{" not in markdown and "<!-- fig:" not in markdown:
         return markdown
     if _figures is None:
         _figures = figures()
-    known = _figures
-
-    def figure(match: re.Match[str]) -> str:
-        name = match[1]
-        if name not in known:
-            raise PluginError(f"{page.file.src_path}: no figure {name!r} in bench/results")
-        return known[name]
-
-    return FIGURE.sub(figure, markdown)
+    try:
+        fresh = pages.fill(markdown, _figures, page.file.src_path)
+    except pages.UnknownFigure as exc:
+        raise PluginError(str(exc)) from None
+    if fresh != markdown:
+        raise PluginError(
+            f"{page.file.src_path}: figures stale or unrendered; "
+            "run `uv run python -m timer_bench render`"
+        )
+    return markdown

@@ -1,5 +1,6 @@
-"""Every figure the docs show, by name, formatted from bench/results: the docs write
-``{{ e2e.fire }}`` and :mod:`timer_bench.docs_hook` puts the figure there at build time.
+"""Every figure the docs show, by name, formatted from bench/results: a page asks for
+``{{ e2e.fire }}`` and ``python -m timer_bench render`` writes the figure into it
+(:mod:`timer_bench.pages`).
 
 Each results file also gives ``NAME.source`` (the sentence a page cites its figures with:
 command, date, store, settings, machine) and ``NAME.label`` (the same, short). The names are
@@ -27,6 +28,22 @@ def _day(document: dict[str, Any]) -> str:
     return str(document["date"]).split(" ")[0]
 
 
+#: When SQLite's default became ``synchronous=FULL`` (commit 100de62): a run on SQLite
+#: before it, at the defaults of its day, ran at ``NORMAL``, a tuned setting now.
+SQLITE_FULL_SINCE = "2026-11-26 23:51"
+NORMAL_NOW_TUNED = "`synchronous=NORMAL`, tuned: the default is now `FULL`"
+
+
+def sqlite_at_normal(document: dict[str, Any]) -> bool:
+    """Whether a run on SQLite committed at ``NORMAL`` rather than today's default."""
+    return str(document["date"]) < SQLITE_FULL_SINCE
+
+
+def _at(document: dict[str, Any]) -> str:
+    """``at``: the settings a run on SQLite had, in a phrase."""
+    return f"at {NORMAL_NOW_TUNED}" if sqlite_at_normal(document) else "at the defaults"
+
+
 def _sources(document: dict[str, Any], command: str, setup: str, short: str) -> Figures:
     """``source``: command, date, what ran with which settings, and the machine, in full;
     ``label``: what ran and where, short enough for a parenthesis."""
@@ -49,13 +66,14 @@ def e2e(d: dict[str, Any]) -> Figures:
     steady, storm, catchup, scale = r["steady"], r["storm"], r["catchup"], r["scale"]
     raw_fire = r["yardsticks"]["raw_pipeline"][str(service["yardstick_batch"])]
     setup = (
-        f"one `timer-service` process on SQLite (WAL, `synchronous=NORMAL`), "
+        f"one `timer-service` process on SQLite (WAL, {NORMAL_NOW_TUNED}), "
         f"`TIMER_BATCH_SIZE={service['batch_size']}`, "
         f"`TIMER_COMMAND_BATCH_SIZE={service['command_batch_size']}`, a `nats-server` with "
         f"file storage on the same machine, {service['rounds']} alternated rounds"
     )
     return {
-        **_sources(d, "e2e", setup, "one service on SQLite"),
+        **_sources(d, "e2e", setup, f"one service on SQLite {_at(d)}"),
+        "at": _at(d),
         "schedule": per_s(r["schedule"]["per_s"]),
         "schedule_vs_raw": times(r["schedule"]["vs_raw"]),
         "raw_schedule": per_s(r["yardsticks"]["raw_schedule"]["per_s"]),
@@ -148,7 +166,10 @@ def backlog(d: dict[str, Any]) -> Figures:
         if d["store"] == "sqlite"
         else f"{d['instances']} `timer-service` processes on one PostgreSQL database"
     )
-    setup = f"{d['timers']:,} timers all overdue when {where} started, at the defaults"
+    at = "at the defaults"
+    if d["store"] == "sqlite" and sqlite_at_normal(d):
+        where, at = f"{where} at {NORMAL_NOW_TUNED}", "otherwise at the defaults"
+    setup = f"{d['timers']:,} timers all overdue when {where} started, {at}"
     return {
         **_sources(d, f"backlog-{d['store']}", setup, where),
         "timers": count(d["timers"]),
@@ -349,6 +370,10 @@ def handlers(d: dict[str, Any]) -> Figures:
     return out
 
 
+def _one_worker(d: dict[str, Any]) -> str:
+    return "one worker on SQLite" + (f" at {NORMAL_NOW_TUNED}" if sqlite_at_normal(d) else "")
+
+
 def otel(d: dict[str, Any]) -> Figures:
     v, hooks = d["variants"], d["hooks_us"]
     setup = (
@@ -358,7 +383,7 @@ def otel(d: dict[str, Any]) -> Figures:
     )
     base = hooks["no instrumentation"]
     return {
-        **_sources(d, "otel", setup, "one worker on SQLite"),
+        **_sources(d, "otel", setup, _one_worker(d)),
         "sdk_rate": times(v["sdk"]["rate_vs_off"]),
         "sdk_cpu": times(v["sdk"]["cpu_vs_off"]),
         "traced_cpu": times(v["sdk-traced"]["cpu_vs_off"]),
@@ -376,7 +401,7 @@ def fairness(d: dict[str, Any]) -> Figures:
         f"tenant and {settings['quiet']} of another due at the same time"
     )
     return {
-        **_sources(d, "fairness", setup, "one worker on SQLite"),
+        **_sources(d, "fairness", setup, _one_worker(d)),
         "storm": count(settings["storm"]),
         "quiet_max": f"{s['quiet_max_s']:.2f} s",
         "storm_drained": f"{s['storm_drained_s']:.1f} s",

@@ -252,7 +252,7 @@ def main(args: argparse.Namespace) -> int:
             "timers": args.timers,
             "rounds": args.rounds,
             "batch": BATCH,
-            "store": "SQLite (WAL, synchronous=NORMAL)",
+            "store": "SQLite (WAL, the default `synchronous=FULL`)",
             "baseline_ref": args.baseline_ref,
         },
         "variants": {

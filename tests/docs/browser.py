@@ -19,7 +19,7 @@ import queue
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +39,14 @@ FLAGS = (
 )
 
 
+def _flags(names: Sequence[str]) -> list[str]:
+    rules = "".join(f"MAP {name} 127.0.0.1, " for name in names)
+    return [
+        flag.replace("MAP * ", f"{rules}MAP * ") if flag.startswith("--host-resolver") else flag
+        for flag in FLAGS
+    ]
+
+
 class BrowserError(AssertionError):
     """Chromium answered a command with an error, or not in time."""
 
@@ -46,7 +54,8 @@ class BrowserError(AssertionError):
 class Chromium:
     """One headless Chromium; :meth:`page` opens a tab and returns its session."""
 
-    def __init__(self, executable: str, profile: Path) -> None:
+    def __init__(self, executable: str, profile: Path, names: Sequence[str] = ()) -> None:
+        """``names``: host names the browser resolves to 127.0.0.1 (no other resolves)."""
         to_browser, self._write_end = os.pipe()
         self._read_end, from_browser = os.pipe()
         # Above 4, so that putting them at 3 and 4 in the child overwrites neither.
@@ -59,7 +68,7 @@ class Chromium:
             os.dup2(ends[1], 4)
 
         self.proc = subprocess.Popen(
-            [executable, *FLAGS, f"--user-data-dir={profile}", "about:blank"],
+            [executable, *_flags(names), f"--user-data-dir={profile}", "about:blank"],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -233,9 +242,10 @@ def served(site: Path) -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def chromium(executable: str, profile: Path) -> Iterator[Chromium]:
-    """A headless Chromium with a fresh profile, killed (by its pid) when done."""
-    browser = Chromium(executable, profile)
+def chromium(executable: str, profile: Path, names: Sequence[str] = ()) -> Iterator[Chromium]:
+    """A headless Chromium with a fresh profile, killed (by its pid) when done; ``names``
+    resolve to 127.0.0.1."""
+    browser = Chromium(executable, profile, names)
     try:
         yield browser
     finally:

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from collections.abc import AsyncIterator, Sequence
 
 import attrs
 
 from tests.timer_core.test_poison import POISON, Rig
+from timer_adapters_nats import DeadLetters
 from timer_service.access import HttpAccess
 from timer_service.console import Console
 from timer_service.http import HealthEndpoint
@@ -40,10 +42,12 @@ async def console_rig(
     token: str | None = TOKEN,
     tenants: Sequence[str] | None = None,
     warnings: Sequence[str] = (),
+    dead_letters: DeadLetters | None = None,
+    reading_fresh_s: float = 30.0,
 ) -> AsyncIterator[ConsoleRig]:
     """A worker that quarantined the poison timer of tenant-a (and fired some of 120 others,
     tenant-b holds three more far ahead), with the console on a free loopback port, showing
-    the service's ``warnings``."""
+    the service's ``warnings`` (and the ``dead_letters`` of a broker, when given)."""
     metrics = PrometheusInstrumentation()
     rig = Rig(instrumentation=metrics)
     await rig.store.start()
@@ -64,6 +68,8 @@ async def console_rig(
         port=port,
         tenants=tenants,
         warnings=lambda: list(warnings),
+        dead_letters=None if dead_letters is None else functools.partial(lambda d: d, dead_letters),
+        reading_fresh_s=reading_fresh_s,
     )
     endpoint = HealthEndpoint(
         "127.0.0.1",

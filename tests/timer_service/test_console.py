@@ -313,7 +313,9 @@ class TestInTheService:
                         break
                     assert asyncio.get_running_loop().time() < deadline, letters.body
                     await asyncio.sleep(0.1)
-                seq = re.search(r"<td>(\d+)</td><td>shop</td>", letters.body)
+                seq = re.search(
+                    r"<td[^>]*><div>(\d+)</div></td><td[^>]*><div>shop</div></td>", letters.body
+                )
                 assert seq is not None, letters.body
                 refused = await fetch(
                     port,

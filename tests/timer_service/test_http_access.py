@@ -1,5 +1,6 @@
 """The HTTP endpoint's actions and tenant data answer only a request with the token, the
-endpoint's own ``Host`` and no cross-site marks; probes and scrapes stay open."""
+endpoint's own ``Host`` and no cross-site marks; probes and scrapes need no token, but the
+endpoint's ``Host`` (or one of ``TIMER_HTTP_PROBE_HOSTS``) too."""
 
 from __future__ import annotations
 
@@ -146,12 +147,50 @@ class TestGuardedEndpoints:
         assert status == 200
         assert held.retries == 1
 
-    async def test_probes_stay_open(self, endpoint: tuple[HealthEndpoint, Held]) -> None:
-        """/healthz and /metrics answer without a token (they show no tenant's data)."""
+    async def test_probes_need_no_token_but_the_endpoints_host(
+        self, endpoint: tuple[HealthEndpoint, Held]
+    ) -> None:
+        """/healthz and /metrics answer without a token (they show no tenant's data), to a
+        request naming the endpoint; a rebound name is refused there too, as is an unknown
+        path."""
         server, _ = endpoint
+        port = server.port
         for path in ("/healthz", "/metrics"):
-            status, _ = await send(server.port, f"GET {path} HTTP/1.1", {"Host": "anything"})
+            status, _ = await send(port, f"GET {path} HTTP/1.1", {"Host": f"127.0.0.1:{port}"})
             assert status == 200, path
+            status, body = await send(
+                port, f"GET {path} HTTP/1.1", {"Host": f"evil.example:{port}"}
+            )
+            assert (status, b"evil.example" in body) == (403, True), path
+        status, _ = await send(port, "GET /nothing HTTP/1.1", {"Host": "evil.example"})
+        assert status == 403
+
+    async def test_probe_hosts_reach_the_probes_only(self) -> None:
+        """A name in TIMER_HTTP_PROBE_HOSTS (with or without a port) reaches /healthz and
+        /metrics, and nothing else: the quarantine stays refused to it, token or not."""
+        held = Held()
+        access = HttpAccess(TOKEN, "127.0.0.1", probe_hosts={"timer.internal", "lb:8443"})
+        server = HealthEndpoint(
+            "127.0.0.1", 0, PrometheusInstrumentation().registry, lambda: (True, {}), held, access
+        )
+        await server.start()
+        try:
+            port = server.port
+            for host in (f"timer.internal:{port}", "timer.internal", "lb:8443"):
+                for path in ("/healthz", "/metrics"):
+                    status, _ = await send(port, f"GET {path} HTTP/1.1", {"Host": host})
+                    assert status == 200, (host, path)
+            status, _ = await send(port, "GET /healthz HTTP/1.1", {"Host": "lb:9999"})
+            assert status == 403
+            headers = {"Host": "timer.internal", "Authorization": f"Bearer {TOKEN}"}
+            status, _ = await send(port, "GET /quarantine HTTP/1.1", headers)
+            assert status == 403
+        finally:
+            await server.aclose()
+        settings = Settings.from_environment({"TIMER_HTTP_PROBE_HOSTS": "timer.internal, lb:8443"})
+        assert HttpAccess.from_settings(settings).probe_hosts == {"timer.internal", "lb:8443"}
+        with pytest.raises(SettingsError, match="TIMER_HTTP_PROBE_HOSTS"):
+            Settings.from_environment({"TIMER_HTTP_PROBE_HOSTS": "not a host/"})
 
     async def test_no_token_configured_turns_the_actions_off(self) -> None:
         """Without TIMER_HTTP_TOKEN every guarded endpoint answers 403 naming the setting."""

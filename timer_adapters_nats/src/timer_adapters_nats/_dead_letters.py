@@ -125,8 +125,11 @@ class DeadLetters:
         self._stream = connection.settings.dlq_stream
         self._subjects = connection.settings.subjects
 
-    async def list(self, *, tenant: str | None = None, limit: int = 50) -> list[DeadLetter]:
-        """Dead letters in stream order, of one tenant (``_`` = unreadable tenant) or all.
+    async def list(
+        self, *, tenant: str | None = None, limit: int = 50, after: int = 0
+    ) -> list[DeadLetter]:
+        """Dead letters in stream order, of one tenant (``_`` = unreadable tenant) or all,
+        from the first after sequence number ``after`` (the last of the previous page).
 
         Raises :class:`~timer_core.errors.InvalidIdentifier` for a ``tenant`` that cannot be
         one, :class:`~timer_adapters_nats.BrokerUnavailable` when the broker does not answer.
@@ -136,7 +139,7 @@ class DeadLetters:
         )
         js = self._connection.jetstream
         found: list[DeadLetter] = []
-        seq = 1
+        seq = after + 1
         while len(found) < limit:
             try:
                 with self._answering("list"):

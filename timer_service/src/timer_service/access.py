@@ -1,8 +1,11 @@
 """Who may act through the service's HTTP endpoint: the token, ``Host`` and cross-site checks
 every state-changing endpoint (and every one that shows tenants' data) passes first.
 
-Probes and scrapes (``/healthz``, ``/metrics``) stay open; anything that changes state or
-lists tenants' timers goes through :meth:`HttpAccess.check`, which wants
+Every request names the endpoint in its ``Host`` header (:meth:`HttpAccess.host_refusal`):
+the address it listens on, one of ``TIMER_HTTP_ALLOWED_HOSTS``, and for probes and scrapes
+(``/healthz``, ``/metrics``) also one of ``TIMER_HTTP_PROBE_HOSTS``; a page that rebinds its
+own name to the endpoint's address reads nothing. Probes and scrapes need no token; anything
+that changes state or lists tenants' timers goes through :meth:`HttpAccess.check`, which wants
 
 - ``Authorization: Bearer <TIMER_HTTP_TOKEN>`` (without the setting, such endpoints are
   off): a browser never sends it cross-site without a preflight, which this server never
@@ -93,17 +96,38 @@ class HttpAccess:
 
     ``token`` is ``TIMER_HTTP_TOKEN`` (None: guarded endpoints are off);
     ``allowed_hosts`` are extra names a ``Host`` header may carry (a proxy's, a DNS name of
-    the machine), ``TIMER_HTTP_ALLOWED_HOSTS``. Build it with :meth:`from_settings`.
+    the machine), ``TIMER_HTTP_ALLOWED_HOSTS``; ``probe_hosts`` are names only ``/healthz``
+    and ``/metrics`` accept (a load balancer's or Prometheus's name for the service),
+    ``TIMER_HTTP_PROBE_HOSTS``. A name given without a port is accepted with any port or
+    none. Build it with :meth:`from_settings`.
     """
 
     token: str | None = attrs.field(repr=_shown_secret)
     listen_host: str = "127.0.0.1"
     allowed_hosts: frozenset[str] = attrs.field(default=frozenset(), converter=_lower_names)
+    probe_hosts: frozenset[str] = attrs.field(default=frozenset(), converter=_lower_names)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> HttpAccess:
         """The rules ``settings`` ask for."""
-        return cls(settings.http_token, settings.http_host, settings.http_allowed_hosts or ())
+        return cls(
+            settings.http_token,
+            settings.http_host,
+            settings.http_allowed_hosts or (),
+            settings.http_probe_hosts or (),
+        )
+
+    def host_refusal(
+        self, request: HttpRequest, port: int, *, probe: bool = False
+    ) -> Refusal | None:
+        """Why ``request`` does not reach this endpoint by one of its names (None: it does).
+        ``probe``: a health probe or a metrics scrape, which ``probe_hosts`` may name too."""
+        host = (request.header("host") or "").lower()
+        if self._host_allowed(host, port):
+            return None
+        if probe and (host in self.probe_hosts or _without_port(host) in self.probe_hosts):
+            return None
+        return Refusal(403, f"Host {host!r} is not this endpoint's address")
 
     def hosts(self, port: int) -> frozenset[str]:
         """The ``Host`` values accepted for an endpoint on ``port`` (besides IP literals,
@@ -141,9 +165,10 @@ class HttpAccess:
         return refusal
 
     def _refusal(self, request: HttpRequest, port: int) -> Refusal | None:
+        refusal = self.host_refusal(request, port)
+        if refusal is not None:
+            return refusal
         host = (request.header("host") or "").lower()
-        if not self._host_allowed(host, port):
-            return Refusal(403, f"Host {host!r} is not this endpoint's address")
         origin = request.header("origin")
         if origin is not None and origin.lower() not in (f"http://{host}", f"https://{host}"):
             return Refusal(403, f"cross-site request from Origin {origin!r}")
@@ -162,10 +187,7 @@ class HttpAccess:
         return None
 
     def _host_allowed(self, host: str, port: int) -> bool:
-        if host in self.hosts(port):
-            return True
-        name = host if not _has_port(host) else host.rpartition(":")[0]
-        if name in self.allowed_hosts:
+        if host in self.hosts(port) or _without_port(host) in self.allowed_hosts:
             return True
         if self.listen_host.lower() not in _WILDCARDS:
             return False
@@ -190,6 +212,10 @@ def _is_loopback(host: str) -> bool:
 
 def _has_port(name: str) -> bool:
     return name.rpartition(":")[2].isdigit() and not name.endswith("]")
+
+
+def _without_port(host: str) -> str:
+    return host.rpartition(":")[0] if _has_port(host) else host
 
 
 def bearer(token: str | None) -> dict[str, str]:

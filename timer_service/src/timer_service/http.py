@@ -1,6 +1,7 @@
 """The health and metrics endpoint: ``GET /healthz`` and ``GET /metrics`` on one small server,
 and the worker's quarantine (``GET /quarantine``, ``POST /quarantine/retry``) for operators,
-behind :class:`~timer_service.access.HttpAccess` (token, ``Host``, cross-site checks)."""
+behind :class:`~timer_service.access.HttpAccess` (token, ``Host``, cross-site checks; every
+request, probes included, must name the endpoint in its ``Host``)."""
 
 from __future__ import annotations
 
@@ -155,6 +156,21 @@ class HealthEndpoint:
 
     def _route(self, request: HttpRequest) -> tuple[int, str, bytes]:
         method, path = request.method, request.path
+        # A page on another site that rebinds its name to this address reads nothing here
+        # either: probes and scrapes name the endpoint, or one of TIMER_HTTP_PROBE_HOSTS.
+        refusal = self._access.host_refusal(
+            request, self.port, probe=path in ("/healthz", "/metrics")
+        )
+        if refusal is not None:
+            log.warning(
+                "HTTP %s %s from %s refused (%d): %s",
+                method,
+                path,
+                request.client,
+                refusal.status,
+                refusal.reason,
+            )
+            return refusal.status, _TEXT, f"{refusal.reason}\n".encode()
         if path.startswith("/quarantine") and self._quarantine_of is not None:
             return self._quarantine(request)
         if path not in ("/healthz", "/metrics"):

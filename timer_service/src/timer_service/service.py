@@ -160,7 +160,6 @@ class TimerService:
                 clock=timer.clock,
                 access=access,
                 port=lambda: self.http.port,
-                census=lambda: self.census if settings.census_interval_s else None,
                 census_cap=settings.census_cap,
                 dead_letters=broker.dead_letters,
                 commands=lambda: TimerClient(broker),

@@ -61,6 +61,9 @@ class Settings:
     need (:mod:`timer_service.access`); None turns those endpoints off."""
     http_allowed_hosts: tuple[str, ...] | None = None
     """``TIMER_HTTP_ALLOWED_HOSTS``: ``Host`` names accepted besides the listen address."""
+    http_probe_hosts: tuple[str, ...] | None = None
+    """``TIMER_HTTP_PROBE_HOSTS``: ``Host`` names only ``/healthz`` and ``/metrics`` accept
+    besides those (the name a load balancer or Prometheus reaches the service by)."""
     retention_s: float = 7 * 86_400.0
     census_interval_s: float = 30.0
     """``TIMER_CENSUS_INTERVAL``: how often the census of pending timers by due time is
@@ -389,6 +392,7 @@ ENVIRONMENT: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "TIMER_HTTP_PORT": ("http_port", _int(0, 65535, "a port between 0 and 65535 (0 = off)")),
     "TIMER_HTTP_TOKEN": ("http_token", _http_token),
     "TIMER_HTTP_ALLOWED_HOSTS": ("http_allowed_hosts", _host_names),
+    "TIMER_HTTP_PROBE_HOSTS": ("http_probe_hosts", _host_names),
     "TIMER_RETENTION": ("retention_s", _positive_duration),
     "TIMER_CENSUS_INTERVAL": ("census_interval_s", _census_interval),
     "TIMER_CENSUS_CAP": ("census_cap", _int(1, 100_000_000, "an integer between 1 and 100000000")),

@@ -9,8 +9,9 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
-from typing import Any
 from urllib.parse import parse_qs, urlencode
+
+import attrs
 
 from timer_adapters_nats import BrokerUnavailable, DeadLetter, DeadLetters
 from timer_core import (
@@ -34,7 +35,7 @@ from timer_core import (
 from timer_core.instants import format_timestamp, parse_timestamp
 from timer_core.redaction import redact_url
 from timer_service.access import HttpAccess, HttpRequest, Refusal
-from timer_service.census import BUCKETS, Census, take_census, tenant_census
+from timer_service.census import BUCKETS, Census, TenantCensus, take_census, tenant_census
 from timer_service.console._guard import (
     COOKIE,
     Sessions,
@@ -88,7 +89,10 @@ SCAN_LIMIT = 2000
 TOP_TENANTS_SCANNED = 1000
 TENANT_CAP = 1000
 _TOP = 10
-_TENANTS_FRESH_S = 30.0
+#: How long the overview's figures are shown before they are read again.
+READING_FRESH_S = 30.0
+#: The refresh periods a page offers (seconds); a page refreshes only when asked to.
+REFRESH_S = (10, 30, 60)
 _NOTICES = {
     "signed-in": "Signed in: actions are allowed for this session.",
     "signed-out": "Signed out.",
@@ -112,6 +116,8 @@ class Console:
     ``commands`` makes, on the broker, when given; else the store).
     ``tenants`` limits everything it shows and does to those tenants. ``warnings`` gives the
     service's warnings (how acknowledged events can be lost, say), which head the overview.
+    The overview's figures are read together, at one moment, and shown for
+    ``reading_fresh_s`` while the next reading is taken in the background.
     """
 
     prefix = "/console"
@@ -124,12 +130,12 @@ class Console:
         clock: Clock,
         access: HttpAccess,
         port: Callable[[], int],
-        census: Callable[[], Census | None] | None = None,
         census_cap: int = 100_000,
         dead_letters: Callable[[], DeadLetters] | None = None,
         commands: Callable[[], TimerScheduler] | None = None,
         tenants: Sequence[str] | None = None,
         warnings: Callable[[], Sequence[str]] | None = None,
+        reading_fresh_s: float = READING_FRESH_S,
     ) -> None:
         if not isinstance(store, TimerCensus) or not isinstance(store, TimerLookup):
             raise TypeError(
@@ -142,16 +148,15 @@ class Console:
         self._clock = clock
         self._access = access
         self._port = port
-        self._census_of = census
         self._census_cap = census_cap
         self._dead_letters_of = dead_letters
         self._commands_of = commands
         self._warnings = warnings
         self._scope = None if tenants is None else frozenset(TenantId(t) for t in tenants)
         self.sessions = Sessions()
-        self._own_census: tuple[float, Census] | None = None
-        self._tenants_cache: tuple[float, tuple[list[Any], bool]] | None = None
-        self._tenants_refresh: asyncio.Task[None] | None = None
+        self._reading: tuple[float, Reading] | None = None
+        self._reading_fresh_s = reading_fresh_s
+        self._reading_refresh: asyncio.Task[None] | None = None
 
     # -- dispatch -------------------------------------------------------------------------------
 
@@ -219,56 +224,52 @@ class Console:
 
     # -- pages ----------------------------------------------------------------------------------
 
-    async def census(self) -> Census | None:
-        """The service's latest census, else one of the console's own (kept 5 s)."""
-        if self._census_of is not None:
-            reading = self._census_of()
-            if reading is not None:
-                return reading
-        now = time.monotonic()
-        if self._own_census is None or now - self._own_census[0] > 5.0:
-            reading = await take_census(self._census_store, self._clock.now(), cap=self._census_cap)
-            self._own_census = (now, reading)
-        return self._own_census[1]
-
-    async def _tenant_rows(self) -> tuple[list[Any], bool]:
-        """The tenant ranking: read once when first asked for, then again in the background
-        when older than 30 s, so a page never waits for it but the first one."""
-        if self._tenants_cache is None:
-            await self._read_tenant_rows()
-        elif time.monotonic() - self._tenants_cache[0] > _TENANTS_FRESH_S and (
-            self._tenants_refresh is None or self._tenants_refresh.done()
+    async def reading(self) -> Reading:
+        """The overview's figures, all read at one moment: taken when first asked for, then
+        again in the background once older than 30 s, so a page never waits for it but the
+        first one."""
+        if self._reading is None:
+            await self._read()
+        elif time.monotonic() - self._reading[0] >= self._reading_fresh_s and (
+            self._reading_refresh is None or self._reading_refresh.done()
         ):
-            self._tenants_refresh = asyncio.create_task(self._read_tenant_rows())
-        assert self._tenants_cache is not None
-        return self._tenants_cache[1]
+            self._reading_refresh = asyncio.create_task(self._read())
+        assert self._reading is not None
+        return self._reading[1]
 
-    async def _read_tenant_rows(self) -> None:
+    async def _read(self) -> None:
+        now = self._clock.now()
+        scope = None if self._scope is None else sorted(self._scope)
         try:
-            rows = await tenant_census(
-                self._census_store,
-                self._clock.now(),
-                tenants=TOP_TENANTS_SCANNED,
-                cap=TENANT_CAP,
-                only=None if self._scope is None else sorted(self._scope),
+            # The census and the ranking count at the same instant, so that a tenant's
+            # overdue timers are the census's overdue ones (the ranking only looks further).
+            census = (
+                None
+                if scope is not None
+                else await take_census(self._census_store, now, cap=self._census_cap)
+            )
+            rows, more = await tenant_census(
+                self._census_store, now, tenants=TOP_TENANTS_SCANNED, cap=TENANT_CAP, only=scope
             )
         except StoreError as exc:
-            if self._tenants_cache is None:
+            if self._reading is None:
                 raise
-            log.warning("console: could not read the tenant ranking again: %s", exc)
+            log.warning("console: could not read the overview's figures again: %s", exc)
             return
-        self._tenants_cache = (time.monotonic(), rows)
+        quarantined = sum(
+            1 for q in self._quarantine.quarantined if self.in_scope(q.entry.tenant_id)
+        )
+        self._reading = (time.monotonic(), Reading(now, census, rows, more, quarantined))
 
     async def _overview(self, page: Page) -> Html:
-        now = self._clock.now()
+        reading = await self.reading()
+        now = page.at = reading.at
         warnings = [] if self._warnings is None else self._warnings()
         parts: list[Html] = [Html(f'<p class="notice" role="alert">{esc(w)}</p>') for w in warnings]
         parts.append(_search_forms())
-        if self._scope is None:
-            census = await self.census()
-            if census is not None:
-                parts.append(_census_panel(census, now))
-        rows, more = await self._tenant_rows()
+        if reading.census is not None:
+            parts.append(_census_panel(reading.census))
+        rows = reading.tenants
         by_pending = sorted(rows, key=lambda r: (-r.pending, r.tenant_id))[:_TOP]
         by_oldest = sorted(
             (r for r in rows if r.overdue), key=lambda r: (r.earliest_due_at, r.tenant_id)
@@ -311,14 +312,13 @@ class Console:
         note = (
             f"Counts stop at {TENANT_CAP} per tenant (shown as {TENANT_CAP}+); "
             f"the first {TOP_TENANTS_SCANNED} tenants in id order are looked at"
-            + (" (more exist)." if more else ".")
-            + " Refreshed every 30 s at most."
+            + (" (more exist)." if reading.more else ".")
+            + f" These figures are read again every {self._reading_fresh_s:.0f} s at most."
         )
         parts.append(Html(f'<p class="muted">{esc(note)}</p>'))
-        quarantined = [q for q in self._quarantine.quarantined if self.in_scope(q.entry.tenant_id)]
         parts.append(
             Html(
-                f"<p>{link('/console/quarantine', f'{len(quarantined)} quarantined timer(s)')}"
+                f"<p>{link('/console/quarantine', f'{reading.quarantined} quarantined timer(s)')}"
                 f" &middot; {link('/console/dead-letters', 'dead letters')}</p>"
             )
         )
@@ -334,7 +334,7 @@ class Console:
         due_from = _instant(page.params.get("from"), "from")
         due_until = _instant(page.params.get("until"), "until")
         after = page.params.get("after")
-        now = self._clock.now()
+        now = page.at = self._clock.now()
         next_after: str | None = None
         scanned_note = ""
         if state == "scheduled":
@@ -431,7 +431,7 @@ class Console:
         self._require_scope(tenant)
         page.title = f"Timer {tenant} / {call}"
         record = await self._lookup.timer_record(tenant, call)
-        now = self._clock.now()
+        now = page.at = self._clock.now()
         entry = record.entry
         quarantine = next(
             (q for q in self._quarantine.quarantined if q.entry.key == (tenant, call)), None
@@ -545,7 +545,7 @@ class Console:
         else:
             found = await self._lookup.find_by_correlation_id(correlation, limit=PAGE_SIZE)
         found = [e for e in found if self.in_scope(e.tenant_id)]
-        now = self._clock.now()
+        now = page.at = self._clock.now()
         quarantined = {q.entry.key for q in self._quarantine.quarantined}
         rows = [
             (
@@ -571,7 +571,7 @@ class Console:
 
     async def _quarantined(self, page: Page) -> Html:
         page.title = "Quarantined timers"
-        now = self._clock.now()
+        now = page.at = self._clock.now()
         items = [q for q in self._quarantine.quarantined if self.in_scope(q.entry.tenant_id)]
 
         def actions(q: QuarantinedTimer) -> Html:
@@ -615,15 +615,28 @@ class Console:
 
     async def _dead_letter_page(self, page: Page) -> Html:
         page.title = "Dead letters"
+        now = page.at = self._clock.now()
         if self._dead_letters is None:
             return Html('<p class="muted">No dead-letter stream on this service.</p>')
-        if self._scope is None:
-            letters = await self._dead_letters.list(limit=PAGE_SIZE)
-        else:
-            letters = []
-            for tenant in sorted(self._scope):
-                letters += await self._dead_letters.list(tenant=tenant, limit=PAGE_SIZE)
-        now = self._clock.now()
+        tenant = page.params.get("tenant", "").strip()
+        after_text = page.params.get("after", "0")
+        if not after_text.isdigit():
+            raise ValidationError("after must be a dead letter's sequence number")
+        after = int(after_text)
+        if tenant:
+            if tenant != "_":
+                self._require_scope(TenantId(tenant))
+            elif self._scope is not None:
+                raise ValidationError("unreadable tenants are outside TIMER_CONSOLE_TENANTS")
+        tenants: list[str | None] = (
+            [tenant] if tenant else [None] if self._scope is None else [*sorted(self._scope)]
+        )
+        letters: list[DeadLetter] = []
+        for one in tenants:
+            letters += await self._dead_letters.list(tenant=one, limit=PAGE_SIZE + 1, after=after)
+        letters = sorted(letters, key=lambda letter: letter.seq)
+        more = len(letters) > PAGE_SIZE
+        letters = letters[:PAGE_SIZE]
 
         def actions(letter: DeadLetter) -> Html:
             if not page.can_act:
@@ -646,8 +659,38 @@ class Console:
             "back to its tenant's command subject, unchanged; fix its cause first "
             "(timer-service dlq replay --data sends a fixed one)."
         )
+        filters = join(
+            [
+                Html('<form class="search" method="get" action="/console/dead-letters">'),
+                field(
+                    "tenant", "Tenant id", tenant, hint="_ for commands whose tenant was unreadable"
+                ),
+                Html('<button type="submit" class="primary">Filter</button></form>'),
+            ]
+        )
+        pager = (
+            [link("/console/dead-letters", "First page", tenant=tenant or None)] if after else []
+        )
+        if more:
+            pager.append(
+                link(
+                    "/console/dead-letters",
+                    "Next page",
+                    tenant=tenant or None,
+                    after=letters[-1].seq,
+                )
+            )
+        caption = (
+            f"Dead letters of {tenant}, oldest first" if tenant else "Dead letters, oldest first"
+        )
         headers = ["Seq", "Tenant", "Time", "Reason", "Command", "Actions"]
-        return _listing(intro, table("Dead letters, oldest first", headers, rows))
+        return join(
+            [
+                filters,
+                _listing(intro, table(caption, headers, rows)),
+                Html(f'<p class="pager">{join(pager)}</p>') if pager else Html(""),
+            ]
+        )
 
     async def _sign_in_page(self, page: Page) -> Html:
         page.title = "Sign in"
@@ -757,6 +800,18 @@ class Console:
         return "replayed" if result.replayed else "replay-kept"
 
 
+@attrs.frozen
+class Reading:
+    """The overview's figures, read at one moment (``at``) and shown together."""
+
+    at: datetime
+    census: Census | None
+    """None for a console limited to some tenants (the census counts every tenant's)."""
+    tenants: list[TenantCensus]
+    more: bool
+    quarantined: int
+
+
 class Page:
     """One GET being answered: its parameters, session, and what the layout needs."""
 
@@ -769,6 +824,10 @@ class Page:
         self.title = "Overview"
         self.status = 200
         self.error: str | None = None
+        self.at: datetime | None = None
+        """The moment the page's figures were read, shown with them."""
+        refresh = params.get("refresh", "")
+        self.refresh = int(refresh) if refresh.isdigit() and int(refresh) in REFRESH_S else None
         session = session_of(request)
         self.signed_in = console.sessions.valid(session)
         self.csrf = console.sessions.csrf(session) if self.signed_in and session else None
@@ -789,7 +848,25 @@ class Page:
             csrf=self.csrf,
             notice=notice,
             error=self.error,
+            at=self.at,
+            made_at=self.console._clock.now(),
+            refresh=self._refresh_links() if self.at is not None else None,
+            refresh_every=self.refresh,
+            here=self._url(refresh=self.refresh),
         )
+
+    def _url(self, **changes: object) -> str:
+        """This page's address with ``changes`` to its query (None drops one; no notice)."""
+        params: dict[str, object] = {k: v for k, v in self.params.items() if k != "notice"}
+        params.update(changes)
+        query = urlencode({k: str(v) for k, v in params.items() if v is not None})
+        return self.path + ("?" + query if query else "")
+
+    def _refresh_links(self) -> list[tuple[str, str, bool]]:
+        """The refresh choices: (label, address, chosen)."""
+        return [("off", self._url(refresh=None), self.refresh is None)] + [
+            (f"every {n} s", self._url(refresh=n), self.refresh == n) for n in REFRESH_S
+        ]
 
 
 class Redirect(Exception):
@@ -871,7 +948,7 @@ def _search_forms(tenant: str = "", call: str = "", correlation: str = "") -> Ht
     )
 
 
-def _census_panel(census: Census, now: datetime) -> Html:
+def _census_panel(census: Census) -> Html:
     labels = {
         "overdue": "Overdue",
         "1m": "Due within a minute",
@@ -890,8 +967,8 @@ def _census_panel(census: Census, now: datetime) -> Html:
             table("Pending timers by due time", ["Due", "Timers"], rows),
             Html(
                 f"<p>Oldest overdue: <strong>{esc(oldest)}</strong>. "
-                f'<span class="muted">Census of {when(census.at, now)}; each bucket is counted '
-                f"up to {census.cap} (TIMER_CENSUS_CAP).</span></p></section>"
+                f'<span class="muted">Each bucket is counted up to {census.cap} '
+                "(TIMER_CENSUS_CAP).</span></p></section>"
             ),
         ]
     )

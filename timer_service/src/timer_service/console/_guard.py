@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import ipaddress
 import logging
 import secrets
 import time
@@ -87,25 +86,12 @@ def session_of(request: HttpRequest) -> str | None:
 def page_refusal(access: HttpAccess, request: HttpRequest, port: int) -> Refusal | None:
     """Why a page may not be shown: a ``Host`` that is not the endpoint's (a rebound name),
     or a request a browser marked cross-site; None to show it."""
-    host = (request.header("host") or "").lower()
-    if host not in access.hosts(port) and not _ip_literal_on_wildcard(access, host, port):
-        return Refusal(403, f"Host {host!r} is not this endpoint's address")
+    refusal = access.host_refusal(request, port)
+    if refusal is not None:
+        return refusal
     if (request.header("sec-fetch-site") or "").lower() == "cross-site":
         return Refusal(403, "cross-site request (Sec-Fetch-Site)")
     return None
-
-
-def _ip_literal_on_wildcard(access: HttpAccess, host: str, port: int) -> bool:
-    # Listening on every address, the endpoint is reached by any of its IPs: a rebound DNS
-    # name is never an IP literal.
-    if access.listen_host.lower() not in ("", "0.0.0.0", "::"):
-        return False
-    name, _, given = host.rpartition(":")
-    try:
-        ipaddress.ip_address(name.strip("[]"))
-    except ValueError:
-        return False
-    return given == str(port)
 
 
 def action_refusal(

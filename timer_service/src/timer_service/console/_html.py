@@ -59,11 +59,13 @@ def ago(seconds: float) -> str:
     return f"{seconds:.0f} s" if seconds >= 1 else f"{seconds * 1000:.0f} ms"
 
 
-def when(value: datetime | None, now: datetime) -> Html:
-    """A ``<time>`` with the instant in UTC and how far from now it is."""
+def when(value: datetime | None, now: datetime | None) -> Html:
+    """A ``<time>`` with the instant in UTC and how far from ``now`` it is (None: not)."""
     if value is None:
         return Html("&ndash;")
     stamp = format_timestamp(value)
+    if now is None:
+        return Html(f'<time datetime="{esc(stamp)}">{esc(stamp.replace("T", " "))}</time>')
     delta = (value - now).total_seconds()
     relative = (
         "now" if abs(delta) < 0.5 else (f"in {ago(delta)}" if delta > 0 else f"{ago(delta)} ago")
@@ -76,15 +78,28 @@ def when(value: datetime | None, now: datetime) -> Html:
 
 def table(caption: str, headers: Sequence[str], rows: Iterable[Sequence[object]]) -> Html:
     """A table with a caption and column headers; an empty one says so."""
-    body = ["<tr>" + "".join(f"<td>{esc(cell)}</td>" for cell in row) + "</tr>" for row in rows]
+    # Four columns and more become one card per row on a phone, each cell's content beside
+    # its column's name, so that every cell and its buttons are on the screen without
+    # scrolling sideways.
+    wide = len(headers) >= 4
+    body = [
+        "<tr>"
+        + "".join(
+            f'<td data-label="{esc(header)}"><div>{esc(cell)}</div></td>'
+            if wide
+            else f"<td>{esc(cell)}</td>"
+            for header, cell in zip(headers, row, strict=True)
+        )
+        + "</tr>"
+        for row in rows
+    ]
     if not body:
         body = [f'<tr><td colspan="{len(headers)}" class="muted">None.</td></tr>']
     head = "".join(f'<th scope="col">{esc(h)}</th>' for h in headers)
-    # Four columns and more keep readable cells on a phone: the region scrolls sideways.
-    wide = ' class="wide"' if len(headers) >= 4 else ""
+    wide_class = ' class="wide"' if wide else ""
     return Html(
         f'<div class="scroll" role="region" aria-label="{esc(caption)}" tabindex="0">'
-        f"<table{wide}><caption>{esc(caption)}</caption><thead><tr>{head}</tr></thead>"
+        f"<table{wide_class}><caption>{esc(caption)}</caption><thead><tr>{head}</tr></thead>"
         f"<tbody>{''.join(body)}</tbody></table></div>"
     )
 
@@ -139,8 +154,19 @@ def layout(
     csrf: str | None,
     notice: str | None = None,
     error: str | None = None,
+    at: datetime | None = None,
+    made_at: datetime | None = None,
+    refresh: Sequence[tuple[str, str, bool]] | None = None,
+    refresh_every: int | None = None,
+    here: str = "",
 ) -> bytes:
-    """The whole page: header with navigation and sign-in state, a notice, the body."""
+    """The whole page: header with navigation and sign-in state, a notice, the moment the
+    page's figures were read with the refresh choices, the body.
+
+    ``at``: when the page's figures were read (``made_at``: when the page was made).
+    ``refresh_every``: the page reloads ``here`` after that many seconds, by the browser's
+    own ``<meta http-equiv="refresh">`` (no script; the page's policy allows it).
+    """
     nav = "".join(
         f'<li><a href="{path}"{" aria-current=page" if path == current else ""}>{name}</a></li>'
         for path, name in _NAV
@@ -156,15 +182,35 @@ def layout(
         message = f'<p class="notice" role="status">{esc(notice)}</p>'
     if error:
         message += f'<p class="error" role="alert">{esc(error)}</p>'
+    moment = ""
+    if at is not None:
+        moment = f'<p class="moment">Figures as of {when(at, None)}'
+        if made_at is not None and (made_at - at).total_seconds() >= 1:
+            moment += f" (read {esc(ago((made_at - at).total_seconds()))} before this page)"
+        if refresh:
+            choices = " &middot; ".join(
+                f'<a href="{esc(url)}" aria-current="true">{esc(label)}</a>'
+                if chosen
+                else f'<a href="{esc(url)}">{esc(label)}</a>'
+                for label, url, chosen in refresh
+            )
+            moment += f'. <span class="refresh">Refresh: {choices}</span>'
+        moment += "</p>"
+    reload = (
+        f'<meta http-equiv="refresh" content="{refresh_every}; url={esc(here)}">'
+        if refresh_every
+        else ""
+    )
     document = (
         '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f"{reload}"
         f"<title>{esc(title)} · Timer console</title>"
         '<link rel="icon" href="/console/static/icon.svg" type="image/svg+xml">'
         '<link rel="stylesheet" href="/console/static/console.css"></head><body>'
         '<a class="skip" href="#main">Skip to content</a>'
         '<header><p class="brand"><a href="/console">Timer console</a></p>'
         f'<nav aria-label="Console"><ul>{nav}</ul></nav><div class="who">{who}</div></header>'
-        f'<main id="main"><h1>{esc(title)}</h1>{message}{body}</main></body></html>'
+        f'<main id="main"><h1>{esc(title)}</h1>{message}{moment}{body}</main></body></html>'
     )
     return document.encode()

@@ -6,6 +6,7 @@ for all of them (:class:`DatabaseClock`); a host schedules inside its own transa
 ``schedule_in_transaction``.
 """
 
+from timer_adapters_postgres._client import PostgresTimerClient
 from timer_adapters_postgres._clock import DatabaseClock
 from timer_adapters_postgres._listener import ScheduleListener
 from timer_adapters_postgres._schema import (
@@ -22,6 +23,7 @@ from timer_adapters_postgres._store import PostgresTimerStore
 from timer_adapters_postgres._writes import cancel_in_transaction, schedule_in_transaction
 
 __all__ = [
+    "PostgresTimerClient",
     "MIGRATIONS",
     "SCHEMA_VERSION",
     "DatabaseClock",

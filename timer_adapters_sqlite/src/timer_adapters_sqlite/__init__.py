@@ -1,6 +1,7 @@
 """Timer's durable store on SQLite through SQLAlchemy: ``SqliteTimerStore``, its schema, and
 scheduling inside a host's own transaction (``schedule_in_transaction``)."""
 
+from timer_adapters_sqlite._client import SqliteTimerClient
 from timer_adapters_sqlite._in_transaction import cancel_in_transaction, schedule_in_transaction
 from timer_adapters_sqlite._schema import (
     MIGRATIONS,
@@ -17,6 +18,7 @@ from timer_adapters_sqlite._schema import (
 from timer_adapters_sqlite._store import SqliteTimerStore
 
 __all__ = [
+    "SqliteTimerClient",
     "MIGRATIONS",
     "SCHEMA_VERSION",
     "Migration",

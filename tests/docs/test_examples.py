@@ -32,26 +32,31 @@ async def _seed_service_database(directory: Path) -> None:
 
 class TestExamples:
     @pytest.mark.parametrize("path", DOCUMENTS, ids=_name)
-    def test_python_and_json_blocks_run(
+    def test_python_and_json_blocks_run_twice_in_one_folder(
         self, path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     ) -> None:
-        """Each Python block runs in order in one namespace; each JSON block is valid."""
+        """Each Python block runs in order in one namespace, each JSON block is valid, and
+        the page's examples run again in the same folder: a reader who runs an example
+        twice finds it works twice (fresh keys, servers stopped), not a hang."""
         import asyncio
 
         monkeypatch.chdir(tmp_path)
         asyncio.run(_seed_service_database(tmp_path))
-        document = parse(path)
-        try:
-            for example in document.examples():
-                try:
-                    example.evaluate()
-                except BaseException as exc:
-                    exc.add_note(f"in the example at {_name(path)}, line {example.line}")
-                    raise
-        finally:
-            for value in list(document.namespace.values()):
-                if isinstance(value, NatsServerProcess):
-                    value.stop()
+        for run in (1, 2):
+            document = parse(path)
+            try:
+                for example in document.examples():
+                    try:
+                        example.evaluate()
+                    except BaseException as exc:
+                        exc.add_note(
+                            f"in the example at {_name(path)}, line {example.line}, run {run}"
+                        )
+                        raise
+            finally:
+                for value in list(document.namespace.values()):
+                    if isinstance(value, NatsServerProcess):
+                        value.stop()
 
     @pytest.mark.parametrize("path", DOCUMENTS, ids=_name)
     def test_every_code_block_names_its_language(self, path: Path) -> None:

@@ -97,7 +97,7 @@ def typed_figures(text: str) -> list[str]:
             found += [
                 f"a measured number: {m[0]!r} in {block.strip()[:80]!r}"
                 for m in _UNIT.finditer(block)
-                if m[0] not in LIMITS
+                if m[0] not in allowed
             ]
     return sorted(set(found))
 

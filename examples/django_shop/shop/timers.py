@@ -19,6 +19,7 @@ from timer_core import (
     DueTimeReached,
     MessageEnvelope,
     ScheduleTimer,
+    StoreClient,
     SystemClock,
     TimerStore,
 )
@@ -82,9 +83,7 @@ def cancel_with(command: CancelTimer, *, using: str = "default") -> CommandOutco
 
 
 @functools.cache
-def timers(
-    using: str = "default",
-) -> timer_adapters_sqlite.SqliteTimerClient | timer_adapters_postgres.PostgresTimerClient:
+def timers(using: str = "default") -> StoreClient:
     """Schedule and cancel outside any transaction of the shop's (a management command, a
     view that changes nothing else): each call commits on its own. One per process."""
     vendor, where = timer_database(using)

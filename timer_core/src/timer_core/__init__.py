@@ -23,6 +23,7 @@ from timer_core._messages import (
     command_envelope,
 )
 from timer_core._runtime import Timer, TimerHealth
+from timer_core._store_client import StoreClient
 from timer_core._trace import TraceContext
 from timer_core.errors import (
     ComponentFailed,
@@ -123,6 +124,7 @@ __all__ = [
     "RemoteScheduleCallback",
     "ReportsRemoteSchedules",
     "SharedClockStore",
+    "StoreClient",
     "SystemClock",
     "TimerCensus",
     "TimerLookup",

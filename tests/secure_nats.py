@@ -36,7 +36,7 @@ __all__ = [
     "make_operator_mode",
 ]
 
-#: The nats-server configurations the docs show (docs/operations.md, Securing Timer).
+#: The nats-server configurations the docs show (docs/security.md).
 DEPLOY_NATS = Path(__file__).resolve().parents[1] / "deploy" / "nats"
 
 

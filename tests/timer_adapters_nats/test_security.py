@@ -36,7 +36,7 @@ class Servers(SecuredBrokers):
 
     def __init__(self, root: Path) -> None:
         super().__init__(root, password=PASSWORD, token=TOKEN)
-        # The recipe docs/operations.md shows: mutual TLS and NKey users.
+        # The recipe docs/security.md shows: mutual TLS and NKey users.
         self.mtls = self.add(
             start_server_from_file(
                 root / "mtls",

@@ -1,4 +1,4 @@
-"""PostgreSQL secured as docs/operations.md shows it: TLS with a verified server and a client
+"""PostgreSQL secured as docs/security.md shows it: TLS with a verified server and a client
 certificate, a password, and the service's role owning only its schema (deploy/postgres/),
 on a real server started with SSL by the test."""
 

@@ -303,7 +303,7 @@ class TestStalledBroker:
 
 
 class TestDocumentedMutualTls:
-    """The service configured as docs/operations.md shows, against deploy/nats/tls.conf."""
+    """The service configured as docs/security.md shows, against deploy/nats/tls.conf."""
 
     def test_service_with_client_certificate_and_nkey(
         self, brokers: Brokers, tmp_path: Path

@@ -1,5 +1,5 @@
 """The per-tenant account recipe (deploy/nats/tenants.conf, written by ``timer-service
-nats-config``, shown in docs/operations.md) on a real ``nats-server`` with the real service:
+nats-config``, shown in docs/security.md) on a real ``nats-server`` with the real service:
 a hostile tenant tries every attack of issue 33, direct, through reply subjects and over
 HTTP; each is refused or without effect, and both tenants' timers still flow."""
 

@@ -207,6 +207,7 @@ def large(d: dict[str, Any]) -> Figures:
             out["empty_p99"] = f"{ms(r['reached_lateness']['p99_ms'])} ms"
             continue
         out[f"p99_{key}"] = f"{ms(r['reached_lateness']['p99_ms'])} ms"
+        out[f"rate_{key}"] = per_s(r["rate_per_s"])
         out[f"fired_{key}"] = f"{r['fired']:,} of {r['sent']:,}"
         out[f"purge_{key}"] = times(r.get("purge_in_stream_vs_fire", r["purge_vs_fire"]))
     out["table"] = kit.markdown_table(

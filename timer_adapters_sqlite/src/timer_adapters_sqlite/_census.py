@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 import sqlalchemy as sa
 
 from timer_adapters_sqlite._disk import driver_of
-from timer_adapters_sqlite._rows import entry_from_row, read_timestamp
+from timer_adapters_sqlite._rows import entries_read, entry_from_row, read_timestamp
 from timer_adapters_sqlite._schema import TABLE, TOMBSTONES
 from timer_adapters_sqlite._sql import BUCKET_CHARS, COLUMNS, EDGE, NEXT_DUE_AT, NEXT_FAR_DUE_AT
 from timer_core import (
@@ -299,12 +299,7 @@ class SqliteCensus(TimerCensus, TimerLookup):
             *cursor,
             limit,
         )
-
-        def find(connection: sa.Connection) -> list[TimerEntry]:
-            rows = driver_of(connection).execute(SCHEDULED_FOR_TENANT, args).fetchall()
-            return [entry_from_row(row) for row in rows]
-
-        return await self._read(find)
+        return await self._read(entries_read(SCHEDULED_FOR_TENANT, args))
 
     async def scan_tenant(
         self,
@@ -344,12 +339,7 @@ class SqliteCensus(TimerCensus, TimerLookup):
         self, correlation_id: CorrelationId, *, limit: int
     ) -> list[TimerEntry]:
         args = (CorrelationId(correlation_id), max(limit, 0))
-
-        def find(connection: sa.Connection) -> list[TimerEntry]:
-            rows = driver_of(connection).execute(FIND_BY_CORRELATION_ID, args).fetchall()
-            return [entry_from_row(row) for row in rows]
-
-        return await self._read(find)
+        return await self._read(entries_read(FIND_BY_CORRELATION_ID, args))
 
     async def timer_record(
         self, tenant_id: TenantId, service_call_id: ServiceCallId

@@ -25,7 +25,7 @@ from timer_adapters_sqlite._disk import driver_of
 from timer_adapters_sqlite._errors import translate_error
 from timer_adapters_sqlite._firing import FiringLock
 from timer_adapters_sqlite._paths import database_path, require_directory
-from timer_adapters_sqlite._rows import entry_from_row, read_timestamp
+from timer_adapters_sqlite._rows import entries_read, entry_from_row, read_timestamp
 from timer_adapters_sqlite._schema import StoreMode, Synchronous, check_schema, create_sqlite_engine
 from timer_adapters_sqlite._sql import (
     COUNT_FAR_BOUNDARY,
@@ -462,11 +462,7 @@ class SqliteTimerStore(
 
         # The poller's hot path: straight through the DBAPI connection, measured at a
         # fraction of the per-call cost of a SQLAlchemy execute (see bench/README.md).
-        def find(connection: sa.Connection) -> list[TimerEntry]:
-            rows = driver_of(connection).execute(sql, args).fetchall()
-            return [entry_from_row(row) for row in rows]
-
-        return await self._read(find)
+        return await self._read(entries_read(sql, args))
 
     async def find_due_by_tenant(
         self, now: datetime, limit: int, *, after: Mapping[TenantId, DueCursor]
@@ -528,12 +524,7 @@ class SqliteTimerStore(
         if limit <= 0:
             return []
         await self._far.before_find(now)
-
-        def find(connection: sa.Connection) -> list[TimerEntry]:
-            rows = driver_of(connection).execute(FIND_DUE_FOR_TENANT, args).fetchall()
-            return [entry_from_row(row) for row in rows]
-
-        return await self._read(find)
+        return await self._read(entries_read(FIND_DUE_FOR_TENANT, args))
 
     async def find_by_correlation(
         self, tenant_id: TenantId, correlation_id: CorrelationId

@@ -282,7 +282,6 @@ class TestMarkedWhileRead:
         async with Timer(store, handler=handler, clock=clock, instrumentation=metrics) as timer:
             await timer.schedule("shop-1", "order-1", T0)
             await asyncio.wait_for(store.marking.wait(), 60)  # handled, its mark waits
-            await clock.wait_for_sleepers(timeout=60)  # the worker is idle
             store.armed = True
             await timer.schedule("shop-1", "order-2", T0)  # wakes a pass, whose find...
             await asyncio.wait_for(store.reading.wait(), 60)  # ...read order-1 Scheduled

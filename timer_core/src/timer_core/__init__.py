@@ -44,7 +44,7 @@ from timer_core.errors import (
     ValidationError,
     WaitTimedOut,
 )
-from timer_core.handlers import DueTimeHandler, HandlerSettings, HandlerWorker
+from timer_core.handlers import DueTimeBatchHandler, DueTimeHandler, HandlerSettings
 from timer_core.instrumentation import BatchObserver, Instrumentation
 from timer_core.ports import (
     AsyncResource,
@@ -98,9 +98,9 @@ __all__ = [
     "command_envelope",
     # the runtime
     "BatchObserver",
+    "DueTimeBatchHandler",
     "DueTimeHandler",
     "HandlerSettings",
-    "HandlerWorker",
     "Instrumentation",
     "QuarantinedTimer",
     "Timer",

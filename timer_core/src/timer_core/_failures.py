@@ -1,9 +1,9 @@
 """The timers a worker failed to deliver: backing off one by one, or quarantined.
 
-Both workers keep one :class:`FailureBook`: the publishing one (:mod:`timer_core.worker`)
-and the handler path (:mod:`timer_core.handlers`). What fails, and when a timer is
-quarantined, is theirs to say; the book keeps the records, lists and retries the
-quarantined ones, reports a quarantine and forgets the timers changed meanwhile.
+The worker (:mod:`timer_core.worker`) keeps one :class:`FailureBook`, whatever its way out
+(a broker, the host's handler). What fails, and when a timer is quarantined, is the
+worker's to say; the book keeps the records, lists and retries the quarantined ones,
+reports a quarantine and forgets the timers changed meanwhile.
 """
 
 from __future__ import annotations

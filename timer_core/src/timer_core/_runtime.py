@@ -25,7 +25,13 @@ from timer_core.errors import (
     ValidationError,
     WaitTimedOut,
 )
-from timer_core.handlers import DueTimeHandler, HandlerSettings, HandlerWorker
+from timer_core.handlers import (
+    DueTimeBatchHandler,
+    DueTimeHandler,
+    HandlerSettings,
+    handler_delivery,
+)
+from timer_core.handlers import handler_settings as handler_settings_of
 from timer_core.instrumentation import NO_INSTRUMENTATION, Instrumentation
 from timer_core.ports import (
     AsyncResource,
@@ -40,7 +46,7 @@ from timer_core.ports import (
     SystemClock,
     TimerStore,
 )
-from timer_core.worker import QuarantinedTimer, TimerWorker, _require_count, _require_seconds
+from timer_core.worker import QuarantinedTimer, TimerWorker
 
 __all__ = ["Timer", "TimerHealth"]
 
@@ -73,6 +79,12 @@ class TimerHealth:
     """Worker passes completed since start."""
     failure: str | None = None
     """Why a component stopped on its own, if one did."""
+    quarantined: int = 0
+    """Timers quarantined now: left out of every pass until retried (see
+    :attr:`Timer.quarantined`)."""
+    oldest_quarantined_age_s: float | None = None
+    """Seconds since the longest-held of them was quarantined (the clock's time); None when
+    none is."""
     last_commands_age_s: float | None = None
     """Seconds since a batch of commands was last stored (from the command source, or by
     :meth:`Timer.schedule` / :meth:`Timer.cancel`), on the clock's monotonic time; None
@@ -94,9 +106,11 @@ class Timer:
     Without a broker, ``Timer(store, handler=on_due)`` calls the host's own function with
     each ``DueTimeReached`` envelope instead of publishing it (a coroutine function on the
     event loop, a plain one in a thread) and marks the timer ``Reached`` only once it
-    returned: see :class:`~timer_core.HandlerWorker` and
-    :class:`~timer_core.HandlerSettings` (concurrency, timeout, retries, quarantine, shutdown
-    grace), passed as ``handler_settings``.
+    returned (what a plain function returns that can be awaited is awaited);
+    ``Timer(store, batch_handler=on_due_batch)`` calls an async function with the timers
+    found due together and takes each one's outcome. :class:`~timer_core.HandlerSettings`
+    (concurrency, timeout, retries, quarantine, shutdown grace) is passed as
+    ``handler_settings``; anything else there is refused at once.
 
     A host in the same process schedules with :meth:`schedule` and :meth:`cancel`; the
     worker is woken whenever a new timer is due before it would look again (from either
@@ -129,6 +143,7 @@ class Timer:
         *,
         handler: DueTimeHandler | None = None,
         handler_settings: HandlerSettings | None = None,
+        batch_handler: DueTimeBatchHandler | None = None,
         commands: CommandSource | None = None,
         clock: Clock | None = None,
         polling_interval: float = 5.0,
@@ -139,11 +154,13 @@ class Timer:
         max_pending_per_tenant: int | None = None,
     ) -> None:
         _require(store, TimerStore, "store", "a TimerStore, e.g. SqliteTimerStore('timers.db')")
-        if (publisher is None) == (handler is None):
+        ways_out = sum(way is not None for way in (publisher, handler, batch_handler))
+        if ways_out != 1:
             raise ConfigurationError(
-                "a Timer needs either a publisher (Timer(store, broker.publisher)) or a "
-                "handler (Timer(store, handler=on_due)), not "
-                + ("both" if handler is not None else "neither")
+                "a Timer needs one way out: a publisher (Timer(store, broker.publisher)), a "
+                "handler (Timer(store, handler=on_due)) or a batch handler "
+                "(Timer(store, batch_handler=on_due_batch)), not "
+                + ("neither" if ways_out == 0 else "both" if ways_out == 2 else "all three")
             )
         if publisher is not None:
             _require(
@@ -152,13 +169,20 @@ class Timer:
                 "publisher",
                 "an EventPublisher, e.g. NatsBroker.publisher (or pass handler=)",
             )
-        elif not callable(handler):
+        elif handler is not None and not callable(handler):
             raise ConfigurationError(
                 f"Timer's handler must be a function taking a DueTimeReached envelope; "
                 f"got {_shown(handler)}"
             )
-        if handler_settings is not None and handler is None:
-            raise ConfigurationError("handler_settings is for Timer(store, handler=...) only")
+        elif batch_handler is not None and not callable(batch_handler):
+            raise ConfigurationError(
+                "Timer's batch_handler must be an async function taking a sequence of "
+                f"DueTimeReached envelopes; got {_shown(batch_handler)}"
+            )
+        if handler_settings is not None and publisher is not None:
+            raise ConfigurationError(
+                "handler_settings is for Timer(store, handler=...) or batch_handler= only"
+            )
         if commands is not None:
             _require(commands, CommandSource, "commands", "a CommandSource or None")
         if clock is not None and not isinstance(clock, Clock):
@@ -175,33 +199,18 @@ class Timer:
                 f"max_pending_per_tenant must be at least 1 (or None), got {max_pending_per_tenant}"
             )
         self._max_pending_per_tenant = max_pending_per_tenant
-        self._worker: TimerWorker | HandlerWorker
-        if publisher is not None:
-            self._worker = TimerWorker(
-                store,
-                publisher,
-                self._clock,
-                polling_interval=polling_interval,
-                batch_size=batch_size,
-                ids=ids,
-                instrumentation=instrumentation,
-                retention=retention,
-            )
-        else:
-            assert handler is not None
-            _require_seconds("polling_interval", polling_interval)
-            _require_count("batch_size", batch_size)
-            self._worker = HandlerWorker(
-                store,
-                handler,
-                self._clock,
-                settings=handler_settings,
-                polling_interval=polling_interval,
-                batch_size=batch_size,
-                ids=ids,
-                instrumentation=instrumentation,
-                retention=retention,
-            )
+        self._worker = TimerWorker(
+            store,
+            publisher
+            if publisher is not None
+            else handler_delivery(handler, batch_handler, handler_settings_of(handler_settings)),
+            self._clock,
+            polling_interval=polling_interval,
+            batch_size=batch_size,
+            ids=ids,
+            instrumentation=instrumentation,
+            retention=retention,
+        )
         self._state = _State.NEW
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._finished = asyncio.Event()
@@ -236,6 +245,8 @@ class Timer:
             last_pass_age_s=None if last is None else self._clock.monotonic() - last,
             passes=self._worker.passes,
             failure=None if self._failure is None else self._failure_text(),
+            quarantined=len(self._worker.quarantined),
+            oldest_quarantined_age_s=self._worker.quarantine_age(),
             last_commands_age_s=None if applied is None else self._clock.monotonic() - applied,
         )
 

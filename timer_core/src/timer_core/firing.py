@@ -1,36 +1,33 @@
-"""The firing pipeline: find due timers, deliver them, mark what was delivered ``Reached``.
+"""The firing pipeline: find due timers, hand each to a delivery, mark the delivered ``Reached``.
 
-Three steps, each a seam of its own: :meth:`FiringPipeline.find` (what is found, and from a
-leasing store claimed: a :class:`DueBatch`), a :class:`Delivery` (how a batch is delivered:
-:class:`PublishedEvents` publishes each timer's ``DueTimeReached``), and
-:meth:`FiringPipeline.mark` / :meth:`FiringPipeline.release` (how delivered timers are
-marked, and the claims on the others handed back). :meth:`FiringPipeline.fire` runs one
-batch through them; :meth:`FiringPipeline.drain` runs batch after batch, the store work of
-neighbouring batches overlapping the delivery (see :mod:`timer_core._drain`).
+One object with named state. :meth:`FiringPipeline.step` finds the next due timers (shared
+among tenants after a full batch, claimed from a leasing store) and hands them to its
+:class:`~timer_core.delivery.Delivery` (a broker's publish, the host's handler). Each timer's
+outcome comes back as it completes: a delivered timer joins the next mark (marks are
+gathered, beside the deliveries), a failed one is handed back (its claim released) and
+reported to :attr:`FiringPipeline.on_failed`. Nothing waits for a slow or failing timer:
+the next finds go on while its delivery runs, and it is never handed out again meanwhile.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Callable, Collection, Generator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any
 
 import attrs
 
 from timer_core._entry import TimerEntry, TimerKey
 from timer_core._ids import TenantId
 from timer_core._messages import DueTimeReached, MessageEnvelope
-from timer_core._time import floor_ms, is_utc_ms
+from timer_core._time import floor_ms
+from timer_core.delivery import Delivery, PublishedEvents
 from timer_core.errors import PublishError, StoreError
 from timer_core.events import due_events
-from timer_core.instrumentation import (
-    NO_BATCH_OBSERVER,
-    NO_INSTRUMENTATION,
-    BatchObserver,
-    Instrumentation,
-)
+from timer_core.instrumentation import NO_INSTRUMENTATION, BatchObserver, Instrumentation
 from timer_core.ports import (
     Clock,
     DueCursor,
@@ -42,25 +39,19 @@ from timer_core.ports import (
     Uuid7EnvelopeIds,
 )
 
-__all__ = [
-    "Delivered",
-    "Delivery",
-    "DrainReport",
-    "DueBatch",
-    "FiringPipeline",
-    "FiringReport",
-    "PendingMark",
-    "PublishedEvents",
-]
+__all__ = ["DrainReport", "DueBatch", "FiringPipeline", "FiringReport", "PublishedEvents"]
 
 log = logging.getLogger(__name__)
-#: Delivered timers a drain on a store without leases marks together at least: a commit
-#: rewrites every page it touches, and on SQLite marks of 100 cost about twice per timer
-#: what marks of 1,000 do (bench/README.md).
+#: Delivered timers marked together at most: a commit rewrites every page it touches, and on
+#: SQLite marks of 100 cost about twice per timer what marks of 1,000 do (bench/README.md).
 MARK_AT_ONCE = 1000
+#: While deliveries run or a drain goes on, a mark waits up to this long (real time) for
+#: more delivered timers to mark in the same commit. Only the ``Reached`` state waits.
+_MARK_GATHER_S = 0.025
 #: Most tenants a drain keeps a keyset cursor for (tenant fairness); a drain over more ends
 #: after the batch that passes it and the next drain starts afresh.
 _MAX_TENANT_CURSORS = 10_000
+_LEASE_OVER = "not acknowledged before the claim lease ran out"
 
 
 @attrs.frozen
@@ -87,41 +78,17 @@ class FiringReport:
 
 
 @attrs.frozen
-class PendingMark:
-    """A drain's last mark, still running when the drain returned (``finish_marks=False``).
-
-    The timers in :attr:`keys` are delivered and not yet ``Reached``. Hand it to the next
-    drain (``carried=``), which leaves those timers out and lets the mark finish before its
-    own; awaiting it waits for the mark (and raises its error).
-    """
-
-    marking: asyncio.Future[None]
-    keys: frozenset[TimerKey]
-    """The timers :attr:`marking` marks."""
-
-    def done(self) -> bool:
-        """Whether the mark has finished (or failed)."""
-        return self.marking.done()
-
-    def __await__(self) -> Generator[Any, None, None]:
-        return self.marking.__await__()
-
-
-@attrs.frozen
 class DrainReport:
     """What one :meth:`FiringPipeline.drain` did, in counts (a drain may fire millions)."""
 
     batches: int
-    """Batches found and fired (an empty first find counts as none)."""
+    """Batches found and handed out."""
     fired: int
     """Timers delivered and marked ``Reached``."""
     failed: list[tuple[TimerEntry, PublishError]]
     """Timers whose delivery failed; they stay ``Scheduled`` for a later drain."""
     expired: int = 0
     """Claimed timers not delivered because their claim lease ran out first."""
-    unfinished_mark: PendingMark | None = None
-    """With ``finish_marks=False``: the mark still running when the drain returned, else
-    None."""
 
 
 @attrs.frozen
@@ -140,147 +107,123 @@ class DueBatch:
     """Where each tenant's timers stand after this batch, for the next batch shared among
     tenants; None when the batch was not full."""
 
-    def report(self, delivered: Delivered | None = None) -> FiringReport:
-        """The batch's report, once ``delivered`` (and marked)."""
-        if delivered is None:
-            return FiringReport(len(self.due), [], [], self.cursor)
-        return FiringReport(
-            len(self.due), delivered.reached, delivered.failed, self.cursor, delivered.expired
-        )
 
+class _Sent:
+    """A batch handed to the delivery: each timer's outcome as it comes, its marks."""
 
-@attrs.frozen
-class Delivered:
-    """What delivering a batch came to: the timers delivered (as ``Reached`` entries), those
-    that failed, those not tried because their claim ran out, and the instrumentation's
-    observer of the batch (finished by the mark)."""
+    __slots__ = (
+        "batch",
+        "call",
+        "envelopes",
+        "expired",
+        "failed",
+        "lease",
+        "left",
+        "observer",
+        "reached",
+        "results",
+        "settled",
+        "unmarked",
+    )
 
-    reached: list[TimerEntry]
-    failed: list[tuple[TimerEntry, PublishError]]
-    expired: list[TimerEntry]
-    observer: BatchObserver
-
-
-class Delivery(Protocol):
-    """How the pipeline delivers a batch of due timers.
-
-    :class:`PublishedEvents` publishes each timer's ``DueTimeReached``; another delivery (a
-    host's handler called per timer, say) plugs in here. A timer counts as delivered only
-    once its result is None; the pipeline marks exactly those ``Reached``, and hands the
-    claims on the others back.
-    """
-
-    @property
-    def keeps_call_order(self) -> bool:
-        """Whether deliveries of consecutive batches may overlap and still arrive in due
-        order (the drain then sends the next batch while this one is acknowledged)."""
-        ...
-
-    async def deliver(
-        self, due: Sequence[TimerEntry], now: datetime, within: float | None
-    ) -> tuple[list[PublishError | None], BatchObserver]:
-        """Deliver ``due`` reached at ``now``: one result per timer, in order (None:
-        delivered), and the instrumentation's observer of the batch. With ``within``
-        (seconds left of the claim's lease), stop waiting after that long: what is not
-        delivered by then fails."""
-        ...
-
-
-@attrs.frozen
-class PublishedEvents:
-    """The delivery of a batch as ``DueTimeReached`` envelopes, published at once."""
-
-    publisher: EventPublisher
-    clock: Clock
-    ids: EnvelopeIdGenerator = attrs.field(factory=Uuid7EnvelopeIds)
-    instrumentation: Instrumentation = NO_INSTRUMENTATION
-
-    @property
-    def keeps_call_order(self) -> bool:
-        return self.publisher.keeps_call_order
-
-    async def deliver(
-        self, due: Sequence[TimerEntry], now: datetime, within: float | None
-    ) -> tuple[list[PublishError | None], BatchObserver]:
-        envelopes = due_events(due, now, self.ids)
-        observer = self.instrumentation.firing_started(envelopes)
-        try:
-            if within is None:
-                results = await self.publisher.publish_many(envelopes)
-            else:
-                results = await self._publish_within(envelopes, within)
-        except Exception as exc:
-            observer.finished(exc)
-            raise
-        observer.published(results)
-        return results, observer
-
-    async def _publish_within(
-        self, envelopes: list[MessageEnvelope[DueTimeReached]], budget: float
-    ) -> list[PublishError | None]:
-        """``publish_many``, but stop waiting after ``budget`` seconds (the rest of the lease).
-
-        Envelopes not acknowledged by then count as failed. One may still reach the broker
-        afterwards; it carries the firing's envelope id, so the broker drops it as a
-        duplicate if the instance that took the timer over publishes it too.
-        """
-        publishing = asyncio.ensure_future(self.publisher.publish_many(envelopes))
-        lease_over = asyncio.ensure_future(self.clock.sleep(budget))
-        try:
-            await asyncio.wait({publishing, lease_over}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            lease_over.cancel()
-            if not publishing.done():
-                publishing.cancel()
-                await asyncio.wait({publishing})  # nothing of this publish runs on after the pass
-        if not publishing.cancelled():
-            return publishing.result()
-        log.warning(
-            "publishing %d due timers did not finish within their claim lease; "
-            "they stay Scheduled for a later claim",
-            len(envelopes),
-        )
-        error = PublishError("not acknowledged before the claim lease ran out")
-        return [error] * len(envelopes)
+    def __init__(
+        self,
+        batch: DueBatch,
+        envelopes: list[MessageEnvelope[DueTimeReached]],
+        observer: BatchObserver,
+    ) -> None:
+        self.batch = batch
+        self.envelopes = envelopes
+        self.observer = observer
+        self.results: list[PublishError | bool | None] = [False] * len(batch.due)
+        self.left = len(batch.due)
+        self.unmarked = 0
+        self.reached: list[TimerEntry] = []
+        self.failed: list[tuple[TimerEntry, PublishError]] = []
+        self.expired: list[TimerEntry] = []
+        self.call: asyncio.Future[None] | None = None
+        self.lease: asyncio.Future[None] | None = None
+        self.settled: asyncio.Future[None] | None = None
 
 
 class FiringPipeline:
-    """Finds due timers in ``store``, delivers them, marks what was delivered ``Reached``.
+    """Finds due timers in ``store``, hands each to ``delivery``, marks the delivered.
 
     Delivery comes before the mark, so a crash in between delivers the same firing again
     (same envelope id) rather than losing it. A timer whose delivery fails stays
-    ``Scheduled`` and does not stop the others. With a leasing store
-    (:class:`~timer_core.ports.LeasesClaims`), delivery is fenced by the lease: nothing is
-    delivered once the lease may have run out, and a delivery is awaited only until then;
-    timers not delivered are handed back (:meth:`release`). Due timers for which
-    ``exclude(entry)`` is true are left out (the worker's per-timer backoff and quarantine).
+    ``Scheduled``, is handed back and does not stop the others. With a leasing store
+    (:class:`~timer_core.ports.LeasesClaims`) nothing is delivered once the claim's lease may
+    have run out, a publish is awaited only until then, and the mark carries the latest
+    claim. Due timers for which :attr:`exclude` says so are left out (the worker's backoff
+    and quarantine), their claims released.
     """
 
     def __init__(
         self,
         store: TimerStore,
-        delivery: Delivery,
+        delivery: Delivery | EventPublisher,
         clock: Clock,
         *,
         batch_size: int,
+        ids: EnvelopeIdGenerator | None = None,
         instrumentation: Instrumentation = NO_INSTRUMENTATION,
         mark_at_once: int = MARK_AT_ONCE,
     ) -> None:
         self.store = store
-        self.delivery = delivery
+        self.delivery = (
+            PublishedEvents(delivery, instrumentation=instrumentation)
+            if isinstance(delivery, EventPublisher)
+            else delivery
+        )
         self.clock = clock
         self.batch_size = batch_size
+        self.ids = ids or Uuid7EnvelopeIds()
         self.instrumentation = instrumentation
         self.mark_at_once = mark_at_once
-        """How many delivered timers a drain on a store without leases gathers before it
-        marks them in one call (fewer when the drain ends first); a leasing store's batches
-        are marked one by one, within their lease."""
         self.exclude: Callable[[TimerEntry], bool] | None = None
-        """Due timers left out of every batch while it says so (None: none)."""
+        """Due timers left out of every find while it says so (None: none)."""
+        self.excluding: Callable[[], bool] = _always
+        """Whether :attr:`exclude` may leave any out now (asked after each read, so a
+        failure told while the read ran counts)."""
+        self.on_failed: Callable[[TimerEntry, PublishError], None] | None = None
+        """Told of each timer whose delivery failed, as it does."""
+        self.on_delivered: Callable[[TimerEntry], None] | None = None
+        """Told of each timer delivered, as it is (before its mark)."""
+        self.on_change: Callable[[], None] | None = None
+        """Told when a place frees up or a mark ends (the worker may look again)."""
         self.lease_s: float | None = (
             store.claim_lease_s if isinstance(store, LeasesClaims) else None
         )
         """How long the store's claims last (None: it takes none)."""
+        self.in_flight = 0
+        """Timers handed to the delivery whose outcome is not in yet."""
+        self.window: int | None = None
+        """Most timers in flight at once, when fewer than the delivery's places (the worker
+        narrows it while nothing is delivered)."""
+        self.cursor: DueCursor | None = None
+        """Where the drain under way stands (None: the next find starts from the first)."""
+        self._tenants: Mapping[TenantId, DueCursor] | None = None
+        # Timers delivering or waiting for their mark, by key: the entry as last found (its
+        # latest claim). Never handed out again while here.
+        self._held: dict[TimerKey, TimerEntry] = {}
+        # Delivered, mark not begun: (key, reached at, its batch or None for a re-mark).
+        self._to_mark: list[tuple[TimerKey, datetime, _Sent | None]] = []
+        self._marking_keys: set[TimerKey] = set()
+        self._reclaimed: set[TimerKey] = set()
+        # Marked while the find under way read: it may still see them Scheduled.
+        self._just_marked: dict[TimerKey, TimerEntry] = {}
+        self._marker: asyncio.Task[None] | None = None
+        self._moved = asyncio.Event()  # an outcome came in, or a mark began or ended
+        self._mark_full = asyncio.Event()
+        self._closing = False
+        self._batches: set[_Sent] = set()
+        self._spawned: set[asyncio.Future[None]] = set()
+        self.retry_marks = False
+        """Whether a failed mark is retried (the worker's) rather than raised (``fire``)."""
+        self.mark_failures = 0
+        """Marks in a row that failed."""
+        self.mark_error: Exception | None = None
+        """Why the last mark failed, while its timers wait to be marked again."""
 
     @classmethod
     def publishing(
@@ -293,88 +236,149 @@ class FiringPipeline:
         instrumentation: Instrumentation = NO_INSTRUMENTATION,
         mark_at_once: int = MARK_AT_ONCE,
     ) -> FiringPipeline:
-        """The pipeline that publishes ``DueTimeReached`` envelopes to ``publisher`` (with
-        the default envelope ids; pass a :class:`PublishedEvents` of other ids to
-        the constructor instead)."""
-        delivery = PublishedEvents(publisher, clock, instrumentation=instrumentation)
+        """The pipeline that publishes ``DueTimeReached`` envelopes to ``publisher``."""
         return cls(
             store,
-            delivery,
+            publisher,
             clock,
             batch_size=batch_size,
             instrumentation=instrumentation,
             mark_at_once=mark_at_once,
         )
 
-    async def fire(self, after: DueCursor | None = None) -> FiringReport:
-        """One batch: find due timers (after ``after``), deliver them, mark the delivered.
+    # -- what the worker reads ------------------------------------------------------------
 
-        ``report.cursor`` is set when the batch was full, so the caller can continue after
-        it without reading failed timers again first.
-        """
+    @property
+    def room(self) -> int:
+        """How many timers the next find may hand out."""
+        window = self.delivery.places if self.window is None else self.window
+        return max(0, min(self.batch_size, window - self.in_flight))
+
+    @property
+    def busy(self) -> bool:
+        """Whether timers are delivering or waiting for their mark."""
+        return bool(self._held) or bool(self._to_mark)
+
+    @property
+    def held(self) -> int:
+        """Timers delivering or waiting for their mark."""
+        return len(self._held)
+
+    def holds(self, entry: TimerEntry) -> bool:
+        """Whether this timer is delivering or waiting for its mark here."""
+        return entry.key in self._held
+
+    # -- one batch, and a drain ----------------------------------------------------------
+
+    async def fire(self, after: DueCursor | None = None) -> FiringReport:
+        """One batch: find due timers (after ``after``), deliver them, mark the delivered;
+        returns once every outcome is in and marked. ``report.cursor`` is set when the
+        batch was full, so the caller can continue after it."""
         batch = await self.find(after)
         if not batch.due:
-            return batch.report()
-        delivered = await self.deliver(batch)
-        if not delivered.expired:
-            await self.mark(batch, delivered)
-        return batch.report(delivered)
+            return FiringReport(0, [], [], None)
+        sent = self.send(batch)
+        await self.settle()
+        return FiringReport(len(batch.due), sent.reached, sent.failed, batch.cursor, sent.expired)
 
-    async def drain(
-        self,
-        *,
-        stopping: Callable[[], bool] | None = None,
-        on_batch: Callable[[FiringReport], None] | None = None,
-        finish_marks: bool = True,
-        carried: PendingMark | None = None,
-    ) -> DrainReport:
-        """Fire batch after batch, in due order, until a batch comes back short (or
-        ``stopping()``).
+    async def drain(self) -> DrainReport:
+        """Find and hand out batch after batch while they come back full, then wait for
+        every outcome and mark."""
+        self.cursor, self._tenants = None, None
+        sent: list[_Sent] = []
+        try:
+            while True:
+                if self.room <= 0:
+                    await self._wait_for_room()
+                    continue
+                found = await self.step()
+                if found is not None:
+                    sent.append(found)
+                if self.cursor is None:
+                    break
+            await self.settle()
+        finally:
+            self.cursor, self._tenants = None, None
+        return DrainReport(
+            batches=len(sent),
+            fired=sum(len(s.reached) for s in sent),
+            failed=[failure for s in sent for failure in s.failed],
+            expired=sum(len(s.expired) for s in sent),
+        )
 
-        Every batch is fired as :meth:`fire` fires it: delivered, then marked, each timer's
-        delivery acknowledged before its mark. Batches follow each other by keyset cursor,
-        so a batch whose delivery failed is stepped over, not read again; after a full batch
-        from a :class:`~timer_core.ports.FindsDueByTenant` store, batches are shared among
-        tenants. The store work of neighbouring batches overlaps the delivery: the next
-        batch is read while this one is delivered, and this one is marked while the next
-        one is delivered. Marks finish and are reported in due order (``on_batch`` gets
-        each batch's report once it is marked); a store that takes no lease gets a batch's
-        mark while the last one's may still run (two at most, so it may commit both at
-        once), a leasing store one at a time. With a delivery that keeps the order of
-        overlapping calls, the next batches are also sent while this one's
-        acknowledgements come back: up to four in flight at batches of 100 or less (about
-        400 events), two at 200 or more and with a leasing store. A leasing store's batch
-        claimed ahead waits one delivery (milliseconds) of its lease, and its claim is
-        released if the drain stops before delivering it.
+    async def step(self) -> _Sent | None:
+        """Find the next due timers (up to :attr:`room`) where the drain stands and hand
+        them out; the batch sent, if any. :attr:`cursor` is set while more may be due."""
+        limit = self.room
+        if limit <= 0:
+            return None
+        batch = await self.find(self.cursor, tenants=self._tenants, limit=limit)
+        self.cursor, self._tenants = batch.cursor, batch.tenants
+        if not batch.due:
+            return None
+        return self.send(batch)
 
-        With ``finish_marks=False`` the drain returns while its last mark may still run,
-        handed over in the report as a :class:`PendingMark`; the caller passes it to the
-        next drain as ``carried``, which leaves its timers out of what it finds (they are
-        delivered) and lets it finish before its own first mark. Not with a leasing store:
-        its next claim could take over those timers (they are still leased to this owner)
-        and fence their mark out, so its drain always finishes its marks.
-        """
-        from timer_core._drain import Drain  # the drain's state machine, over this pipeline
+    def restart(self) -> None:
+        """End the drain under way: the next find starts from the first due timer."""
+        self.cursor, self._tenants = None, None
 
-        drain = Drain(self, stopping=stopping, on_batch=on_batch, carried=carried)
-        return await drain.run(finish_marks=finish_marks)
+    async def _wait_for_room(self) -> None:
+        changed = asyncio.Event()
+        previous = self.on_change
+        self.on_change = changed.set
+        try:
+            while self.room <= 0:
+                changed.clear()
+                await changed.wait()
+        finally:
+            self.on_change = previous
+
+    async def settle(self) -> None:
+        """Wait until every timer handed out has its outcome, and every delivered one is
+        marked; a failing mark raises (unless :attr:`retry_marks`)."""
+        while self._batches or self._to_mark or self._spawned:
+            waits: set[asyncio.Future[Any]] = {
+                s.settled for s in self._batches if s.settled is not None
+            } | self._spawned
+            if self._to_mark:
+                self._ensure_marker()
+                if not self._more_coming():
+                    self._mark_full.set()
+            marker = self._marker
+            if marker is not None:
+                if marker.done():
+                    self._marker = None
+                    marker.result()  # its error, if the mark failed
+                    continue
+                waits.add(marker)
+            self._moved.clear()
+            moved = asyncio.ensure_future(self._moved.wait())
+            try:
+                await asyncio.wait(waits | {moved}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                moved.cancel()
+
+    # -- find --------------------------------------------------------------------------
 
     async def find(
         self,
         after: DueCursor | None = None,
         *,
         tenants: Mapping[TenantId, DueCursor] | None = None,
-        skip: Collection[TimerKey] = frozenset(),
+        limit: int | None = None,
     ) -> DueBatch:
         """The next batch: in global due order after ``after``, or, after a full batch
         (``tenants`` given) from a store that can, shared among the tenants with due timers
-        after their cursors. Timers in ``skip`` (delivered, their mark still running) and
-        excluded ones are left out; a leasing store's claims on the excluded are released."""
-        store, clock, limit = self.store, self.clock, self.batch_size
+        after their cursors. Timers held here (delivering, waiting for their mark) and
+        excluded ones are left out; a leasing store's claims on the excluded are released,
+        those on held ones kept for their mark."""
+        store, clock = self.store, self.clock
+        limit = self.batch_size if limit is None else limit
         started = clock.monotonic()
         now = floor_ms(clock.now())
         by_tenant = store if tenants is not None and isinstance(store, FindsDueByTenant) else None
         positions: dict[TenantId, DueCursor] = dict(tenants or {})
+        self._just_marked.clear()
         while True:
             if by_tenant is not None:
                 due = await by_tenant.find_due_by_tenant(now, limit, after=positions)
@@ -387,29 +391,52 @@ class FiringPipeline:
                 lasts = {entry.tenant_id: entry for entry in due}
                 for tenant_id, entry in lasts.items():
                     positions[tenant_id] = DueCursor.of(entry)
-            if due and skip:
-                due = [entry for entry in due if entry.key not in skip]
+            if due and (self._held or self._just_marked):
+                due = [entry for entry in due if not self._held_back(entry, now)]
             exclude = self.exclude
-            if due and exclude is not None:
+            if due and exclude is not None and self.excluding():
                 left_out = [entry for entry in due if exclude(entry)]
                 if left_out:
                     due = [entry for entry in due if not exclude(entry)]
                     await self.release(left_out)
             if due and cursor is not None and len(positions) > _MAX_TENANT_CURSORS:
-                # A backlog over more tenants than that: the drain ends after this batch, as
-                # after a short one (the worker starts the next at once, its cursors empty),
-                # so a drain's memory stays bounded whatever the number of tenants.
+                # A backlog over more tenants than that: the drain ends after this batch, so
+                # its memory stays bounded whatever the number of tenants.
                 cursor = None
             if due or cursor is None:
                 break
             after = cursor
         if not due:
             self.instrumentation.poll_completed(clock.monotonic() - started, 0)
-            return DueBatch([], now, started, None)
+            return DueBatch([], now, started, cursor, positions if cursor is not None else None)
         return DueBatch(due, now, started, cursor, positions if cursor is not None else None)
 
-    async def deliver(self, batch: DueBatch) -> Delivered:
-        """Deliver a found batch (within its lease); what failed is released."""
+    def _held_back(self, entry: TimerEntry, now: datetime) -> bool:
+        """Whether a timer found due is held here; a leasing store's new claim on it is kept
+        for its mark (it fences out the one before)."""
+        key = entry.key
+        held = self._held.get(key)
+        if held is not None:
+            if entry.claim is not None and held.due_at == entry.due_at:
+                self._held[key] = entry
+                if key in self._marking_keys:
+                    self._reclaimed.add(key)
+            return True
+        marked = self._just_marked.get(key)
+        if marked is not None and marked.due_at == entry.due_at:
+            # Marked while this find read. A leasing store's claim taken before the mark (and
+            # fencing it out) leaves it Scheduled: marked again under that claim.
+            if entry.claim is not None:
+                assert marked.reached_at is not None
+                self._held[key] = entry
+                self._queue_mark(key, marked.reached_at, None)
+            return True
+        return False
+
+    # -- deliver -----------------------------------------------------------------------
+
+    def send(self, batch: DueBatch) -> _Sent:
+        """Hand a found batch to the delivery (within its lease); returns at once."""
         due, now, clock = batch.due, batch.now, self.clock
         lease = self.lease_s
         within: float | None = None
@@ -421,64 +448,241 @@ class FiringPipeline:
                     len(due),
                     lease,
                 )
-                await self.release(due)
+                sent = _Sent(batch, [], NO_OBSERVER)
+                sent.expired = list(due)
+                sent.left = 0
+                self._spawn(self.release(due))
                 self.instrumentation.poll_completed(clock.monotonic() - batch.started, 0)
-                return Delivered([], [], due, NO_BATCH_OBSERVER)
-        results, observer = await self.delivery.deliver(due, now, within)
-        reached: list[TimerEntry] = []
-        failed: list[tuple[TimerEntry, PublishError]] = []
-        # `now` checked once for the batch, not converted again for each timer.
-        now_is_instant = is_utc_ms(now)
-        for entry, error in zip(due, results, strict=True):
-            if error is None:
-                reached.append(entry._reached(now) if now_is_instant else entry.reach(now))
-            else:
-                failed.append((entry, error))
-                self.instrumentation.publish_failed(entry, error)
-        if failed:
+                return sent
+        envelopes = due_events(due, now, self.ids)
+        observer = self.instrumentation.firing_started(envelopes)
+        sent = _Sent(batch, envelopes, observer)
+        held = self._held
+        for entry in due:
+            held[entry.key] = entry
+        self.in_flight += len(due)
+        self._batches.add(sent)
+        sent.settled = asyncio.get_running_loop().create_future()
+
+        def done(index: int, error: PublishError | None) -> None:
+            self._outcome(sent, index, error)
+
+        call = self.delivery.start(envelopes, done)
+        if within is not None and call is not None and not call.done():
+            sent.call = call
+            sent.lease = asyncio.ensure_future(self._lease_over(sent, within))
+        return sent
+
+    async def _lease_over(self, sent: _Sent, within: float) -> None:
+        """At the end of the claim's lease, a publish still unacknowledged is cut off: its
+        timers fail (one may still reach the broker: it carries the firing's id, so the
+        broker drops it as a duplicate of the next instance's)."""
+        await self.clock.sleep(within)
+        call = sent.call
+        if call is not None and not call.done():
+            log.warning(
+                "publishing %d due timers did not finish within their claim lease; "
+                "they stay Scheduled for a later claim",
+                sent.left,
+            )
+            call.cancel(_LEASE_OVER)
+
+    def _outcome(self, sent: _Sent, index: int, error: PublishError | None) -> None:
+        """One timer's outcome: marked with the next mark, or handed back."""
+        if sent.results[index] is not False:
+            return  # told twice: the first counts
+        sent.results[index] = error
+        entry = sent.batch.due[index]
+        key = entry.key
+        self.in_flight -= 1
+        sent.left -= 1
+        if error is None:
+            sent.unmarked += 1
+            self._queue_mark(key, sent.batch.now, sent)
+            if self.on_delivered is not None:
+                self.on_delivered(entry)
+        else:
+            latest = self._held.pop(key, entry)
+            sent.failed.append((latest, error))
+            self.instrumentation.publish_failed(latest, error)
+            if self.on_failed is not None:
+                self.on_failed(latest, error)
+        if sent.left == 0:
+            self._delivered(sent)
+        self._moved.set()
+        if self.on_change is not None:
+            self.on_change()
+
+    def _delivered(self, sent: _Sent) -> None:
+        """Every outcome of a batch is in: report them; hand the failed back."""
+        if sent.lease is not None:
+            sent.lease.cancel()
+        sent.observer.published([r if r is not False else None for r in sent.results])  # type: ignore[misc]
+        if sent.failed:
+            failed = sent.failed
             log.warning(
                 "delivery failed for %d of %d due timers (first: %s/%s: %s); they stay Scheduled",
                 len(failed),
-                len(due),
+                len(sent.batch.due),
                 failed[0][0].tenant_id,
                 failed[0][0].service_call_id,
                 failed[0][1],
             )
-            await self.release([entry for entry, _ in failed])
-        return Delivered(reached, failed, [], observer)
+            self._spawn(self.release([entry for entry, _ in failed]))
+        if sent.unmarked == 0:
+            self._finished(sent)
 
-    async def mark(
-        self,
-        batch: DueBatch,
-        delivered: Delivered,
-        writing: asyncio.Future[int] | None = None,
-    ) -> None:
-        """Mark a delivered batch's timers ``Reached`` (``writing``: that mark, already
-        started) and finish the batch's instrumentation."""
-        await self.mark_together([(batch, delivered)], writing)
+    def _finished(self, sent: _Sent) -> None:
+        sent.observer.finished()
+        self.instrumentation.poll_completed(
+            self.clock.monotonic() - sent.batch.started, len(sent.reached)
+        )
+        self._batches.discard(sent)
+        if sent.settled is not None and not sent.settled.done():
+            sent.settled.set_result(None)
 
-    async def mark_together(
-        self,
-        batches: Sequence[tuple[DueBatch, Delivered]],
-        writing: asyncio.Future[int] | None = None,
-    ) -> None:
-        """:meth:`mark` for several delivered batches in one store call (``writing``: that
-        call, already started); each batch's instrumentation is finished as :meth:`mark`
-        finishes it."""
-        reached = [entry for _, delivered in batches for entry in delivered.reached]
-        if reached:
+    # -- mark --------------------------------------------------------------------------
+
+    async def marked_or(self, event: asyncio.Event) -> None:
+        """Wait until the marks under way end, or ``event`` is set."""
+        marker = self._marker
+        if marker is None or marker.done() or event.is_set():
+            return
+        waking = asyncio.ensure_future(event.wait())
+        try:
+            await asyncio.wait({marker, waking}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waking.cancel()
+
+    def _queue_mark(self, key: TimerKey, reached_at: datetime, sent: _Sent | None) -> None:
+        to_mark = self._to_mark
+        to_mark.append((key, reached_at, sent))
+        self._ensure_marker()
+        if len(to_mark) >= self.mark_at_once or not self._more_coming():
+            self._mark_full.set()
+
+    def _more_coming(self) -> bool:
+        """Whether more delivered timers are coming at once: deliveries run, or a drain."""
+        return bool(self.in_flight) or self.cursor is not None
+
+    def _ensure_marker(self) -> asyncio.Task[None]:
+        marker = self._marker
+        if marker is not None and not self._closing:
+            if self.mark_error is not None:
+                return marker  # the worker retries it (mark_again)
+            if marker.done() and not marker.cancelled() and marker.exception() is not None:
+                return marker  # failed: settle() raises its error
+        if self._marker is None or self._marker.done():
+            self._marker = asyncio.ensure_future(self._mark_loop())
+        return self._marker
+
+    async def mark_again(self) -> None:
+        """Retry the marks that failed (:attr:`mark_error`) now; raises if they fail again."""
+        self.mark_error = None
+        marker = self._marker
+        if marker is None or marker.done():
+            marker = self._marker = asyncio.ensure_future(self._mark_loop(gather=False))
+        await marker
+        if self.mark_error is not None:
+            raise self.mark_error
+
+    async def _mark_loop(self, *, gather: bool = True) -> None:
+        """Mark delivered timers, gathered (up to :attr:`mark_at_once` a commit), until none
+        are left or a mark fails (:attr:`mark_error`, unless :attr:`retry_marks` is off:
+        then it raises)."""
+        try:
+            await self._mark_all(gather=gather)
+        finally:
+            self._moved.set()
+
+    async def _mark_all(self, *, gather: bool) -> None:
+        while self._to_mark:
+            if (
+                gather
+                and len(self._to_mark) < self.mark_at_once
+                and self._more_coming()
+                and not self._closing
+            ):
+                self._mark_full.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._mark_full.wait(), _MARK_GATHER_S)
+            group, self._to_mark = (
+                self._to_mark[: self.mark_at_once],
+                self._to_mark[self.mark_at_once :],
+            )
+            held = self._held
+            entries = [held[key]._reached(at) for key, at, _ in group]
+            self._marking_keys = {key for key, _, _ in group}
             try:
-                await (self.store.mark_reached(reached) if writing is None else writing)
+                await self.store.mark_reached(entries)
             except Exception as exc:
-                for _, delivered in batches:
-                    delivered.observer.finished(exc)
-                raise
-        instrumentation, now = self.instrumentation, self.clock.monotonic()
-        for batch, delivered in batches:
-            if delivered.reached:
-                instrumentation.timers_fired(delivered.reached)
-            delivered.observer.finished()
-            instrumentation.poll_completed(now - batch.started, len(delivered.reached))
+                self._to_mark[:0] = group
+                self._marking_keys = set()
+                self.mark_failures += 1
+                if not self.retry_marks:
+                    for key, _, _ in self._to_mark:
+                        held.pop(key, None)
+                    self._to_mark = []
+                    raise
+                if self._closing:
+                    log.warning(
+                        "could not mark %d delivered timers at shutdown (%s); they will be "
+                        "delivered again",
+                        len(self._to_mark),
+                        exc,
+                    )
+                    for key, _, _ in self._to_mark:
+                        held.pop(key, None)
+                    self._to_mark = []
+                    return
+                # The worker retries it as it retries a failed pass (mark_again).
+                self.mark_error = exc
+                if self.on_change is not None:
+                    self.on_change()
+                return
+            self.mark_failures = 0
+            self._marking_keys = set()
+            marked: list[TimerEntry] = []
+            for (key, at, sent), entry in zip(group, entries, strict=True):
+                if key in self._reclaimed:
+                    # Claimed anew while the mark ran, which that claim fenced out: again.
+                    self._reclaimed.discard(key)
+                    self._to_mark.append((key, at, sent))
+                    continue
+                held.pop(key, None)
+                self._just_marked[key] = entry
+                marked.append(entry)
+                if sent is not None:
+                    sent.reached.append(entry)
+                    sent.unmarked -= 1
+                    if sent.unmarked == 0 and sent.left == 0:
+                        self._finished(sent)
+            if marked:
+                self.instrumentation.timers_fired(marked)
+            if self.on_change is not None:
+                self.on_change()
+
+    async def close(self) -> None:
+        """Stop: the deliveries under way end (see their ``aclose``), then the delivered are
+        marked (a mark failing now is only logged: those timers are delivered again)."""
+        self._closing = True
+        await self.delivery.aclose()
+        for sent in list(self._batches):
+            if sent.lease is not None:
+                sent.lease.cancel()
+        self._mark_full.set()
+        marker = self._marker
+        if self._to_mark:
+            marker = self._ensure_marker()
+        if marker is not None:
+            try:
+                await marker
+            except Exception as exc:
+                log.warning("marking delivered timers failed at shutdown (%s)", exc)
+        while self._spawned:
+            await asyncio.wait(set(self._spawned))
+
+    # -- hand back ----------------------------------------------------------------------
 
     async def release(self, entries: Sequence[TimerEntry]) -> None:
         """Hand the claims ``entries`` carry back to a leasing store (nothing otherwise)."""
@@ -494,3 +698,18 @@ class FiringPipeline:
                 len(entries),
                 exc,
             )
+
+    def _spawn(self, work: Any) -> None:
+        if not isinstance(self.store, LeasesClaims):
+            work.close()
+            return
+        task = asyncio.ensure_future(work)
+        self._spawned.add(task)
+        task.add_done_callback(self._spawned.discard)
+
+
+NO_OBSERVER = BatchObserver()
+
+
+def _always() -> bool:
+    return True

@@ -459,6 +459,28 @@ class EventPublisher(AsyncResource, abc.ABC):
         raises for a single envelope's failure.
         """
 
+    async def publish_each(
+        self,
+        envelopes: Sequence[MessageEnvelope[DueTimeReached]],
+        done: Callable[[int, PublishError | None], None],
+    ) -> None:
+        """Publish a batch as :meth:`publish_many` does, and tell ``done(i, result)`` each
+        envelope's result as soon as it is known, exactly once each; returns once all are.
+
+        The firing pipeline publishes through this, so that one envelope whose
+        acknowledgement is slow holds back only its own timer. The default tells every
+        result when :meth:`publish_many` returns; a publisher that learns of each
+        acknowledgement apart (JetStream's) overrides it.
+        """
+        results = await self.publish_many(envelopes)
+        # The acknowledged first: a failure is then told beside the others of its call.
+        for index, result in enumerate(results):
+            if result is None:
+                done(index, None)
+        for index, result in enumerate(results):
+            if result is not None:
+                done(index, result)
+
     async def publish(self, envelope: MessageEnvelope[DueTimeReached]) -> None:
         """Publish one envelope; raises :class:`PublishError` unless acknowledged."""
         (error,) = await self.publish_many([envelope])

@@ -1,8 +1,9 @@
-"""The worker: an asyncio loop that fires due timers, waking on the earliest due time.
+"""The worker: an asyncio loop that runs the firing pipeline, waking on the earliest due time.
 
 It sleeps until the next timer is due, never longer than the polling interval (the safety
 net for timers written behind its back), and is woken at once when a timer is scheduled
-earlier than its current wake-up.
+earlier than its current wake-up. One worker for every way out: a broker's publisher or the
+host's handler (:mod:`timer_core.handlers`), plugged into the pipeline as its delivery.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import random
 from collections.abc import Coroutine, Iterable
 from datetime import datetime, timedelta
 from typing import Any
@@ -17,74 +19,69 @@ from typing import Any
 from timer_core._entry import TimerEntry, TimerKey
 from timer_core._failures import Failing, FailureBook, QuarantinedTimer
 from timer_core._waits import sleep_unless
+from timer_core.delivery import Delivery
 from timer_core.errors import PublishError, StoreError, ValidationError
-from timer_core.firing import (
-    DrainReport,
-    FiringPipeline,
-    FiringReport,
-    PendingMark,
-    PublishedEvents,
-)
+from timer_core.firing import FiringPipeline
+from timer_core.handlers import HandlerCalls
 from timer_core.instrumentation import NO_INSTRUMENTATION, Instrumentation
 from timer_core.maintenance import CommandsStored, Retention
 from timer_core.ports import (
     Clock,
     EnvelopeIdGenerator,
     EventPublisher,
+    LeasesClaims,
     TimerStore,
-    Uuid7EnvelopeIds,
 )
 
 __all__ = ["QuarantinedTimer", "TimerWorker"]
 
 log = logging.getLogger(__name__)
 
-# While a timer left out (backing off, quarantined) is the store's earliest due one, the
-# store's next due time says nothing of the others: the worker then looks this often.
-_MASKED_POLL_S = 0.25
+# While timers are held back (delivering, backing off) a leasing store's next due time may
+# be one of them, and looking past them would claim timers: the worker looks this often
+# instead (less often when only quarantined timers are held). Other stores are asked for
+# the first timer past them.
+_MASKED_POLL_S = 0.02
+_QUARANTINED_POLL_S = 0.25
 _RETRY_EPSILON_S = 0.001
-# Batches in a row of which nothing was published: after this many the drain ends instead
-# of stepping through the whole backlog (which would leave a backoff record per due timer, a
-# million for a million); the next drain looks past them at once (they may be poison timers,
-# the broker fine) and, when its batches fail as well, the broker is taken to be down: no
-# more timers are backed off one by one until something is published again.
+# Publishes failed in a row, in batches: after this many the drain ends instead of stepping
+# through the whole backlog (a backoff record per due timer); at twice as many the broker is
+# taken to be down: until something is published again, the timers backing off go on doing
+# so and no more are taken on.
 _OUTAGE_BATCHES = 2
+# Loop turns the worker gives deliveries under way before it works out its sleep: one that
+# answers without I/O (the memory bus) has answered by then, so the sleep is the right one.
+_SETTLING_YIELDS = 4
 
 
 class TimerWorker:
-    """Runs :meth:`FiringPipeline.drain <timer_core.firing.FiringPipeline.drain>` until
-    stopped.
+    """Runs a :class:`~timer_core.firing.FiringPipeline` until stopped.
 
-    - drains a backlog batch after batch without sleeping while batches come back full,
-      reading and marking batches while their neighbours are published;
-    - continues past timers whose publish failed (keyset cursor) and backs off each of them
-      on its own (doubling from ``initial_backoff``, never past the polling interval), so a
-      timer that cannot be published delays no other timer, and a broker outage does not
-      spin: after two batches in a row of which nothing was published, the drain ends; the
-      next looks past them at once and, when it cannot publish either, the broker is taken
-      to be down: until something is published again, the timers backing off go on doing
-      so and no more are taken on, so an outage over a backlog of any size keeps backoff
-      records of a few batches' timers, not of every due one;
-    - a timer whose publish fails ``quarantine_after`` times while other timers are
-      published (the broker works: this timer is the problem) is quarantined: reported
-      (log, :meth:`Instrumentation.timer_quarantined`), listed in :attr:`quarantined` and
-      left out until :meth:`retry_quarantined`. The record is kept in memory: after a
-      restart such a timer is tried again and, still failing, quarantined again. During an
-      outage (nothing published) failures back off but never count towards it;
+    - drains a backlog without sleeping while finds come back full; the next timers are
+      found and handed out while earlier ones are still being delivered, each marked once
+      its own delivery succeeded;
+    - a timer whose delivery fails stays ``Scheduled`` and backs off on its own. Published
+      (``publisher`` is an :class:`EventPublisher`): doubling from ``initial_backoff``,
+      never past the polling interval; quarantined after ``quarantine_after`` failures
+      while other timers were published (the broker works: this timer is the problem); an
+      outage (nothing published) backs off but never quarantines, and after a few batches
+      takes no more timers on. Handled (``publisher`` is the host's handler delivery, see
+      :mod:`timer_core.handlers`): after ``HandlerSettings.retry_delay``, quarantined after
+      ``max_attempts`` failures. A quarantined timer is reported (log,
+      :meth:`Instrumentation.timer_quarantined`), listed in :attr:`quarantined` and left out
+      until :meth:`retry_quarantined`; the list is kept in memory;
     - a failing pass (store down) is logged and retried with capped exponential backoff;
       the loop never dies of one bad pass;
-    - with ``retention``, deletes ``Reached`` timers fired longer ago than that, in batches
-      of at most ``retention_batch`` (fewer when a batch takes over 10 ms), beside its
-      sleep (a timer coming due is fired meanwhile), freely with nothing due for a second,
-      else at most two and a half for each timer it fired, and at most every ``retention_every``
-      seconds once caught up;
-    - :meth:`stop` lets the pass in flight finish, then :meth:`run` returns.
+    - with ``retention``, deletes ``Reached`` timers fired longer ago than that, beside its
+      sleep (see :class:`~timer_core.maintenance.Retention`);
+    - :meth:`stop` ends the finds; deliveries under way end (a handler's get its shutdown
+      grace), what was delivered is marked, then :meth:`run` returns.
     """
 
     def __init__(
         self,
         store: TimerStore,
-        publisher: EventPublisher,
+        publisher: EventPublisher | Delivery,
         clock: Clock,
         *,
         polling_interval: float = 5.0,
@@ -97,6 +94,7 @@ class TimerWorker:
         retention_batch: int = 500,
         retention_every: float = 60.0,
         quarantine_after: int | None = 10,
+        rng: random.Random | None = None,
     ) -> None:
         _require_seconds("polling_interval", polling_interval)
         _require_count("batch_size", batch_size)
@@ -115,13 +113,21 @@ class TimerWorker:
         self._store = store
         self._clock = clock
         self._interval = polling_interval
+        self._batch_size = batch_size
         self._instrumentation = instrumentation
-        delivery = PublishedEvents(publisher, clock, ids or Uuid7EnvelopeIds(), instrumentation)
         self._firing = FiringPipeline(
-            store, delivery, clock, batch_size=batch_size, instrumentation=instrumentation
+            store, publisher, clock, batch_size=batch_size, ids=ids, instrumentation=instrumentation
         )
+        self._firing.retry_marks = True
+        self._firing.on_failed = self._failed
+        self._firing.on_delivered = self._delivered
+        self._firing.on_change = self._changed
+        delivery = self._firing.delivery
+        self._handler = delivery.settings if isinstance(delivery, HandlerCalls) else None
+        self._rng = rng or random.Random()
         self._initial_backoff = initial_backoff
         self._max_backoff = max_backoff
+        self._leasing = isinstance(store, LeasesClaims)
         self._retention = (
             None
             if retention is None
@@ -140,25 +146,25 @@ class TimerWorker:
         self._asleep = asyncio.Event()
         self._sleep_until = 0.0  # monotonic end of the idle sleep
         self._wake_at: datetime | None = None
+        self._starved = False  # every place taken: a freed one wakes the worker
         self._running = False
         self.last_pass_at: float | None = None
         """Monotonic time the last pass completed without a store error (for health checks)."""
         self.passes = 0
         """How many passes completed."""
-        # The last drain's mark, still running.
-        self._marking: PendingMark | None = None
-        # Retention's purge under way beside the worker's sleep (see _idle).
         self._purging: asyncio.Task[None] | None = None
         self._quarantine_after = quarantine_after
-        # Timers whose last publish failed, by key, until one succeeds (or they are retried).
         self._failing = FailureBook(store, clock, instrumentation, log)
+        self._firing.exclude = self._left_out
+        self._firing.excluding = self._failing.__bool__
         self._published = 0
-        # The commands stored beside the worker: retention's purge beyond what it owes
-        # waits for a quiet moment (see notify_applied).
+        self._published_before = 0  # when the drain under way began
+        self._failed_in_a_row = 0
         self._commands = CommandsStored(clock)
         self._drain_started = 0.0
-        # Batches in a row (across drains) of which none was published.
-        self._unpublished_batches = 0
+        self._drain_seen: set[TimerKey] = set()
+
+    # -- what the Timer reads and calls ---------------------------------------------------
 
     @property
     def quarantined(self) -> list[QuarantinedTimer]:
@@ -175,6 +181,9 @@ class TimerWorker:
 
     def notify_scheduled(self, due_at: datetime) -> None:
         """Tell the worker a timer is due at ``due_at``; it wakes now if that is earlier."""
+        cursor = self._firing.cursor
+        if cursor is not None and due_at < cursor.due_at:
+            self._firing.restart()  # due before where the drain stands: start over
         if self._wake_at is None or due_at < self._wake_at:
             self._wake.set()
 
@@ -193,22 +202,29 @@ class TimerWorker:
         self._commands.stored(cancelled=cancelled)
 
     async def wait_until_idle(self) -> None:
-        """Return once the worker sleeps with nothing due that it knows of, no wake-up
-        pending and no purge under way: every timer due by the clock's now was fired (or is
-        backing off). A test waits for this before asserting that nothing fired."""
-        while (
-            not self._asleep.is_set()
-            or self._wake.is_set()
-            or self._clock.monotonic() >= self._sleep_until  # its sleep is over: a pass is due
-            or (self._purging is not None and not self._purging.done())
-        ):
+        """Return once the worker sleeps with nothing due that it knows of, nothing being
+        delivered or waiting for its mark, no wake-up pending and no purge under way: every
+        timer due by the clock's now was delivered (or is backing off). A test waits for
+        this before asserting that nothing fired."""
+        while not self._idle_now():
             if self._asleep.is_set():
                 await asyncio.sleep(0)  # woken: let it run its pass first
+                if self._firing.busy:
+                    await asyncio.sleep(0.001)  # deliveries run on real time
             else:
                 await self._asleep.wait()
 
+    def _idle_now(self) -> bool:
+        return (
+            self._asleep.is_set()
+            and not self._wake.is_set()
+            and self._clock.monotonic() < self._sleep_until
+            and not self._firing.busy
+            and (self._purging is None or self._purging.done())
+        )
+
     def stop(self) -> None:
-        """Ask :meth:`run` to return after the pass in flight."""
+        """Ask :meth:`run` to stop finding timers and wind down (see the class notes)."""
         self._stop.set()
         self._wake.set()
 
@@ -216,6 +232,8 @@ class TimerWorker:
     def stopping(self) -> bool:
         """Whether :meth:`stop` was called."""
         return self._stop.is_set()
+
+    # -- the loop --------------------------------------------------------------------------
 
     async def run(self) -> None:
         """Fire due timers until :meth:`stop`; never raises for a failed pass."""
@@ -225,7 +243,7 @@ class TimerWorker:
         try:
             await self._loop()
         finally:
-            await self._finish_marking()
+            await self._firing.close()
             if self._purging is not None:
                 await self._purging  # it ends after its batch under way: stopping interrupts it
                 self._purging = None
@@ -233,22 +251,23 @@ class TimerWorker:
 
     async def _loop(self) -> None:
         store_failures = 0
+        firing = self._firing
         while not self._stop.is_set():
             self._wake.clear()
             self._wake_at = None
+            if firing.room <= 0:
+                await self._wait_for_room()
+                continue
             try:
-                report = await self._drain()
-                self._published += report.fired
-                if self._marking is not None and not report.failed:
-                    if report.fired:
-                        # More may have come due while these were published: look again
-                        # at once, while their mark runs, instead of waiting for it.
-                        continue
-                    if await self._marked_or_woken():
-                        continue  # a new timer was announced: look for it beside the mark
-                # A failed mark is a failed pass: it backs off like one.
-                await self._finish_marking(quietly=False)
+                if firing.cursor is None:
+                    self._published_before = self._published
+                    self._drain_started = self._clock.monotonic()
+                    self._drain_seen.clear()
+                if firing.mark_error is not None:
+                    await firing.mark_again()  # a failed mark is a failed pass
+                await firing.step()
             except Exception as exc:  # one bad pass must not kill the loop
+                firing.restart()
                 store_failures += 1
                 delay = self._backoff(store_failures)
                 self._instrumentation.worker_error(exc)
@@ -263,109 +282,115 @@ class TimerWorker:
                 await self._sleep(delay, wakeable=False)
                 continue
             store_failures = 0
-            if report.failed:
-                if self._unpublished_batches >= 2 * _OUTAGE_BATCHES:
-                    # Nothing published in this drain nor the one before: the broker looks
-                    # down. The timers backing off already back off further; no new ones are
-                    # taken on (their records would grow with the backlog: these stay
-                    # Scheduled and come first in a later drain), and the worker waits as a
-                    # timer that failed that many times would (never past the interval).
-                    known = [failed for failed in report.failed if failed[0].key in self._failing]
-                    self._note_failures(known, fired=report.fired)
-                    await self._sleep(self._backoff(self._unpublished_batches), wakeable=False)
+            self.last_pass_at = self._clock.monotonic()
+            self.passes += 1
+            outage = self._failed_in_a_row // self._batch_size
+            if self._handler is None and outage >= _OUTAGE_BATCHES:
+                # Nothing published for a few batches: the drain ends here, and once the
+                # broker looks down the worker waits as a timer failing that often would.
+                firing.restart()
+                await self._quiesce()
+                outage = self._failed_in_a_row // self._batch_size
+                if outage >= 2 * _OUTAGE_BATCHES:
+                    await self._sleep(self._backoff(outage), wakeable=False)
                     continue
-                # The drain stepped over them; each is left out until its own backoff ends,
-                # so the next drain looks for the others at once.
-                self._note_failures(report.failed, fired=report.fired)
+            if firing.cursor is not None:
+                await asyncio.sleep(0)  # a long drain still lets the rest of the host run
                 continue
+            if not self._failing and self._drain_seen:
+                self._drain_seen.clear()
             await self._idle()
 
-    async def _drain(self) -> DrainReport:
-        carried, self._marking = self._marking, None
-        self._drain_started = self._clock.monotonic()
-        try:
-            self._firing.exclude = self._left_out if self._failing else None
-            report = await self._firing.drain(
-                stopping=self._drain_over,
-                on_batch=self._batch_done,
-                finish_marks=False,
-                carried=carried,
-            )
-        except BaseException:
-            if carried is not None:
-                await _quietly(carried)
-            raise
-        self._marking = report.unfinished_mark
-        return report
+    async def _quiesce(self) -> None:
+        """Before a sleep: a few turns of the loop for the deliveries under way (one that
+        answers without I/O, the memory bus, has answered after them), then, when only
+        marks are left (a store's round trip), until they end or a wake-up: until then the
+        store's next due time may be one of the timers being marked."""
+        firing = self._firing
+        for _ in range(_SETTLING_YIELDS):
+            if not firing.in_flight or self._wake.is_set():
+                break
+            await asyncio.sleep(0)
+        if firing.busy and firing.in_flight == 0 and firing.mark_error is None:
+            await firing.marked_or(self._wake if not self._stop.is_set() else self._stop)
 
-    async def _marked_or_woken(self) -> bool:
-        """Wait for the last drain's mark, or a wake-up; whether it was a wake-up first.
-
-        Until the mark is done the store's next due time may be one of the timers being
-        marked, so it is no guide for sleeping; a new timer is announced by a wake-up.
-        """
-        assert self._marking is not None
-        waking: asyncio.Future[object] = asyncio.ensure_future(self._wake.wait())
-        marking: asyncio.Future[object] = self._marking.marking  # type: ignore[assignment]
-        try:
-            await asyncio.wait({marking, waking}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            waking.cancel()
-        return not self._marking.done()
-
-    async def _finish_marking(self, *, quietly: bool = True) -> None:
-        """Wait for the last drain's mark; its failure is raised unless ``quietly`` (then
-        only logged: the timers stay ``Scheduled`` and are published again later)."""
-        marking, self._marking = self._marking, None
-        if marking is not None:
-            if quietly:
-                await _quietly(marking)
-            else:
-                await marking
-
-    def _drain_over(self) -> bool:
-        """Whether the drain should end: stopping, or the broker looks down."""
-        return self._stop.is_set() or self._unpublished_batches >= _OUTAGE_BATCHES
-
-    def _batch_done(self, report: FiringReport) -> None:
+    async def _wait_for_room(self) -> None:
+        """Every place is taken: wait until enough free up (a quarter of a batch, or all),
+        or the worker is stopped."""
+        # A pass of its own (health sees the worker alive while long calls run), and a
+        # sleep on the clock, never past the polling interval.
         self.last_pass_at = self._clock.monotonic()
         self.passes += 1
-        if report.fired:
-            self._unpublished_batches = 0
-        elif report.failed:
-            self._unpublished_batches += 1
+        self._starved = True
+        self._sleep_until = self._clock.monotonic() + self._interval
+        try:
+            await self._sleep(self._interval, wakeable=True)
+        finally:
+            self._starved = False
+
+    def _changed(self) -> None:
+        """The pipeline freed a place or ended a mark."""
+        firing = self._firing
+        if firing.mark_error is not None:
+            self._wake.set()
+        elif self._starved:
+            wanted = max(1, min(self._batch_size, firing.delivery.places) // 4)
+            if firing.room >= wanted or firing.in_flight == 0:
+                self._wake.set()
+        elif self._asleep.is_set() and not firing.busy:
+            self._wake.set()  # what was held no longer hides the next due time
+
+    # -- outcomes ----------------------------------------------------------------------------
+
+    def _delivered(self, entry: TimerEntry) -> None:
+        self._published += 1
+        self._failed_in_a_row = 0
+        self._firing.window = None
         if self._failing:
-            for entry in report.fired:
-                record = self._failing.pop(entry.key)
-                if record is not None and record.failures > 1:
-                    log.info(
-                        "timer %s/%s published after %d failed attempts",
-                        entry.tenant_id,
-                        entry.service_call_id,
-                        record.failures,
-                    )
+            record = self._failing.pop(entry.key)
+            if record is not None and record.failures > 1:
+                log.info(
+                    "timer %s/%s delivered after %d failed attempts",
+                    entry.tenant_id,
+                    entry.service_call_id,
+                    record.failures,
+                )
 
-    def _left_out(self, entry: TimerEntry) -> bool:
-        """Whether this due timer sits out the pass: quarantined, or backing off."""
-        record = self._failing.get(entry.key)
-        if record is None or record.entry.due_at != entry.due_at:
-            return False  # a rescheduled timer is a new one
-        return record.quarantined_at is not None or not self._retry_due(record)
-
-    def _retry_due(self, record: Failing, at: float | None = None) -> bool:
-        """Whether its backoff is over (at monotonic time ``at``, default now)."""
-        # Within a millisecond counts as over: a clock's rounding must not make a sleep of
-        # nothing that ends with the timer still left out.
-        now = self._clock.monotonic() if at is None else at
-        return record.retry_at <= now + _RETRY_EPSILON_S
-
-    def _note_failures(self, failed: list[tuple[TimerEntry, PublishError]], *, fired: int) -> None:
-        """Back each failed timer off on its own; quarantine the ones that keep failing
-        while others are published."""
+    def _failed(self, entry: TimerEntry, error: PublishError) -> None:
+        if self._stop.is_set() and self._handler is not None:
+            return  # cut off by the shutdown: delivered again after the next start
         now = self._clock.monotonic()
-        published_before = self._published - fired
-        for entry, error in failed:
-            record = self._failing.record_of(entry, published_then=published_before)
+        settings = self._handler
+        if settings is not None:
+            record = self._failing.record_of(entry)
+            record.failures += 1
+            record.error = str(error)
+            if record.failures >= settings.max_attempts:
+                why = f"its handler failed {record.failures} times"
+                self._failing.quarantine(record, error, why, cause=error.__cause__)
+                return
+            delay = settings.retry_delay(record.failures, self._rng.random())
+            record.retry_at = now + delay
+            log.warning(
+                "%s; attempt %d of %d, next in %.3fs",
+                error,
+                record.failures,
+                settings.max_attempts,
+                delay,
+            )
+        else:
+            self._failed_in_a_row += 1
+            if self._failed_in_a_row >= self._batch_size:
+                # A batch's worth failed, nothing published: one batch at a time until
+                # something is (a broker down is not sent the whole backlog).
+                self._firing.window = self._batch_size
+            if (
+                self._failed_in_a_row >= 2 * _OUTAGE_BATCHES * self._batch_size
+                and entry.key not in self._failing
+            ):
+                return  # the broker looks down: no new records, it stays Scheduled
+            # A first failure counts as a strike if others were published in this drain.
+            record = self._failing.record_of(entry, published_then=self._published_before)
             record.entry = entry
             record.failures += 1
             if self._published > record.published_then:
@@ -383,16 +408,39 @@ class TimerWorker:
                     error,
                     f"its publish failed {record.failures} times while other timers were published",
                 )
+        # A retry sooner than the planned wake-up: the sleep must be shortened.
+        self._wake.set()
+
+    def _left_out(self, entry: TimerEntry) -> bool:
+        """Whether this due timer sits out the pass: quarantined, or backing off."""
+        self._drain_seen.add(entry.key)
+        record = self._failing.get(entry.key)
+        if record is None:
+            return False
+        if record.entry.due_at != entry.due_at:  # rescheduled: a new timer
+            self._failing.pop(entry.key)
+            return False
+        return record.quarantined_at is not None or not self._retry_due(record)
+
+    def _retry_due(self, record: Failing, at: float | None = None) -> bool:
+        """Whether its backoff is over (at monotonic time ``at``, default now)."""
+        # Within a millisecond counts as over: a clock's rounding must not make a sleep of
+        # nothing that ends with the timer still left out.
+        now = self._clock.monotonic() if at is None else at
+        return record.retry_at <= now + _RETRY_EPSILON_S
 
     def _forget_settled_backoffs(self) -> None:
-        """Drop backoffs that were over when the last drain began: that drain did not find
-        the timer failing again, so it was cancelled, rescheduled or fired elsewhere."""
-        over = [
+        """Drop backoffs that were over when the last drain began and whose timer it did not
+        find (cancelled, rescheduled or delivered elsewhere): no retry will come."""
+        gone = [
             key
             for key, record in self._failing.records.items()
-            if record.quarantined_at is None and self._retry_due(record, self._drain_started)
+            if record.quarantined_at is None
+            and self._retry_due(record, self._drain_started)
+            and key not in self._drain_seen
+            and not self._firing.holds(record.entry)
         ]
-        for key in over:
+        for key in gone:
             self._failing.pop(key)
 
     def _next_retry_in(self) -> float | None:
@@ -404,10 +452,16 @@ class TimerWorker:
             return 0.0
         return min(record.retry_at for record in pending) - self._clock.monotonic()
 
+    # -- sleeping -----------------------------------------------------------------------
+
     async def _idle(self) -> None:
         """Nothing more is due now: purge expired timers if it is time, then sleep until due."""
+        await self._quiesce()
+        if self._wake.is_set() or self._firing.mark_error is not None:
+            return
+        now = self._clock.now()
         try:
-            next_due = await self._store.next_due_at()
+            next_due = await self._next_due(now)
         except StoreError as exc:
             log.warning("could not read the next due time (%s); polling again later", exc)
             next_due = None
@@ -425,12 +479,7 @@ class TimerWorker:
         now = self._clock.now()
         delay = self._interval
         if next_due is not None:
-            until_due = (next_due - now).total_seconds()
-            if until_due <= 0 and self._failing:
-                # Most likely a timer left out: the next one's due time is unknown.
-                delay = min(delay, _MASKED_POLL_S)
-            else:
-                delay = min(delay, max(0.0, until_due))
+            delay = min(delay, max(0.0, (next_due - now).total_seconds()))
         retry_in = self._next_retry_in()
         if retry_in is not None:
             delay = min(delay, retry_in)
@@ -441,6 +490,24 @@ class TimerWorker:
             await self._sleep(delay, wakeable=True)
         finally:
             self._asleep.clear()
+
+    async def _next_due(self, now: datetime) -> datetime | None:
+        """The earliest due time of a timer not held back here, as far as can be told."""
+        held = self._firing.held + len(self._failing)
+        if not held:
+            return await self._store.next_due_at()
+        if self._leasing:
+            # Looking past held timers would claim timers not due: poll instead.
+            only_quarantined = not self._firing.busy and all(
+                record.quarantined_at is not None for record in self._failing
+            )
+            poll = _QUARANTINED_POLL_S if only_quarantined else _MASKED_POLL_S
+            return now + timedelta(seconds=poll)
+        horizon = now + timedelta(seconds=self._interval)
+        for entry in await self._store.find_due(horizon, held + 1):
+            if not self._firing.holds(entry) and not self._left_out(entry):
+                return entry.due_at
+        return None
 
     def _purge_interrupted(self) -> bool:
         """Whether retention's idle batches should stop: the worker is no longer asleep with
@@ -457,6 +524,19 @@ class TimerWorker:
         interrupt = self._wake if wakeable else self._stop
         await sleep_unless(self._clock, seconds, interrupt, stop=self._stop)
 
+    # -- health ---------------------------------------------------------------------------
+
+    def quarantine_age(self) -> float | None:
+        """Seconds the longest-quarantined timer has been held (the worker's clock); None
+        when none is."""
+        oldest = min(
+            (r.quarantined_at for r in self._failing if r.quarantined_at is not None),
+            default=None,
+        )
+        if oldest is None:
+            return None
+        return max(0.0, (self._clock.now() - oldest).total_seconds())
+
 
 def _require_seconds(name: str, value: float) -> None:
     # bool is an int; NaN fails every comparison; infinity would never wake.
@@ -467,13 +547,6 @@ def _require_seconds(name: str, value: float) -> None:
 def _require_count(name: str, value: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValidationError(f"{name} must be a whole number of at least 1, got {value!r}")
-
-
-async def _quietly(marking: PendingMark) -> None:
-    try:
-        await marking
-    except Exception as exc:
-        log.warning("marking fired timers failed (%s); they will be published again", exc)
 
 
 async def _logged(purge: Coroutine[Any, Any, None]) -> None:

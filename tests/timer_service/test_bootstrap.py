@@ -49,6 +49,8 @@ class TestBootstrap:
                 "broker_connected": False,
                 "clock": "host",
                 "clock_skew_s": None,
+                "quarantined": 0,
+                "oldest_quarantined_age_s": None,
             },
         )
 

@@ -82,6 +82,7 @@ class TestHealthAndMetrics:
         service.start()
         details = service.wait_healthy()
         assert details["broker_connected"] is True
+        assert (details["quarantined"], details["oldest_quarantined_age_s"]) == (0, None)
         status, body = http_get(service.http_port, "/metrics")
         assert status == 200
         for series in (
@@ -91,6 +92,8 @@ class TestHealthAndMetrics:
             "timer_firing_lateness_seconds_bucket",
             "timer_publish_failures_total",
             "timer_timers_pending",
+            "timer_timers_quarantined",
+            "timer_oldest_quarantined_seconds",
         ):
             assert series in body, series
         assert "\ntimer_instances_sharing 1.0\n" in body  # SQLite: this one alone

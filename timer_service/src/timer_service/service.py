@@ -271,11 +271,14 @@ class TimerService:
             and fault is None
         )
         skew = self.clock_skew_s
+        oldest = timer.oldest_quarantined_age_s
         details: dict[str, object] = {
             "last_poll_age_s": None if age is None else round(age, 3),
             "broker_connected": connected,
             "clock": self.clock,
             "clock_skew_s": None if skew is None else round(skew, 4),
+            "quarantined": timer.quarantined,
+            "oldest_quarantined_age_s": None if oldest is None else round(oldest, 3),
         }
         if fault is not None:
             details["broker_state"] = fault
@@ -394,6 +397,8 @@ class TimerService:
         count_after = 0.0
         deferred_at: float | None = None  # when the count due was first put off
         while True:
+            oldest = self.timer.health().oldest_quarantined_age_s
+            self.instrumentation.oldest_quarantined.set(0.0 if oldest is None else oldest)
             store = self.timer.store
             instances = 1 + len(store.sharing_with) if isinstance(store, SharesTenants) else 1
             self.instrumentation.instances.set(instances)

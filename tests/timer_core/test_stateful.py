@@ -241,6 +241,7 @@ class TimerMachine(RuleBasedStateMachine):
     @rule()
     def poll(self) -> None:
         """Advance exactly to the worker's next wake-up, so it makes its next pass."""
+        self.settle()  # what the last rule set going (an outcome, a mark) is in first
         (wait,) = self.clock.pending_sleeps()
         self.clock.advance(wait)
         self.settle()
@@ -299,6 +300,7 @@ class TimerMachine(RuleBasedStateMachine):
         for _ in range(100):
             if not self.run(self.storage.find_due(self.clock.now(), 1)):
                 break
+            self.settle()
             (wait,) = self.clock.pending_sleeps()
             self.clock.advance(wait)
             self.settle()

@@ -51,7 +51,7 @@ _RETRY_EPSILON_S = 0.001
 _OUTAGE_BATCHES = 2
 # Loop turns the worker gives deliveries under way before it works out its sleep: one that
 # answers without I/O (the memory bus) has answered by then, so the sleep is the right one.
-_SETTLING_YIELDS = 4
+_SETTLING_YIELDS = 50
 
 
 class TimerWorker:
@@ -408,8 +408,10 @@ class TimerWorker:
                     error,
                     f"its publish failed {record.failures} times while other timers were published",
                 )
-        # A retry sooner than the planned wake-up: the sleep must be shortened.
-        self._wake.set()
+        # A retry sooner than the planned wake-up: the sleep must be shortened (a worker not
+        # asleep works its sleep out once the deliveries under way have answered).
+        if self._asleep.is_set() or self._starved:
+            self._wake.set()
 
     def _left_out(self, entry: TimerEntry) -> bool:
         """Whether this due timer sits out the pass: quarantined, or backing off."""
@@ -476,6 +478,10 @@ class TimerWorker:
         if self._failing:
             self._forget_settled_backoffs()
             await self._failing.forget_stale()
+        # Once more: what answered meanwhile (a failure sets a retry) is in before the sleep.
+        await self._quiesce()
+        if self._wake.is_set() or self._firing.mark_error is not None:
+            return
         now = self._clock.now()
         delay = self._interval
         if next_due is not None:

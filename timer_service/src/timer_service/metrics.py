@@ -136,12 +136,7 @@ class PrometheusInstrumentation(Instrumentation):
             "Timers quarantined now (left out of every pass until retried).",
             registry=self.registry,
         )
-        self.oldest_quarantined = Gauge(
-            "timer_oldest_quarantined_seconds",
-            "How long the longest-quarantined timer has been held (0 when none is; "
-            "refreshed every few seconds).",
-            registry=self.registry,
-        )
+
         self.worker_errors = Counter(
             "timer_worker_errors",
             "Worker passes that failed as a whole (store errors); retried with backoff.",

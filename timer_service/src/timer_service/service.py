@@ -397,8 +397,6 @@ class TimerService:
         count_after = 0.0
         deferred_at: float | None = None  # when the count due was first put off
         while True:
-            oldest = self.timer.health().oldest_quarantined_age_s
-            self.instrumentation.oldest_quarantined.set(0.0 if oldest is None else oldest)
             store = self.timer.store
             instances = 1 + len(store.sharing_with) if isinstance(store, SharesTenants) else 1
             self.instrumentation.instances.set(instances)

@@ -3,7 +3,10 @@ clear, prompt failures for every wrong credential."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import socket
+import struct
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -241,6 +244,35 @@ class TestWrongCredentials:
         message = await refused(servers.jwt.url, **{setting: wrong})
         assert f"{wrong} is not" in message
         assert TOKEN not in message
+
+
+class TestCutConnections:
+    """A TLS server that cuts every attempt is taken as a refusal, not waited out."""
+
+    async def test_a_server_that_cuts_every_tls_attempt_is_refused_promptly(self) -> None:
+        """Connections reset before the NATS handshake, again and again, end the first connect.
+
+        A TLS 1.3 server refusing a client certificate may show the client nothing but a cut
+        connection (Python 3.14 on a busy machine); a listener here resets every connection.
+        """
+        cuts = 0
+
+        async def cut(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            nonlocal cuts
+            cuts += 1
+            sock = writer.get_extra_info("socket")
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            writer.close()  # with linger 0: a reset, not a clean close
+
+        server = await asyncio.start_server(cut, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        try:
+            message = await refused(f"tls://127.0.0.1:{port}", reconnect_wait_s=0.05)
+        finally:
+            server.close()
+            await server.wait_closed()
+        assert "cut the TLS connection 3 times in a row" in message
+        assert cuts >= 3
 
 
 class TestSettings:

@@ -165,6 +165,7 @@ async def connect(
     if token is not None:
         options["token"] = token
     last_error: list[BaseException] = []
+    dropped: list[BaseException] = []  # the last attempts the server cut after TLS, in a row
     refused: asyncio.Future[BaseException] = asyncio.get_running_loop().create_future()
     connected = False
 
@@ -173,7 +174,14 @@ async def connect(
             # The first connect's failures end in BrokerUnavailable, which names the last one.
             last_error.append(error)
             log.debug("NATS %s: %s", shown, _reason(error))
-            if _incurable(error) and not refused.done():
+            if tls_wanted and isinstance(error, _DROPPED_AFTER_HANDSHAKE):
+                if not any(error is seen for seen in dropped):  # nats-py may report it twice
+                    dropped.append(error)
+            else:
+                dropped.clear()
+            if len(dropped) >= TLS_DROPS_BEFORE_GIVING_UP and not refused.done():
+                refused.set_result(TlsDropped(len(dropped)))
+            elif _incurable(error) and not refused.done():
                 refused.set_result(error)
         else:
             log.warning("NATS %s: %s", shown, _reason(error))
@@ -280,6 +288,31 @@ class TlsNotOffered(nats.errors.Error):
 
     def __str__(self) -> str:
         return "TLS was asked for but the server does not offer it"
+
+
+#: A TLS 1.3 server tells a client it refuses its certificate only after the client's side of
+#: the handshake is done; the client may read that alert (an :class:`ssl.SSLError`, refused at
+#: once) or, when its CONNECT is written first, see only the connection cut (seen on Python
+#: 3.14 on a busy machine, every attempt for 10 s). That many cuts in a row, each right after
+#: TLS was set up, are taken as the same refusal: a server that is merely restarting refuses
+#: the TCP connection instead.
+TLS_DROPS_BEFORE_GIVING_UP = 3
+_DROPPED_AFTER_HANDSHAKE = (BrokenPipeError, ConnectionResetError)
+
+
+class TlsDropped(nats.errors.Error):
+    """The server cut a TLS connection before the NATS handshake, on several attempts in a row."""
+
+    def __init__(self, times: int) -> None:
+        super().__init__(times)
+        self.times = times
+
+    def __str__(self) -> str:
+        return (
+            f"the server cut the TLS connection {self.times} times in a row before the NATS "
+            f"handshake was done: that is how a TLS server refuses a client certificate "
+            f"(is it signed by a CA the server trusts?)"
+        )
 
 
 class _TlsOnlyClient(Client):

@@ -12,9 +12,14 @@ from timer_adapters_nats import NatsBroker, NatsSettings
 
 @pytest.fixture
 def settings(nats_url: str) -> NatsSettings:
-    """Settings for a test: the fixture server, and timeouts short enough to keep tests fast."""
+    """Settings for a test: the fixture server, and timeouts short enough to keep tests fast.
+
+    The shared consumer's source: the tests of one consumer's promises read it directly
+    (each lane of the per-tenant intake is such a source; tests/timer_adapters_nats/
+    test_fair_intake.py covers the lanes)."""
     return NatsSettings(
         url=nats_url,
+        per_tenant_intake=False,
         ack_timeout_s=2.0,
         fetch_timeout_s=0.2,
         ack_wait_s=5.0,

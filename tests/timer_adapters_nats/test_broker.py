@@ -49,7 +49,12 @@ class TestProvisioning:
 
     async def test_custom_prefix_and_consumer_name(self, nats_url: str) -> None:
         """Subjects follow the prefix and the consumer takes the configured name."""
-        settings = NatsSettings(url=nats_url, subject_prefix="acme.t", consumer_name="acme-timer")
+        settings = NatsSettings(
+            url=nats_url,
+            subject_prefix="acme.t",
+            consumer_name="acme-timer",
+            per_tenant_intake=False,
+        )
         async with NatsBroker(settings) as broker:
             events = (await broker.jetstream.stream_info("TIMER_EVENTS")).config
             consumer = await broker.jetstream.consumer_info("TIMER_COMMANDS", "acme-timer")

@@ -21,6 +21,8 @@ from timer_service.settings import Settings
 
 #: What the issue asks: the missing consumer or stream is back (or reported) within this.
 NOTICED_S = 5.0
+#: The consumer tenant-x's commands come through (the service's intake, one per tenant).
+LANE = "timer-service_tenant-x"
 FAR = datetime.now(UTC) + timedelta(days=30)
 
 
@@ -45,9 +47,9 @@ async def within(seconds: float, check: Callable[[], Awaitable[bool]], what: str
     raise AssertionError(f"{what}: not within {seconds}s")
 
 
-async def consumer_exists(admin: NatsBroker) -> bool:
+async def consumer_exists(admin: NatsBroker, name: str = "timer-service") -> bool:
     try:
-        await admin.jetstream.consumer_info("TIMER_COMMANDS", "timer-service")
+        await admin.jetstream.consumer_info("TIMER_COMMANDS", name)
     except nats.js.errors.NotFoundError:
         return False
     return True
@@ -82,8 +84,8 @@ class TestProvisioningOn:
     async def test_deleted_command_consumer_is_recreated_and_no_command_is_lost(
         self, service: ServiceProcess, admin: NatsBroker, tmp_path: Path
     ) -> None:
-        """The command consumer deleted while commands flow is recreated within 5 s, logged
-        and counted; every command sent before, during and after is stored."""
+        """A tenant's command consumer deleted while commands flow is recreated within 5 s,
+        logged and counted; every command sent before, during and after is stored."""
         service.start()
         service.wait_healthy()
         client = TimerClient(admin)
@@ -91,11 +93,11 @@ class TestProvisioningOn:
             await client.schedule("tenant-x", f"before-{i}", FAR)
         await within(10, lambda: stored_calls_are(tmp_path, 20), "the first 20 stored")
 
-        await admin.jetstream.delete_consumer("TIMER_COMMANDS", "timer-service")
+        await admin.jetstream.delete_consumer("TIMER_COMMANDS", LANE)
         deleted = time.monotonic()
         for i in range(20):  # the stream still takes them; nobody reads them yet
             await client.schedule("tenant-x", f"during-{i}", FAR)
-        await within(NOTICED_S, lambda: consumer_exists(admin), "the consumer recreated")
+        await within(NOTICED_S, lambda: consumer_exists(admin, LANE), "the consumer recreated")
         assert time.monotonic() - deleted < NOTICED_S
         for i in range(10):
             await client.schedule("tenant-x", f"after-{i}", FAR)
@@ -112,9 +114,7 @@ class TestProvisioningOn:
         # consumer's ack floor is looked at every second), re-applied without a change.
         assert 50 <= metric(port, 'timer_commands_received_total{outcome="stored"}') <= 70
         assert metric(port, 'timer_broker_state_recreated_total{what="consumer"}') == 1.0
-        assert "consumer timer-service on TIMER_COMMANDS was missing; recreated it" in (
-            service.log()
-        )
+        assert f"consumer {LANE} on TIMER_COMMANDS was missing; recreated it" in (service.log())
         status, _ = http_get(port, "/healthz")
         assert status == 200
 
@@ -145,8 +145,11 @@ class TestProvisioningOff:
     ) -> None:
         """With TIMER_PROVISION=false, a deleted consumer turns /healthz 503 naming it within
         5 s, and the service exits 1 after TIMER_BROKER_STATE_GRACE."""
-        # The service's consumer, by the name the service gives it (the library's is `timer`).
-        provisioned = NatsBroker(NatsSettings(url=nats_url, consumer_name="timer-service"))
+        # The service's consumer, by the name the service gives it (the library's is `timer`):
+        # with TIMER_PROVISION=false it reads the one shared consumer the operator made.
+        provisioned = NatsBroker(
+            NatsSettings(url=nats_url, consumer_name="timer-service", per_tenant_intake=False)
+        )
         await provisioned.start()
         await provisioned.aclose()
         service.env.update(TIMER_PROVISION="false", TIMER_BROKER_STATE_GRACE="3s")

@@ -150,7 +150,8 @@ async def broker_state(service: NatsBroker) -> dict[str, Any]:
         info = await js.stream_info(stream, subjects_filter=">")
         state[stream] = (info.created, info.state.messages, dict(info.state.subjects or {}))
     for stream, consumer in (
-        ("TIMER_COMMANDS", "timer-service"),
+        ("TIMER_COMMANDS", "timer-service_tenant-a"),
+        ("TIMER_COMMANDS", "timer-service_tenant-b"),
         ("TIMER_EVENTS", "tenant-a"),
         ("TIMER_EVENTS", "tenant-b"),
     ):
@@ -253,7 +254,7 @@ class TestDirectAttacks:
                 await js.get_msg("TIMER_EVENTS", subject="timer.events.tenant-b.own-tenant-b")
             direct = [
                 "$JS.API.CONSUMER.MSG.NEXT.TIMER_EVENTS.tenant-b",
-                "$JS.API.CONSUMER.DELETE.TIMER_COMMANDS.timer-service",
+                "$JS.API.CONSUMER.DELETE.TIMER_COMMANDS.timer-service_tenant-b",
                 "$JS.API.CONSUMER.DELETE.TIMER_EVENTS.tenant-b",
                 "$JS.API.STREAM.PURGE.TIMER_DLQ",
                 "$JS.ACK.TIMER_EVENTS.tenant-b.1.1.1.1.0",
@@ -290,7 +291,7 @@ class TestReplySubjectAttacks:
             ("$JS.ACK.TIMER_EVENTS.tenant-a.1.1.1.1.0", b"+ACK"),
         ]
         replies = [
-            "$JS.API.CONSUMER.DELETE.TIMER_COMMANDS.timer-service",
+            "$JS.API.CONSUMER.DELETE.TIMER_COMMANDS.timer-service_tenant-b",
             "$JS.API.CONSUMER.DELETE.TIMER_EVENTS.tenant-b",
             "$JS.API.STREAM.PURGE.TIMER_DLQ",
             "$JS.API.STREAM.DELETE.TIMER_EVENTS",
@@ -320,7 +321,12 @@ class TestReplySubjectAttacks:
             after = await broker_state(service)
         assert after["TIMER_DLQ"][0] == before["TIMER_DLQ"][0]
         assert after["TIMER_EVENTS"] == before["TIMER_EVENTS"]
-        for consumer in ("timer-service", "tenant-a", "tenant-b"):
+        for consumer in (
+            "timer-service_tenant-a",
+            "timer-service_tenant-b",
+            "tenant-a",
+            "tenant-b",
+        ):
             assert after[consumer] == before[consumer], consumer
         dlq_before, dlq_after = before["TIMER_DLQ"][2], after["TIMER_DLQ"][2]
         assert dlq_after.get("timer.dlq.tenant-b") == dlq_before.get("timer.dlq.tenant-b")

@@ -2,7 +2,8 @@
 
 :class:`NatsConnection` is the connection every adapter here is built on; :class:`NatsBroker`
 is one that also provisions the streams and the consumer, and hands out the
-:class:`NatsEventPublisher` and :class:`NatsCommandSource`; hosts send commands with
+:class:`NatsEventPublisher` and the command source (:class:`TenantCommandSource`, a
+consumer per tenant, or :class:`NatsCommandSource`, one shared consumer); hosts send commands with
 :class:`TimerClient` (:class:`SyncTimerClient` from synchronous code) and read the
 ``DueTimeReached`` events with :meth:`NatsBroker.due_events`;
 operators list and replay rejected commands with :class:`DeadLetters`;
@@ -26,6 +27,7 @@ from timer_adapters_nats._events import (
     DueEventConsumerSettings,
     DueEventDelivery,
 )
+from timer_adapters_nats._lanes import TenantCommandSource
 from timer_adapters_nats._publisher import NatsEventPublisher
 from timer_adapters_nats._settings import NatsSettings, Subjects
 from timer_adapters_nats._source import NatsCommandSource
@@ -56,6 +58,7 @@ __all__ = [
     "Replayed",
     "Subjects",
     "SyncTimerClient",
+    "TenantCommandSource",
     "TimerClient",
     "connect",
     "find_nats_server",

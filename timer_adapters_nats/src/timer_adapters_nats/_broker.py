@@ -9,7 +9,6 @@ import logging
 
 import nats.js.errors
 from nats.js.api import (
-    AckPolicy,
     ConsumerConfig,
     DeliverPolicy,
     DiscardPolicy,
@@ -25,6 +24,7 @@ from timer_adapters_nats._connection import (
 )
 from timer_adapters_nats._dead_letters import DeadLetters
 from timer_adapters_nats._events import DueEventConsumer, DueEventConsumerSettings
+from timer_adapters_nats._lanes import TenantCommandSource, command_consumer_config
 from timer_adapters_nats._publisher import NatsEventPublisher
 from timer_adapters_nats._settings import NatsSettings
 from timer_adapters_nats._source import NatsCommandSource
@@ -58,7 +58,7 @@ class NatsBroker(NatsConnection):
         super().__init__(settings)
         self.instrumentation = instrumentation
         self._publisher: NatsEventPublisher | None = None
-        self._sources: list[NatsCommandSource] = []
+        self._sources: list[NatsCommandSource | TenantCommandSource] = []
         # The command consumer's ack floor as missing() last saw it: every command up to it
         # is settled, whichever instance held it.
         self._ack_floor: int | None = None
@@ -70,9 +70,15 @@ class NatsBroker(NatsConnection):
             self._publisher = NatsEventPublisher(self)
         return self._publisher
 
-    def command_source(self) -> NatsCommandSource:
-        """A new command source reading the durable consumer on this connection."""
-        source = NatsCommandSource(self, instrumentation=self.instrumentation)
+    def command_source(self) -> NatsCommandSource | TenantCommandSource:
+        """A new command source on this connection: a :class:`TenantCommandSource` (a
+        consumer per tenant, :attr:`~NatsSettings.per_tenant_intake`), else a
+        :class:`NatsCommandSource` reading the one shared consumer."""
+        source: NatsCommandSource | TenantCommandSource
+        if self.settings.lanes:
+            source = TenantCommandSource(self, instrumentation=self.instrumentation)
+        else:
+            source = NatsCommandSource(self, instrumentation=self.instrumentation)
         self._sources.append(source)
         return source
 
@@ -123,7 +129,8 @@ class NatsBroker(NatsConnection):
             await self._ensure_stream(settings.commands_stream, subjects.commands_filter)
             await self._ensure_stream(settings.events_stream, subjects.events_filter)
             await self._ensure_stream(settings.dlq_stream, subjects.dlq_filter)
-            await self._ensure_command_consumer(resume_from=None)
+            if not settings.lanes:  # the lanes make their own consumers as tenants appear
+                await self._ensure_command_consumer(resume_from=None)
             await self._ensure_tenant_consumers(settings.tenant_consumers)
         except JETSTREAM_MISSING as exc:
             raise jetstream_unavailable(exc, settings.url) from exc
@@ -144,7 +151,14 @@ class NatsBroker(NatsConnection):
                 await js.stream_info(stream)
             except nats.js.errors.NotFoundError:
                 gone.append(f"stream {stream}")
-        if f"stream {settings.commands_stream}" not in gone:
+        if f"stream {settings.commands_stream}" not in gone and settings.lanes:
+            present = await self._consumer_names(settings.commands_stream)
+            gone += [
+                f"consumer {lane} on {settings.commands_stream}"
+                for lane in self._lanes()
+                if lane not in present
+            ]
+        elif f"stream {settings.commands_stream}" not in gone:
             try:
                 info = await js.consumer_info(settings.commands_stream, settings.consumer_name)
             except nats.js.errors.NotFoundError:
@@ -188,10 +202,16 @@ class NatsBroker(NatsConnection):
         ):
             if f"stream {stream}" in gone:
                 await self._ensure_stream(stream, subject)
+        fresh = f"stream {settings.commands_stream}" in gone
+        for lane, lanes in self._lanes().items():
+            what = f"consumer {lane} on {settings.commands_stream}"
+            if what in gone or fresh:
+                await lanes.recreate(lane, fresh_stream=fresh)
+                if what not in gone:
+                    gone.append(what)
         command_consumer = f"consumer {settings.consumer_name} on {settings.commands_stream}"
-        if command_consumer in gone or f"stream {settings.commands_stream}" in gone:
+        if not settings.lanes and (command_consumer in gone or fresh):
             # A new stream starts again at sequence 1: the old positions mean nothing there.
-            fresh = f"stream {settings.commands_stream}" in gone
             if fresh:
                 self._ack_floor = None
             resume = None if fresh else self._resume_from()
@@ -209,6 +229,15 @@ class NatsBroker(NatsConnection):
         for source in self._sources:
             source.retry_now()
         return gone
+
+    def _lanes(self) -> dict[str, TenantCommandSource]:
+        """The open lanes of this broker's per-tenant sources, by consumer name."""
+        return {
+            lane: source
+            for source in self._sources
+            if isinstance(source, TenantCommandSource)
+            for lane in source.lanes
+        }
 
     def _resume_from(self) -> int | None:
         points = [p for p in (source.resume_from for source in self._sources) if p is not None]
@@ -278,25 +307,11 @@ class NatsBroker(NatsConnection):
         )
 
     def consumer_config(self) -> ConsumerConfig:
-        """The durable pull consumer: explicit acks, bounded ack wait and max deliver.
-
-        The backoff is the source's doubling nak delay. A consumer-level ``backoff`` is left
-        out on purpose: the server applies it over explicit nak delays from the second
-        redelivery on, which would turn a 1 s retry into an ack-wait-long one. Room for eight
-        fetch batches unacknowledged: the one being stored and the next, read ahead, of four
-        instances (the server's default of 1000 would stall a read-ahead at batches of 1000;
-        room for two instances only cut four instances' batches to a third).
-        """
+        """The shared durable pull consumer (see :func:`command_consumer_config`)."""
         settings = self.settings
-        return ConsumerConfig(
+        return command_consumer_config(
+            settings,
             name=settings.consumer_name,
-            durable_name=settings.consumer_name,
-            description="Timer commands (ScheduleTimer, CancelTimer)",
-            deliver_policy=DeliverPolicy.ALL,
-            ack_policy=AckPolicy.EXPLICIT,
-            ack_wait=settings.ack_wait_s,
-            max_deliver=settings.max_deliver,
-            max_ack_pending=max(1000, 8 * settings.fetch_batch),
             filter_subject=settings.subjects.commands_filter,
         )
 

@@ -133,6 +133,11 @@ class NatsSettings:
     default)."""
     provision: bool = True
     """Create missing streams and the consumer at start (and update the consumer's config)."""
+    per_tenant_intake: bool = True
+    """Read each tenant's commands through a durable consumer of its own,
+    ``<consumer_name>_<tenantId>`` (created as tenants appear), so one tenant's backlog holds
+    back its own commands only. False (and always with ``provision=False``, as the lanes are
+    created while running): one shared consumer ``consumer_name``, in stream order."""
     stream_replicas: int = attrs.field(default=1, validator=at_least_one)
     """Replicas of each stream created by provisioning (3 on a 3-node cluster)."""
     duplicate_window_s: float = attrs.field(default=120.0, validator=positive)
@@ -232,6 +237,12 @@ class NatsSettings:
             "token": self.token,
             "inbox_prefix": self.inbox_prefix,
         }
+
+    @property
+    def lanes(self) -> bool:
+        """Whether commands are read through a consumer per tenant (see
+        :attr:`per_tenant_intake`)."""
+        return self.per_tenant_intake and self.provision
 
     @property
     def subjects(self) -> Subjects:

@@ -111,6 +111,8 @@ class Rig:
                     "TIMER_BATCH_SIZE": self.settings["batch_size"],
                     "TIMER_COMMAND_BATCH_SIZE": self.settings["command_batch_size"],
                     "TIMER_INSTANCE_ID": f"bench-{index}",
+                    # The schedule path holds its backlog behind the paused shared consumer.
+                    "TIMER_INTAKE": "shared",
                     "TIMER_LOG_LEVEL": "WARNING",
                 },
             )

@@ -57,6 +57,7 @@ def nats_settings(settings: Settings, broker_url: str) -> NatsSettings:
         consumer_name=settings.consumer_name,
         client_name="timer-service",
         provision=settings.provision,
+        per_tenant_intake=settings.intake == "per-tenant",
         stream_replicas=settings.stream_replicas,
         ack_wait_s=settings.ack_wait_s,
         # Commands fetched and stored per transaction: their own setting, so the schedule

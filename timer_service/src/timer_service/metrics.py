@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import bisect
 import collections
+import heapq
 import logging
 import math
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 from timer_core import (
     Command,
@@ -25,6 +29,7 @@ __all__ = [
     "LATENESS_BUCKETS",
     "POLL_BUCKETS",
     "PrometheusInstrumentation",
+    "WorstTenants",
     "firing_lateness",
     "observe_all",
 ]
@@ -68,11 +73,18 @@ POLL_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
 
 
 def firing_lateness(entries: Sequence[TimerEntry]) -> list[float]:
-    """Each fired timer's lateness, ``reachedAt - dueAt``, in seconds."""
+    """Each fired timer's lateness in seconds: ``reachedAt`` minus when it could first have
+    fired, its ``dueAt`` or, when it was stored after that, its ``registeredAt``.
+
+    A timer scheduled in the past fires as soon as it is stored: it is not late by however
+    far back its due time was (a ``dueAt`` of year 1 added 6.4e10 s to the histogram's sum,
+    which every tenant shares: issue 43).
+    """
     lateness = []
     for entry in entries:
         assert entry.reached_at is not None
-        lateness.append((entry.reached_at - entry.due_at).total_seconds())
+        could_fire = entry.due_at if entry.due_at >= entry.registered_at else entry.registered_at
+        lateness.append((entry.reached_at - could_fire).total_seconds())
     return lateness
 
 
@@ -102,6 +114,76 @@ def observe_all(histogram: Histogram, amounts: Sequence[float]) -> None:
     total.inc(sum(amounts))
     for index, count in counts.items():
         buckets[index].inc(count)
+
+
+class WorstTenants(Collector):
+    """``timer_tenant_lateness_worst_seconds{tenant}``: the highest firing lateness of each
+    of the ``top`` tenants whose timers fired latest in the last one to two ``window_s``.
+
+    The shared histogram says how late timers fire; this says whose. Its labels are bounded:
+    ``top`` tenants at a time, however many fire. Each window keeps one maximum per tenant
+    that fired in it (at most ``most_tenants``; past that, the lower half is dropped, as it
+    cannot reach the top), and the last two windows are reported.
+    """
+
+    def __init__(
+        self,
+        *,
+        top: int = 10,
+        window_s: float = 60.0,
+        most_tenants: int = 10_000,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.top = top
+        self.window_s = window_s
+        self.most_tenants = most_tenants
+        self._clock = clock
+        self._window_start = clock()
+        self._current: dict[str, float] = {}
+        self._previous: dict[str, float] = {}
+
+    def observe(self, entries: Sequence[TimerEntry], lateness: Sequence[float]) -> None:
+        """Note each fired timer's lateness against its tenant."""
+        self._turn()
+        current = self._current
+        for entry, late in zip(entries, lateness, strict=True):
+            tenant = entry.tenant_id
+            if late > current.get(tenant, -math.inf):
+                current[tenant] = late
+        if len(current) > self.most_tenants:
+            kept = heapq.nlargest(self.most_tenants // 2, current.items(), key=lambda kv: kv[1])
+            self._current = dict(kept)
+
+    def worst(self) -> list[tuple[str, float]]:
+        """The ``top`` tenants by their highest lateness in the last two windows."""
+        self._turn()
+        merged = dict(self._previous)
+        for tenant, late in self._current.items():
+            if late > merged.get(tenant, -math.inf):
+                merged[tenant] = late
+        return heapq.nlargest(self.top, merged.items(), key=lambda kv: kv[1])
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = GaugeMetricFamily(
+            "timer_tenant_lateness_worst_seconds",
+            f"Highest firing lateness of each of the {self.top} tenants whose timers fired "
+            f"latest in the last {self.window_s:g}-{2 * self.window_s:g} s (lateness as in "
+            "timer_firing_lateness_seconds).",
+            labels=["tenant"],
+        )
+        for tenant, late in self.worst():
+            family.add_metric([tenant], late)
+        yield family
+
+    def _turn(self) -> None:
+        now = self._clock()
+        if now - self._window_start < self.window_s:
+            return
+        # A window that ended longer than a window ago has nothing left to report.
+        recent = now - self._window_start < 2 * self.window_s
+        self._previous = self._current if recent else {}
+        self._current = {}
+        self._window_start = now
 
 
 class PrometheusInstrumentation(Instrumentation):
@@ -155,10 +237,13 @@ class PrometheusInstrumentation(Instrumentation):
         )
         self.lateness = Histogram(
             "timer_firing_lateness_seconds",
-            "Firing lateness: reachedAt - dueAt.",
+            "Firing lateness: reachedAt - max(dueAt, registeredAt), so a timer scheduled "
+            "in the past counts from when it was stored.",
             buckets=LATENESS_BUCKETS,
             registry=self.registry,
         )
+        self.worst_tenants = WorstTenants()
+        self.registry.register(self.worst_tenants)
         self.pending = Gauge(
             "timer_timers_pending",
             "Timers stored and still Scheduled (refreshed every few seconds, less often when "
@@ -258,7 +343,9 @@ class PrometheusInstrumentation(Instrumentation):
 
     def timers_fired(self, entries: Sequence[TimerEntry]) -> None:
         self.processed.inc(len(entries))
-        observe_all(self.lateness, firing_lateness(entries))
+        lateness = firing_lateness(entries)
+        observe_all(self.lateness, lateness)
+        self.worst_tenants.observe(entries, lateness)
         if log.isEnabledFor(logging.DEBUG):
             for entry in entries:
                 log.debug(

@@ -265,7 +265,8 @@ class OtelInstrumentation(Instrumentation):
             "timer.firing.lateness",
             unit="s",
             description=(
-                "Firing lateness: reachedAt - dueAt, recorded for one fired timer in "
+                "Firing lateness: reachedAt - max(dueAt, registeredAt), recorded for one "
+                "fired timer in "
                 f"{lateness_sample} of each bucket."
             ),
             explicit_bucket_boundaries_advisory=LATENESS_BUCKETS,

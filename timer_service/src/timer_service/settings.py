@@ -82,6 +82,10 @@ class Settings:
     """``TIMER_TENANTS``: the tenants of the per-tenant account recipe (their event consumers
     are provisioned and watched; ``timer-service nats-config`` writes their accounts)."""
     consumer_name: str = "timer-service"
+    intake: Literal["per-tenant", "shared"] = "per-tenant"
+    """``TIMER_INTAKE``: ``per-tenant``, a command consumer per tenant (one tenant's backlog
+    holds back its own commands only), or ``shared``, one consumer for every tenant (always
+    so with ``TIMER_PROVISION=false``)."""
     stream_replicas: int = 1
     lease_s: float = 30.0
     ack_wait_s: float = 3.0
@@ -402,6 +406,7 @@ ENVIRONMENT: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "TIMER_BROKER_STATE_GRACE": ("broker_state_grace_s", _positive_duration),
     "TIMER_TENANTS": ("tenants", _tenants),
     "TIMER_CONSUMER_NAME": ("consumer_name", _token),
+    "TIMER_INTAKE": ("intake", _choice("per-tenant", "shared", lower=True)),
     "TIMER_STREAM_REPLICAS": ("stream_replicas", _int(1, 5, "an integer between 1 and 5")),
     "TIMER_LEASE": ("lease_s", _positive_duration),
     "TIMER_ACK_WAIT": ("ack_wait_s", _positive_duration),

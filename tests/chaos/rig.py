@@ -27,6 +27,7 @@ from nats.js.client import JetStreamContext
 
 from tests.figures import Figures
 from tests.timer_service.process import ServiceProcess, http_get, isolated_env
+from timer_adapters_nats import CommandBacklog, NatsSettings, command_backlog
 
 FIGURES = Figures("chaos")
 report = FIGURES.report
@@ -435,3 +436,11 @@ async def write_lock(path: Path) -> AsyncIterator[Callable[[], Awaitable[None]]]
         if process.returncode is None:
             process.kill()
             await process.wait()
+
+
+async def service_backlog(js: JetStreamContext) -> CommandBacklog:
+    """What the service (consumer name ``timer-service``) has not settled of its commands,
+    over its consumer per tenant (or its shared consumer)."""
+    return await command_backlog(
+        js, NatsSettings(url="nats://127.0.0.1", consumer_name="timer-service")
+    )

@@ -24,6 +24,7 @@ from tests.chaos.rig import (
     duplicates,
     read_events,
     report,
+    service_backlog,
     wait_until,
 )
 from timer_adapters_nats import TimerClient
@@ -99,8 +100,7 @@ class TestBacklogAfterDowntime:
         acked: list[tuple[datetime, int]] = []
 
         async def command_acked() -> bool:
-            info = await js.consumer_info("TIMER_COMMANDS", "timer-service")
-            if info.num_pending == 0 and info.num_ack_pending == 0:
+            if (await service_backlog(js)).settled:
                 # Observed after the fact: an upper bound of when the service acked it.
                 acked.append((datetime.now(UTC), await events_stored()))
                 return True

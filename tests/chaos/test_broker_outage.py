@@ -19,6 +19,7 @@ from tests.chaos.rig import (
     duplicates,
     read_events,
     report,
+    service_backlog,
     wait_until,
 )
 from tests.timer_service.process import http_get
@@ -66,8 +67,7 @@ class TestBrokerOutage:
             assert await client.send_many(envelopes) == [None] * TIMERS
 
         async def all_acked() -> bool:
-            info = await js.consumer_info("TIMER_COMMANDS", "timer-service")
-            return info.num_pending == 0 and info.num_ack_pending == 0
+            return (await service_backlog(js)).settled
 
         await wait_until(all_acked, within=30, what="every command to be stored and acked")
         # The outage is set for a moment relative to the due times, not to an event.

@@ -32,6 +32,7 @@ from tests.chaos.rig import (
     read_events,
     read_stream,
     report,
+    service_backlog,
     wait_until,
     write_lock,
 )
@@ -193,8 +194,7 @@ class TestCrashes:
                 kill_phase_s = time.monotonic() - started
 
                 async def all_acked() -> bool:
-                    info = await js.consumer_info("TIMER_COMMANDS", "timer-service")
-                    return info.num_pending == 0 and info.num_ack_pending == 0
+                    return (await service_backlog(js)).settled
 
                 # In-flight commands of a killed instance come back after the ack wait.
                 await wait_until(all_acked, within=90, what="every command to be acked")
@@ -317,8 +317,8 @@ class TestCrashMidBatch:
         key = ("tenant-a", "call-1")
 
         async def consumer() -> tuple[int, int]:
-            info = await js.consumer_info("TIMER_COMMANDS", "timer-service")
-            return int(info.num_pending or 0), int(info.num_ack_pending or 0)
+            backlog = await service_backlog(js)
+            return backlog.pending, backlog.in_hand
 
         # The schedule reaches the service, which cannot store it (another process holds the
         # write lock) and dies with it in hand.
@@ -385,8 +385,7 @@ class TestRecoveryAfterKill:
         due: dict[tuple[str, str], datetime] = {}
 
         async def in_hand() -> int:
-            info = await js.consumer_info("TIMER_COMMANDS", "timer-service")
-            return int(info.num_ack_pending or 0)
+            return (await service_backlog(js)).in_hand
 
         async with (
             write_lock(tmp_path / "timer.db") as release,
@@ -404,12 +403,15 @@ class TestRecoveryAfterKill:
             await wait_until(
                 lambda: at_least(in_hand(), 100), within=10, what="commands in the service's hand"
             )
-            info = await js.consumer_info("TIMER_COMMANDS", "timer-service")
-            assert info.delivered is not None
+            delivered = (await service_backlog(js)).delivered
             for msg in await read_stream(js, "TIMER_COMMANDS"):
                 payload = json.loads(msg.data)["payload"]
                 sent[(payload["tenantId"], payload["serviceCallId"])] = msg.metadata.sequence.stream
-            held = {key: seq for key, seq in sent.items() if seq <= info.delivered.stream_seq}
+            held = {
+                key: seq
+                for key, seq in sent.items()
+                if seq <= delivered.get(f"timer.commands.{key[0]}", 0)
+            }
             killed_at = datetime.now(UTC)
             service.kill()
             await release()

@@ -25,6 +25,7 @@ from tests.chaos.rig import (
     duplicates,
     read_events,
     report,
+    service_backlog,
     wait_until,
     write_lock,
 )
@@ -78,8 +79,7 @@ async def schedule_due_during(
     assert await client.send_many(envelopes) == [None] * TIMERS_DUE
 
     async def all_acked() -> bool:
-        info = await js.consumer_info("TIMER_COMMANDS", "timer-service")
-        return info.num_pending == 0 and info.num_ack_pending == 0
+        return (await service_backlog(js)).settled
 
     await wait_until(all_acked, within=30, what="the timers to be stored")
 

@@ -110,7 +110,7 @@ class TestTimerScheduler:
         cancel_id = await place_order(TimerClient(broker))
         held = await read_stream(broker.jetstream, "TIMER_COMMANDS")
         assert [message.json()["type"] for message in held] == ["ScheduleTimer", "CancelTimer"]
-        assert held[1].headers["Nats-Msg-Id"] == cancel_id
+        assert held[1].json()["id"] == cancel_id
 
     def test_both_clients_satisfy_the_protocol_for_mypy(self, tmp_path: Path) -> None:
         """mypy --strict accepts TimerClient and MemoryTimerClient as a TimerScheduler, and

@@ -26,13 +26,14 @@ class TestSchedule:
     """schedule() publishes a complete ScheduleTimer and returns its id once acked."""
 
     async def test_envelope_key_by_key(self, broker: NatsBroker) -> None:
-        """Subject, Nats-Msg-Id and every envelope key are what the contract says."""
+        """Subject, headers and every envelope key are what the contract says: no
+        Nats-Msg-Id, whose duplicate window would span tenants."""
         client = TimerClient(broker, clock=FakeClock(NOW))
         due = datetime(2030, 3, 4, 7, 6, 7, 1000, tzinfo=timezone(timedelta(hours=2)))
         envelope_id = await client.schedule("tenant-a", "call-1", due, causation_id="cause-1")
         (held,) = await read_stream(broker.jetstream, "TIMER_COMMANDS")
         assert held.subject == "timer.commands.tenant-a"
-        assert held.headers["Nats-Msg-Id"] == envelope_id
+        assert "Nats-Msg-Id" not in held.headers
         assert UUID7.fullmatch(envelope_id)
         assert held.json() == {
             "id": envelope_id,
@@ -97,13 +98,18 @@ class TestCancel:
 class TestSending:
     """Sending is acked, deduplicated, batched, and fails loudly."""
 
-    async def test_resent_envelope_is_stored_once(self, broker: NatsBroker) -> None:
-        """The same envelope sent twice (a retry) is stored once thanks to Nats-Msg-Id."""
+    async def test_resent_envelope_is_stored_again_and_changes_nothing_more(
+        self, broker: NatsBroker
+    ) -> None:
+        """The same envelope sent twice (a retry) is stored twice, both acked: applied, the
+        second reschedules the timer to the same due time (a command is idempotent by its
+        timer's key, and carries no Nats-Msg-Id another tenant could have used)."""
         client = TimerClient(broker)
         envelope = client.schedule_envelope("tenant-a", "call-1", NOW)
         await client.send(envelope)
         await client.send(envelope)
-        assert len(await read_stream(broker.jetstream, "TIMER_COMMANDS")) == 1
+        held = await read_stream(broker.jetstream, "TIMER_COMMANDS")
+        assert [decode_command(m.data) for m in held] == [envelope, envelope]
 
     async def test_send_many_in_order(self, broker: NatsBroker) -> None:
         """send_many acks every command and the stream holds them in the order given."""

@@ -12,7 +12,7 @@ import pytest_asyncio
 import uuid_utils
 
 from tests.timer_adapters_nats.jetstream import read_stream, wait_until
-from timer_adapters_nats import NatsBroker, NatsSettings
+from timer_adapters_nats import NatsBroker, NatsSettings, TimerClient
 from timer_core import (
     Command,
     CommandOutcome,
@@ -134,3 +134,35 @@ class TestFairIntake:
         info = await broker.jetstream.consumer_info("TIMER_COMMANDS", "timer_tenant-c")
         assert info.config.filter_subject == "timer.commands.tenant-c"
         assert info.num_pending == 0 and info.num_ack_pending == 0
+
+
+class TestIdsDoNotCrossTenants:
+    async def test_another_tenants_message_id_never_drops_a_command(
+        self, broker: NatsBroker
+    ) -> None:
+        """A publishes with ``Nats-Msg-Id: X``; B's command with envelope id X, sent by
+        TimerClient a moment later, is stored and acked as new, and B's lane hands it over."""
+        taken = EnvelopeId(str(uuid_utils.uuid7()))
+        await broker.jetstream.publish(
+            "timer.commands.tenant-a", schedule("tenant-a", "a-1"), headers={"Nats-Msg-Id": taken}
+        )
+        payload = ScheduleTimer(TenantId("tenant-b"), ServiceCallId("b-1"), DUE)
+        envelope = command_envelope(payload, taken, datetime.now(UTC))
+        assert await TimerClient(broker).send(envelope) == taken
+        held = await read_stream(broker.jetstream, "TIMER_COMMANDS")
+        assert [m.subject for m in held] == ["timer.commands.tenant-a", "timer.commands.tenant-b"]
+
+        store = SlowStore()
+        source = broker.command_source()
+        task = asyncio.create_task(source.run(store))
+        try:
+            await wait_until(lambda: "b-1" in store.handled, within=WITHIN_S, what="B's command")
+        finally:
+            await asyncio.wait_for(source.stop(), 30)
+            await task
+
+    async def test_the_commands_stream_keeps_the_shortest_window(self, broker: NatsBroker) -> None:
+        """TIMER_COMMANDS is provisioned with JetStream's shortest duplicate window (100 ms),
+        so even a host that sends Nats-Msg-Id on commands is exposed that long only."""
+        info = await broker.jetstream.stream_info("TIMER_COMMANDS")
+        assert info.config.duplicate_window == 0.1

@@ -36,6 +36,7 @@ from timer_adapters_nats import (
     NatsServerProcess,
     NatsSettings,
     TimerClient,
+    command_backlog,
     find_nats_server,
 )
 from timer_core import (
@@ -130,27 +131,10 @@ class Broker:
         return int(info.state.messages)
 
     async def command_backlog(self) -> int:
-        """Commands the service has not acknowledged yet (pending + in flight): on its
-        consumer per tenant (``TIMER_INTAKE=per-tenant``, the default), a tenant without one
-        yet counting all its commands; else on the one shared consumer."""
-        js = self.client.jetstream(timeout=10)
-        lanes = {
-            info.config.filter_subject: info
-            for info in await js.consumers_info("TIMER_COMMANDS")
-            if info.name.startswith(f"{CONSUMER}_")
-        }
-        if not lanes:
-            info = await js.consumer_info("TIMER_COMMANDS", CONSUMER)
-            return int(info.num_pending or 0) + int(info.num_ack_pending or 0)
-        stream = await js.stream_info("TIMER_COMMANDS", subjects_filter="timer.commands.>")
-        backlog = 0
-        for subject, count in (stream.state.subjects or {}).items():
-            lane = lanes.get(subject)
-            if lane is None:
-                backlog += count
-            else:
-                backlog += int(lane.num_pending or 0) + int(lane.num_ack_pending or 0)
-        return backlog
+        """Commands the service has not acknowledged yet (pending + in flight)."""
+        settings = NatsSettings(url=self.url, consumer_name=CONSUMER)
+        backlog = await command_backlog(self.client.jetstream(timeout=10), settings)
+        return backlog.pending + backlog.in_hand
 
     async def send_schedules(self, timers: list[tuple[str, str, int]]) -> None:
         """Publish ``ScheduleTimer`` for ``(tenant, serviceCallId, due ms)``; every one acked."""

@@ -27,7 +27,7 @@ from timer_adapters_nats._events import (
     DueEventConsumerSettings,
     DueEventDelivery,
 )
-from timer_adapters_nats._lanes import TenantCommandSource
+from timer_adapters_nats._lanes import CommandBacklog, TenantCommandSource, command_backlog
 from timer_adapters_nats._publisher import NatsEventPublisher
 from timer_adapters_nats._settings import NatsSettings, Subjects
 from timer_adapters_nats._source import NatsCommandSource
@@ -40,6 +40,7 @@ __all__ = [
     "TRUNCATED_HEADER",
     "AckedPublisher",
     "BrokerUnavailable",
+    "CommandBacklog",
     "CommandEnvelope",
     "DeadLetter",
     "DeadLetters",
@@ -60,6 +61,7 @@ __all__ = [
     "SyncTimerClient",
     "TenantCommandSource",
     "TimerClient",
+    "command_backlog",
     "connect",
     "find_nats_server",
 ]

@@ -25,12 +25,15 @@ _T = TypeVar("_T")
 
 @attrs.frozen
 class Outgoing:
-    """One message to publish to JetStream, deduplicated on ``msg_id``."""
+    """One message to publish to JetStream, deduplicated on ``msg_id`` (sent as
+    ``Nats-Msg-Id``) unless ``deduplicate`` is False (``msg_id`` then only names it in
+    errors)."""
 
     subject: str
     data: bytes
     msg_id: str
     headers: dict[str, str] = attrs.field(factory=dict)
+    deduplicate: bool = True
 
 
 Frame = tuple[str, bytes, str, dict[str, str]]
@@ -219,6 +222,8 @@ def _itself(message: Outgoing) -> Outgoing:
 def _frame(message: Outgoing) -> Frame:
     headers = message.headers
     msg_id = message.msg_id
+    if not message.deduplicate:
+        return (message.subject, message.data, msg_id, headers)
     return (
         message.subject,
         message.data,

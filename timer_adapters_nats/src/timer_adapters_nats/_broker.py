@@ -9,6 +9,7 @@ import logging
 
 import nats.js.errors
 from nats.js.api import (
+    AckPolicy,
     ConsumerConfig,
     DeliverPolicy,
     DiscardPolicy,
@@ -28,7 +29,7 @@ from timer_adapters_nats._lanes import TenantCommandSource, command_consumer_con
 from timer_adapters_nats._publisher import NatsEventPublisher
 from timer_adapters_nats._settings import NatsSettings
 from timer_adapters_nats._source import NatsCommandSource
-from timer_core import Instrumentation
+from timer_core import Instrumentation, TenantId
 from timer_core.instrumentation import NO_INSTRUMENTATION
 
 __all__ = ["NatsBroker"]
@@ -37,6 +38,10 @@ log = logging.getLogger(__name__)
 
 _STREAM_NAME_IN_USE = 10058
 _CONTRACT_DUPLICATE_WINDOW_S = 120.0
+#: The commands stream's duplicate window: the shortest JetStream takes. Its window spans
+#: every tenant's subject, so an id one tenant sent would drop another's command with the
+#: same id; commands are idempotent by their timer's key and need none (docs/design.md).
+COMMANDS_DUPLICATE_WINDOW_S = 0.1
 # Consumer names per page of $JS.API.CONSUMER.NAMES.
 _NAMES_PAGE = 1024
 
@@ -166,13 +171,14 @@ class NatsBroker(NatsConnection):
             else:
                 if info.ack_floor is not None:
                     self._ack_floor = info.ack_floor.stream_seq
-        if settings.tenant_consumers and f"stream {settings.events_stream}" not in gone:
-            present = await self._consumer_names(settings.events_stream)
-            gone += [
-                f"consumer {tenant} on {settings.events_stream}"
-                for tenant in settings.tenant_consumers
-                if tenant not in present
-            ]
+        for stream in (settings.events_stream, settings.dlq_stream):
+            if settings.tenant_consumers and f"stream {stream}" not in gone:
+                present = await self._consumer_names(stream)
+                gone += [
+                    f"consumer {tenant} on {stream}"
+                    for tenant in settings.tenant_consumers
+                    if tenant not in present
+                ]
         return gone
 
     async def restore(self) -> list[str]:
@@ -219,11 +225,9 @@ class NatsBroker(NatsConnection):
             if command_consumer not in gone:
                 gone.append(command_consumer)
         await self._ensure_tenant_consumers(settings.tenant_consumers)
-        if f"stream {settings.events_stream}" in gone:
-            gone += [
-                f"consumer {tenant} on {settings.events_stream}"
-                for tenant in settings.tenant_consumers
-            ]
+        for stream in (settings.events_stream, settings.dlq_stream):
+            if f"stream {stream}" in gone:
+                gone += [f"consumer {tenant} on {stream}" for tenant in settings.tenant_consumers]
         for what in gone:
             log.warning("%s was missing; recreated it", what)
         for source in self._sources:
@@ -265,15 +269,32 @@ class NatsBroker(NatsConnection):
         await self.jetstream.add_consumer(settings.commands_stream, config)
 
     async def _ensure_tenant_consumers(self, tenants: tuple[str, ...]) -> None:
+        """Each tenant's event consumer, and its dead-letter consumer (durable, named after
+        the tenant, filtered to ``<prefix>.dlq.<tenant>``: the tenant reads why its
+        commands were refused), where absent."""
         if not tenants:
             return
-        stream = self.settings.events_stream
+        settings = self.settings
+        stream = settings.events_stream
         present = await self._consumer_names(stream)
         for tenant in tenants:
             if tenant not in present:
                 consumer = DueEventConsumer(self, tenant, tenant_id=tenant)
                 await self.jetstream.add_consumer(stream, consumer.consumer_config())
                 log.info("created consumer %s on %s for tenant %s", tenant, stream, tenant)
+        present = await self._consumer_names(settings.dlq_stream)
+        for tenant in tenants:
+            if tenant not in present:
+                config = ConsumerConfig(
+                    name=tenant,
+                    durable_name=tenant,
+                    description=f"dead letters of tenant {tenant}",
+                    deliver_policy=DeliverPolicy.ALL,
+                    ack_policy=AckPolicy.EXPLICIT,
+                    filter_subject=settings.subjects.dlq(TenantId(tenant)),
+                )
+                await self.jetstream.add_consumer(settings.dlq_stream, config)
+                log.info("created consumer %s on %s", tenant, settings.dlq_stream)
 
     async def _consumer_names(self, stream: str) -> set[str]:
         """The names of every consumer on ``stream`` (one request per 1024)."""
@@ -293,18 +314,31 @@ class NatsBroker(NatsConnection):
                 return names
 
     def stream_config(self, name: str, subject: str) -> StreamConfig:
-        """The configuration provisioning gives a stream: file storage, limits retention."""
+        """The configuration provisioning gives a stream: file storage, limits retention; the
+        commands stream with the shortest duplicate window (:data:`COMMANDS_DUPLICATE_WINDOW_S`),
+        the others with :attr:`~NatsSettings.duplicate_window_s`."""
         settings = self.settings
-        return StreamConfig(
+        commands = name == settings.commands_stream
+        config = StreamConfig(
             name=name,
             subjects=[subject],
             storage=StorageType.FILE,
             retention=RetentionPolicy.LIMITS,
             discard=DiscardPolicy.OLD,
             num_replicas=settings.stream_replicas,
-            duplicate_window=settings.duplicate_window_s,
+            duplicate_window=(
+                COMMANDS_DUPLICATE_WINDOW_S if commands else settings.duplicate_window_s
+            ),
             max_age=settings.stream_max_age_s,
         )
+        if commands and settings.lanes and settings.max_queued_per_tenant is not None:
+            # A tenant's subject full: its next publish is refused, nothing is dropped.
+            config.max_msgs_per_subject = settings.max_queued_per_tenant
+            config.discard = DiscardPolicy.NEW
+            config.discard_new_per_subject = True
+        elif name == settings.dlq_stream and settings.max_dead_letters_per_tenant is not None:
+            config.max_msgs_per_subject = settings.max_dead_letters_per_tenant
+        return config
 
     def consumer_config(self) -> ConsumerConfig:
         """The shared durable pull consumer (see :func:`command_consumer_config`)."""
@@ -336,7 +370,7 @@ class NatsBroker(NatsConnection):
                 existing.subjects,
                 subject,
             )
-        if (existing.duplicate_window or 0) < min(
+        if name != self.settings.commands_stream and (existing.duplicate_window or 0) < min(
             _CONTRACT_DUPLICATE_WINDOW_S, self.settings.duplicate_window_s
         ):
             log.warning(

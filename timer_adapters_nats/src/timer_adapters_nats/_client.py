@@ -44,8 +44,10 @@ CommandEnvelope = (
 class TimerClient:
     """Schedules and cancels timers by publishing commands to ``<prefix>.commands.<tenantId>``.
 
-    Each call fills in a fresh UUID v7 envelope id (also the ``Nats-Msg-Id``, so a retried
-    send within the duplicate window is stored once), ``timestampMs`` from ``clock``,
+    Each call fills in a fresh UUID v7 envelope id (sent without a ``Nats-Msg-Id``: the
+    commands stream's duplicate window spans tenants, so another tenant's id could drop the
+    command; a retried send may be stored twice and changes nothing more), ``timestampMs``
+    from ``clock``,
     ``aggregateId`` (the service call id), and returns the envelope id once JetStream acked
     the command. The correlation id defaults to that envelope id, starting a new trace.
     ``schedule`` also sends the caller's current W3C trace context (``traceparent`` and
@@ -231,9 +233,14 @@ class TimerClient:
 
     def _outgoing(self, envelope: CommandEnvelope) -> Outgoing:
         trace_context = envelope.trace_context
+        # No Nats-Msg-Id: the commands stream deduplicates across every tenant's subject, so
+        # an id another tenant published first would make JetStream drop this command (with
+        # a PubAck that says duplicate). A command is idempotent by its timer's key, so a
+        # retried send stored twice applies the same change twice (docs/design.md).
         return Outgoing(
             subject=self.subjects.commands(envelope.tenant_id),
             data=encode_envelope(envelope),
             msg_id=str(envelope.id),
             headers={} if trace_context is None else trace_context.headers(),
+            deduplicate=False,
         )

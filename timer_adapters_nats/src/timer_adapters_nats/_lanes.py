@@ -15,7 +15,10 @@ import asyncio
 import contextlib
 import logging
 
+import attrs
 import nats.js.errors
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from timer_adapters_nats._connection import NatsConnection
@@ -24,7 +27,14 @@ from timer_adapters_nats._source import NatsCommandSource
 from timer_core import CommandBatchHandler, CommandSource, Instrumentation, TenantId
 from timer_core.instrumentation import NO_INSTRUMENTATION
 
-__all__ = ["TenantCommandSource", "command_consumer_config", "lane_name", "stray_lane_name"]
+__all__ = [
+    "CommandBacklog",
+    "TenantCommandSource",
+    "command_backlog",
+    "command_consumer_config",
+    "lane_name",
+    "stray_lane_name",
+]
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +43,8 @@ log = logging.getLogger(__name__)
 DISCOVERY_INTERVAL_S = 0.25
 
 
+#: How often each lane's stored commands are removed from the stream (with a queue limit).
+TRIM_INTERVAL_S = 1.0
 #: Most subjects without a valid tenant token the stray lane reads (each one a filter).
 STRAY_SUBJECTS_MOST = 256
 
@@ -47,6 +59,50 @@ def stray_lane_name(consumer: str) -> str:
     dead-lettered to ``<prefix>.dlq._``): ``<consumer>~unroutable``, a name no tenant's lane
     can have (``~`` is not in a tenant id)."""
     return f"{consumer}~unroutable"
+
+
+@attrs.frozen
+class CommandBacklog:
+    """The commands a service has not settled yet, over all its command consumers."""
+
+    pending: int
+    """Not delivered yet (a tenant whose consumer is not made yet: all its commands)."""
+    in_hand: int
+    """Delivered and not acknowledged yet."""
+    delivered: dict[str, int]
+    """Per command subject, the last stream sequence delivered on it."""
+
+    @property
+    def settled(self) -> bool:
+        """Whether nothing waits and nothing is in hand."""
+        return self.pending == 0 and self.in_hand == 0
+
+
+async def command_backlog(js: JetStreamContext, settings: NatsSettings) -> CommandBacklog:
+    """What the service of ``settings`` (its ``consumer_name``) has not settled: over its
+    consumer per tenant, when it has any, else over its one shared consumer. For operators
+    and benchmarks; it asks the server once per 256 consumers and once for the subjects."""
+    stream = settings.commands_stream
+    prefix = f"{settings.consumer_name}_"
+    infos = [info for info in await js.consumers_info(stream) if info.name.startswith(prefix)]
+    if not infos:
+        info = await js.consumer_info(stream, settings.consumer_name)
+        subject = settings.subjects.commands_filter
+        delivered = {subject: info.delivered.stream_seq if info.delivered else 0}
+        return CommandBacklog(int(info.num_pending or 0), int(info.num_ack_pending or 0), delivered)
+    lanes = {info.config.filter_subject: info for info in infos}
+    held = await js.stream_info(stream, subjects_filter=settings.subjects.commands_filter)
+    pending = in_hand = 0
+    delivered = {}
+    for subject, count in (held.state.subjects or {}).items():
+        lane = lanes.get(subject)
+        if lane is None:
+            pending += count
+            continue
+        pending += int(lane.num_pending or 0)
+        in_hand += int(lane.num_ack_pending or 0)
+        delivered[subject] = lane.delivered.stream_seq if lane.delivered else 0
+    return CommandBacklog(pending, in_hand, delivered)
 
 
 def command_consumer_config(
@@ -104,8 +160,15 @@ class TenantCommandSource(CommandSource):
         self._run_task: asyncio.Task[None] | None = None
         # Where a new lane starts: after the shared consumer's ack floor, when it exists.
         self._shared_floor: int | None = None
-        # The subjects without a valid tenant token the stray lane reads.
+        # The subjects without a valid tenant token the stray lane reads; the counts of the
+        # literal ``*`` and ``>`` ones last swept, and the stream sequence swept through.
         self._strays: set[str] = set()
+        self._swept_counts: dict[str, int] = {}
+        self._swept_through = 0
+        # Per lane, the ack floor its tenant's commands were last removed up to, and when
+        # (loop time) the lanes are looked at next.
+        self._trimmed: dict[str, int] = {}
+        self._trim_at = 0.0
 
     @property
     def running(self) -> bool:
@@ -175,11 +238,15 @@ class TenantCommandSource(CommandSource):
                     name = lane_name(settings.consumer_name, tenant)
                     if name not in self._lanes and not self._stop.is_set():
                         await self._open(name, tenant, handler)
-                if strays - self._strays and not self._stop.is_set():
-                    await self._ensure_stray(strays)
+                if set(strays) - self._strays and not self._stop.is_set():
+                    await self._ensure_stray(set(strays))
                     name = stray_lane_name(settings.consumer_name)
                     if name not in self._lanes:
                         self._start_lane(name, handler)
+                head = f"{settings.subjects.prefix}.commands."
+                wild = {s: n for s, n in strays.items() if s[len(head) :] in ("*", ">")}
+                await self._sweep(wild)
+                await self._trim()
                 failures = 0
             except Exception as exc:  # a disconnect or a server error: back off, go on
                 failures += 1
@@ -195,31 +262,63 @@ class TenantCommandSource(CommandSource):
             await self._pause(DISCOVERY_INTERVAL_S)
         self._raise_failed_lane()
 
-    async def _tenants(self) -> tuple[set[str], set[str]]:
+    async def _trim(self) -> None:
+        """Every :data:`TRIM_INTERVAL_S`, remove from the stream each tenant's commands its
+        lane's consumer has acknowledged (below its ack floor, whichever instance acked
+        them), when there is a queue limit: the stream's per-tenant limit then counts the
+        commands that wait, not the week's history. Only lanes that settled something since
+        are asked."""
+        settings = self._settings
+        loop = asyncio.get_running_loop()
+        if settings.max_queued_per_tenant is None or loop.time() < self._trim_at:
+            return
+        self._trim_at = loop.time() + TRIM_INTERVAL_S
+        js = self._connection.jetstream
+        stray = stray_lane_name(settings.consumer_name)
+        for name, lane in list(self._lanes.items()):
+            settled = lane.settled_through
+            if name == stray or settled is None or settled <= self._trimmed.get(name, 0):
+                continue
+            info = await js.consumer_info(settings.commands_stream, name)
+            floor = info.ack_floor.stream_seq if info.ack_floor is not None else 0
+            if floor > self._trimmed.get(name, 0):
+                subject = settings.subjects.commands(TenantId(self._tenant_of(name)))
+                await js.purge_stream(settings.commands_stream, seq=floor + 1, subject=subject)
+            self._trimmed[name] = max(floor, self._trimmed.get(name, 0))
+
+    async def _tenants(self) -> tuple[set[str], dict[str, int]]:
         """The tenants with commands in the stream now (one subject each), and the subjects
-        without a valid tenant token."""
+        without a valid tenant token, with how many commands each holds."""
         settings = self._settings
         subjects = settings.subjects
         info = await self._connection.jetstream.stream_info(
             settings.commands_stream, subjects_filter=subjects.commands_filter
         )
         tenants: set[str] = set()
-        strays: set[str] = set()
-        for subject in info.state.subjects or {}:
+        strays: dict[str, int] = {}
+        for subject, count in (info.state.subjects or {}).items():
             tenant = subjects.tenant_of_command(subject)
             if tenant is not None:
                 tenants.add(str(tenant))
             else:
-                strays.add(subject)
+                strays[subject] = count
         return tenants, strays
 
     async def _ensure_stray(self, strays: set[str]) -> None:
         """Create (or widen) the consumer of the subjects without a valid tenant, whose
-        commands are all dead-lettered to ``<prefix>.dlq._``. At most
-        :data:`STRAY_SUBJECTS_MOST` subjects."""
+        commands are all dead-lettered to ``<prefix>.dlq._``: every subject of more than one
+        token after ``commands`` (one filter), and each invalid single token (at most
+        :data:`STRAY_SUBJECTS_MOST`). A single token ``*`` or ``>`` cannot be a filter of
+        its own (it would take every tenant's commands): :meth:`_sweep` takes those."""
         settings = self._settings
         name = stray_lane_name(settings.consumer_name)
-        wanted = sorted(self._strays | strays)
+        head = f"{settings.subjects.prefix}.commands."
+        singles = {
+            subject
+            for subject in self._strays | strays
+            if "." not in subject[len(head) :] and subject[len(head) :] not in ("*", ">")
+        }
+        wanted = sorted(singles)
         if len(wanted) > STRAY_SUBJECTS_MOST:
             log.warning(
                 "%d subjects on %s have no valid tenant token; only %d are read (and "
@@ -229,18 +328,76 @@ class TenantCommandSource(CommandSource):
                 STRAY_SUBJECTS_MOST,
             )
             wanted = wanted[:STRAY_SUBJECTS_MOST]
-        if set(wanted) == self._strays:
+        if self._strays and set(wanted) == self._strays:
             return
         config = command_consumer_config(settings, name=name, filter_subject="")
         config.filter_subject = None
-        config.filter_subjects = wanted
+        config.filter_subjects = [f"{head}*.>", *wanted]
         js = self._connection.jetstream
         with contextlib.suppress(nats.js.errors.NotFoundError):
             existing = await js.consumer_info(settings.commands_stream, name)
             config.deliver_policy = existing.config.deliver_policy
             config.opt_start_seq = existing.config.opt_start_seq
         await js.add_consumer(settings.commands_stream, config)
-        self._strays = set(wanted)
+        self._strays = set(wanted) | {f"{head}*.>"}
+
+    async def _sweep(self, counts: dict[str, int]) -> None:
+        """Dead-letter the commands on the subjects ``<prefix>.commands.*`` and
+        ``<prefix>.commands.>`` taken literally (``counts``: how many each holds now), which no
+        consumer filter can single out: when one holds more than last seen, read the stream
+        from where the last sweep ended (headers only, one short-lived consumer) and hand
+        those found to the stray lane to dead-letter. Each command is read once more at
+        most, and only while someone publishes on such a subject."""
+        if not counts or counts == self._swept_counts:
+            return
+        self._swept_counts = dict(counts)
+        settings = self._settings
+        js = self._connection.jetstream
+        stray = self._lanes.get(stray_lane_name(settings.consumer_name))
+        info = await js.stream_info(settings.commands_stream)
+        last = info.state.last_seq
+        start = max(self._swept_through + 1, info.state.first_seq)
+        if stray is None or start > last:
+            return
+        wild = set(counts)
+        config = ConsumerConfig(
+            deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
+            opt_start_seq=start,
+            ack_policy=AckPolicy.NONE,
+            filter_subject=settings.subjects.commands_filter,
+            inactive_threshold=30.0,
+            mem_storage=True,
+        )
+        subscription = await js.pull_subscribe(
+            settings.subjects.commands_filter, stream=settings.commands_stream, config=config
+        )
+        found: list[Msg] = []
+        try:
+            seq = start - 1
+            while seq < last and not self._stop.is_set():
+                try:
+                    batch = await subscription.fetch(1000, timeout=1.0)
+                except TimeoutError:
+                    break
+                for message in batch:
+                    seq = message.metadata.sequence.stream
+                    if message.subject in wild:
+                        found.append(message)
+        finally:
+            with contextlib.suppress(Exception):
+                await subscription.unsubscribe()
+        self._swept_through = seq
+        if found:
+            await stray.dead_letter(
+                [
+                    (
+                        message,
+                        f"subject: {message.subject!r} is not "
+                        f"{settings.subjects.prefix}.commands.<tenantId>",
+                    )
+                    for message in found
+                ]
+            )
 
     async def _read_shared_floor(self) -> None:
         settings = self._settings

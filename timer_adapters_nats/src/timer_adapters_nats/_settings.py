@@ -73,6 +73,11 @@ def _max_deliver(instance: Any, attribute: attrs.Attribute[Any], value: int) -> 
         raise ValidationError(f"max_deliver must be -1 (unlimited) or at least 2, got {value!r}")
 
 
+def _optional_cap(instance: Any, attribute: attrs.Attribute[Any], value: int | None) -> None:
+    if value is not None and value < 1:
+        raise ValidationError(f"{attribute.name} must be at least 1 (or None), got {value!r}")
+
+
 def _optional_path(value: str | os.PathLike[str] | None) -> Path | None:
     return None if value is None else Path(value)
 
@@ -141,9 +146,20 @@ class NatsSettings:
     stream_replicas: int = attrs.field(default=1, validator=at_least_one)
     """Replicas of each stream created by provisioning (3 on a 3-node cluster)."""
     duplicate_window_s: float = attrs.field(default=120.0, validator=positive)
-    """JetStream duplicate window of the streams; the contract wants at least 2 minutes."""
+    """JetStream duplicate window of the events and dead-letter streams; the contract wants
+    at least 2 minutes. The commands stream gets the shortest JetStream allows (100 ms): its
+    window would span tenants, and commands need none (docs/design.md)."""
     stream_max_age_s: float = attrs.field(default=7 * 24 * 3600.0, validator=positive)
     """How long provisioned streams keep messages."""
+    max_queued_per_tenant: int | None = attrs.field(default=20_000, validator=_optional_cap)
+    """Most commands of one tenant waiting in the commands stream (its per-subject limit,
+    new ones refused: the producer's publish fails with ``maximum messages per subject
+    exceeded``); None: no limit. Set when provisioning creates the stream, and only with
+    :attr:`per_tenant_intake`, whose lanes remove each tenant's stored commands from the
+    stream once acknowledged (so the limit counts what waits, not the week's history)."""
+    max_dead_letters_per_tenant: int | None = attrs.field(default=5000, validator=_optional_cap)
+    """Most dead letters kept per tenant in the dead-letter stream (the oldest dropped
+    first); None: no limit. Set when provisioning creates the stream."""
     commands_stream: str = attrs.field(default="TIMER_COMMANDS", validator=_name)
     events_stream: str = attrs.field(default="TIMER_EVENTS", validator=_name)
     dlq_stream: str = attrs.field(default="TIMER_DLQ", validator=_name)

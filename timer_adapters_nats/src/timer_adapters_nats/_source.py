@@ -137,6 +137,12 @@ class NatsCommandSource(CommandSource):
             return min(open_)
         return None if self._settled_through is None else self._settled_through + 1
 
+    @property
+    def settled_through(self) -> int | None:
+        """The highest stream sequence this source acked or terminated (or the consumer's
+        ack floor found at start); None before it read the consumer."""
+        return self._settled_through
+
     def retry_now(self) -> None:
         """End a fetch backoff in progress: what failed (a consumer that was missing) is
         fixed. Fetching resumes at once."""
@@ -456,6 +462,11 @@ class NatsCommandSource(CommandSource):
                 f"tenant {str(subject_tenant)!r}",
             )
         return envelope
+
+    async def dead_letter(self, rejected: Sequence[tuple[Msg, str]]) -> None:
+        """Dead-letter these deliveries (of any consumer on the commands stream) with their
+        reasons, as this source does its own rejected commands."""
+        await self._dead_letter_many(rejected)
 
     async def _dead_letter(self, message: Msg, reason: str, *, counted: bool = False) -> None:
         """Republish unchanged to the DLQ with the reason; terminate once that is acked.

@@ -58,6 +58,8 @@ def nats_settings(settings: Settings, broker_url: str) -> NatsSettings:
         client_name="timer-service",
         provision=settings.provision,
         per_tenant_intake=settings.intake == "per-tenant",
+        max_queued_per_tenant=settings.max_queued_per_tenant,
+        max_dead_letters_per_tenant=settings.max_dead_letters_per_tenant,
         stream_replicas=settings.stream_replicas,
         ack_wait_s=settings.ack_wait_s,
         # Commands fetched and stored per transaction: their own setting, so the schedule

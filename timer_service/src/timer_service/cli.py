@@ -27,6 +27,9 @@ from timer_service.app import StartupError, broker_url_file, build_store, serve
 from timer_service.logformat import configure_logging
 from timer_service.quarantine import QuarantineError, add_quarantine_parser, run_quarantine
 from timer_service.settings import Settings, SettingsError, parse_duration
+from timer_service.tenancy import TenantLimits
+
+_DEFAULT_LIMITS = TenantLimits()
 
 __all__ = ["main"]
 
@@ -130,6 +133,17 @@ def _parser() -> argparse.ArgumentParser:
         help="users log in with a password or an NKey, read from the environment",
     )
     nats_config.add_argument("--output", metavar="FILE", help="write it there, not to stdout")
+    for flag, meaning in (
+        ("--max-connections", "connections each tenant may open at once"),
+        ("--max-subscriptions", "subscriptions each tenant may hold, all its connections together"),
+        ("--max-payload", "bytes of one message a tenant may publish, headers included"),
+        ("--max-queued", "commands of one tenant waiting (TIMER_MAX_QUEUED_PER_TENANT)"),
+        ("--max-dead-letters", "dead letters kept per tenant (TIMER_MAX_DEAD_LETTERS_PER_TENANT)"),
+    ):
+        limit = getattr(_DEFAULT_LIMITS, flag[2:].replace("-", "_"))
+        nats_config.add_argument(
+            flag, type=int, default=limit, metavar="N", help=f"{meaning} (default {limit})"
+        )
     _add_common(nats_config)
     return parser
 
@@ -194,7 +208,16 @@ def _nats_config(settings: Settings, args: argparse.Namespace) -> int:
     if not tenants:
         raise UsageError("nats-config: name the tenants, or set TIMER_TENANTS")
     try:
-        text = nats_config(tenants, subject_prefix=settings.subject_prefix, auth=args.auth)
+        limits = TenantLimits(
+            max_connections=args.max_connections,
+            max_subscriptions=args.max_subscriptions,
+            max_payload=args.max_payload,
+            max_queued=args.max_queued,
+            max_dead_letters=args.max_dead_letters,
+        )
+        text = nats_config(
+            tenants, subject_prefix=settings.subject_prefix, auth=args.auth, limits=limits
+        )
     except ValueError as exc:
         raise UsageError(f"nats-config: {exc}") from None
     if args.output is None:

@@ -70,7 +70,13 @@ from timer_core import (
 )
 from timer_core.instrumentation import NO_INSTRUMENTATION
 from timer_service.census import Census
-from timer_service.metrics import COUNTED_AS, LATENESS_BUCKETS, POLL_BUCKETS, firing_lateness
+from timer_service.metrics import (
+    COUNTED_AS,
+    LATENESS_BUCKETS,
+    POLL_BUCKETS,
+    WorstTenants,
+    firing_lateness,
+)
 from timer_service.settings import OTEL_LATENESS_SAMPLE
 
 __all__ = ["OtelInstrumentation", "configure"]
@@ -272,6 +278,16 @@ class OtelInstrumentation(Instrumentation):
             explicit_bucket_boundaries_advisory=LATENESS_BUCKETS,
         )
         self._gauges = _Gauges()
+        self._worst_tenants = WorstTenants()
+        meter.create_observable_gauge(
+            "timer.tenant.lateness.worst",
+            callbacks=[self._observe_worst_tenants],
+            unit="s",
+            description=(
+                f"Highest firing lateness of each of the {self._worst_tenants.top} tenants whose "
+                "timers fired latest in the last 1-2 minutes (attribute tenant)."
+            ),
+        )
         meter.create_observable_gauge(
             "timer.timers.pending",
             callbacks=[self._observe_pending],
@@ -365,6 +381,9 @@ class OtelInstrumentation(Instrumentation):
     def set_census(self, census: Census) -> None:
         """Report a census of pending timers (``timer.timers.due``, ``timer.oldest_overdue``)."""
         self._gauges.census = census
+
+    def _observe_worst_tenants(self, options: CallbackOptions) -> Iterable[Observation]:
+        return [Observation(late, {"tenant": t}) for t, late in self._worst_tenants.worst()]
 
     def _observe_due(self, options: CallbackOptions) -> Iterable[Observation]:
         census = self._gauges.census
@@ -485,12 +504,14 @@ class OtelInstrumentation(Instrumentation):
         self._processed.add(len(entries))
         record = self._lateness.record
         every = self.lateness_sample
+        amounts = firing_lateness(entries)
+        self._worst_tenants.observe(entries, amounts)
         if every == 1:
-            for lateness in firing_lateness(entries):
+            for lateness in amounts:
                 record(lateness)
         else:
             skipped = self._lateness_skipped
-            for lateness in firing_lateness(entries):
+            for lateness in amounts:
                 # The bucket the SDK counts it in: upper bounds inclusive.
                 bucket = bisect_left(LATENESS_BUCKETS, lateness)
                 if skipped[bucket]:

@@ -90,6 +90,12 @@ class Settings:
     lease_s: float = 30.0
     ack_wait_s: float = 3.0
     max_pending_per_tenant: int | None = None
+    max_queued_per_tenant: int | None = 20_000
+    """``TIMER_MAX_QUEUED_PER_TENANT``: most commands of one tenant waiting in
+    TIMER_COMMANDS (more are refused at publish); 0 for no limit."""
+    max_dead_letters_per_tenant: int | None = 5000
+    """``TIMER_MAX_DEAD_LETTERS_PER_TENANT``: most dead letters kept per tenant; 0 for no
+    limit."""
     instance_id: str | None = None
     sqlite_synchronous: Literal["NORMAL", "FULL"] = "FULL"
     clock_skew_warning_s: float = 1.0
@@ -319,6 +325,12 @@ def _choice(*options: str, lower: bool = False) -> Callable[[str, str], str]:
     return parse
 
 
+def _limit(variable: str, raw: str) -> int | None:
+    """A per-tenant limit: an integer from 1, or 0 for none."""
+    value = _int(0, 1_000_000_000, "an integer between 0 (no limit) and 1000000000")(variable, raw)
+    return value or None
+
+
 def _tenant_ids(variable: str, raw: str) -> tuple[str, ...]:
     # Any tenant id (up to 128 characters; TIMER_TENANTS' are NATS account names, 64 at most).
     names = tuple(part.strip() for part in raw.split(",") if part.strip())
@@ -414,6 +426,8 @@ ENVIRONMENT: dict[str, tuple[str, Callable[[str, str], Any]]] = {
         "max_pending_per_tenant",
         _int(1, 1_000_000_000, "an integer between 1 and 1000000000 (unset: no cap)"),
     ),
+    "TIMER_MAX_QUEUED_PER_TENANT": ("max_queued_per_tenant", _limit),
+    "TIMER_MAX_DEAD_LETTERS_PER_TENANT": ("max_dead_letters_per_tenant", _limit),
     "TIMER_INSTANCE_ID": ("instance_id", _instance_id),
     "TIMER_SQLITE_SYNCHRONOUS": ("sqlite_synchronous", _choice("NORMAL", "FULL")),
     "TIMER_CLOCK_SKEW_WARNING": ("clock_skew_warning_s", _positive_duration),

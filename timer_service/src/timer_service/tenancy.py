@@ -3,12 +3,19 @@ NATS account each, written from the list of tenants so that nobody edits it by h
 
 The service's account (``TIMER``) holds JetStream: the streams, the service's command
 consumer and one event consumer per tenant (the service provisions them, ``TIMER_TENANTS``).
-Each tenant's account has no JetStream at all; it imports from ``TIMER`` exactly three
+Each tenant's account has no JetStream at all; it imports from ``TIMER`` exactly five
 subjects, exported to it alone:
 
 - ``<prefix>.commands.<tenant>``: its commands (the JetStream publish ack comes back);
 - ``$JS.API.CONSUMER.MSG.NEXT.TIMER_EVENTS.<tenant>``: pulls from its own event consumer;
-- ``$JS.ACK.TIMER_EVENTS.<tenant>.>``: acks, naks and in-progress of those events.
+- ``$JS.ACK.TIMER_EVENTS.<tenant>.>``: acks, naks and in-progress of those events;
+- ``$JS.API.CONSUMER.MSG.NEXT.TIMER_DLQ.<tenant>`` and ``$JS.ACK.TIMER_DLQ.<tenant>.>``: the
+  same for its own dead letters (why a command of its was refused).
+
+Each tenant's account has limits (:class:`TenantLimits`): connections, subscriptions and
+payload, which ``nats-server`` enforces; its commands waiting and its dead letters kept are
+limited on the streams the service creates (``TIMER_MAX_QUEUED_PER_TENANT``,
+``TIMER_MAX_DEAD_LETTERS_PER_TENANT``), which the file's header names.
 
 What crosses an account boundary is a service import, whose reply subject the server
 replaces with a private one: whatever reply subject a tenant gives, the answer lands in the
@@ -23,9 +30,11 @@ import re
 from collections.abc import Sequence
 from typing import Literal
 
+import attrs
+
 from timer_core import TenantId
 
-__all__ = ["SERVICE_ACCOUNT", "SERVICE_USER", "nats_config", "secret_variable"]
+__all__ = ["SERVICE_ACCOUNT", "SERVICE_USER", "TenantLimits", "nats_config", "secret_variable"]
 
 #: The account holding JetStream and the service's user.
 SERVICE_ACCOUNT = "TIMER"
@@ -35,6 +44,36 @@ SERVICE_USER = "timer-service"
 Auth = Literal["password", "nkey"]
 
 _EVENTS_STREAM = "TIMER_EVENTS"
+_DLQ_STREAM = "TIMER_DLQ"
+
+
+def _at_least_one(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
+    if value < 1:
+        raise ValueError(f"{attribute.name.replace('_', '-')} must be at least 1, got {value}")
+
+
+@attrs.frozen
+class TenantLimits:
+    """What one tenant may use; each a ``nats-config`` flag (``--max-connections`` ...)."""
+
+    max_connections: int = attrs.field(default=16, validator=_at_least_one)
+    """Connections open at once (the account's ``max_connections``)."""
+    max_subscriptions: int = attrs.field(default=128, validator=_at_least_one)
+    """Subscriptions of all its connections together (a client uses two to five)."""
+    max_payload: int = attrs.field(default=8192, validator=_at_least_one)
+    """Bytes of one message with its headers (a command with trace context is under 1 KiB)."""
+    max_queued: int = attrs.field(default=20_000, validator=_at_least_one)
+    """Its commands waiting in TIMER_COMMANDS (``TIMER_MAX_QUEUED_PER_TENANT``)."""
+    max_dead_letters: int = attrs.field(default=5000, validator=_at_least_one)
+    """Its dead letters kept in TIMER_DLQ (``TIMER_MAX_DEAD_LETTERS_PER_TENANT``)."""
+
+    @property
+    def max_bytes(self) -> int:
+        """The most one tenant can have stored: its commands waiting and its dead letters
+        (each at most ``max_payload``, a dead letter with up to 1 KiB of headers more)."""
+        return self.max_queued * self.max_payload + self.max_dead_letters * (
+            self.max_payload + 1024
+        )
 
 
 def secret_variable(tenant: str | None, auth: Auth) -> str:
@@ -53,9 +92,14 @@ def account_name(tenant: str) -> str:
 
 
 def nats_config(
-    tenants: Sequence[str], *, subject_prefix: str = "timer", auth: Auth = "password"
+    tenants: Sequence[str],
+    *,
+    subject_prefix: str = "timer",
+    auth: Auth = "password",
+    limits: TenantLimits | None = None,
 ) -> str:
-    """The configuration for ``tenants`` (valid tenant ids, at most 64 characters each).
+    """The configuration for ``tenants`` (valid tenant ids, at most 64 characters each), each
+    with ``limits`` (the defaults of :class:`TenantLimits` when None).
 
     Raises :class:`ValueError` for an invalid, repeated or too long tenant id, or for two
     tenants whose secrets would share one variable name (``a-b`` and ``a_b``).
@@ -77,16 +121,32 @@ def nats_config(
         checked.append(tenant)
     if not checked:
         raise ValueError("name at least one tenant")
+    limits = TenantLimits() if limits is None else limits
+    flags = "".join(
+        f" --{name.replace('_', '-')} {value}"
+        for name, value in attrs.asdict(limits).items()
+        if value != getattr(TenantLimits(), name)
+    )
     lines = [
         "# nats-server configuration for Timer: one NATS account per tenant. Written by",
-        f"# `timer-service nats-config {' '.join(checked)}`; regenerate it, do not edit it.",
+        f"# `timer-service nats-config{flags} {' '.join(checked)}`; regenerate it, do not",
+        "# edit it.",
         "#",
-        f"# Account {SERVICE_ACCOUNT} holds JetStream: the streams, the service's consumer and",
-        "# one event consumer per tenant (the service creates them: TIMER_TENANTS). A tenant's",
-        "# account has no JetStream; it imports its command subject, pulls from its own event",
-        "# consumer, and acks of its events, nothing else. Secrets come from the environment:",
+        f"# Account {SERVICE_ACCOUNT} holds JetStream: the streams, the service's consumers",
+        "# and one event and one dead-letter consumer per tenant (the service creates them:",
+        "# TIMER_TENANTS). A tenant's account has no JetStream; it imports its command",
+        "# subject, pulls from its own event and dead-letter consumers and acks what it read,",
+        "# nothing else. Secrets come from the environment:",
         f"#   {secret_variable(None, auth)}",
         *(f"#   {variable}" for variable in variables),
+        "#",
+        f"# Each tenant: at most {limits.max_connections} connections, "
+        f"{limits.max_subscriptions} subscriptions, {limits.max_payload} bytes a message",
+        "# (nats-server refuses more). The service limits the rest on its streams; run it",
+        "# with the same figures:",
+        f"#   TIMER_MAX_QUEUED_PER_TENANT={limits.max_queued} (commands waiting; more refused)",
+        f"#   TIMER_MAX_DEAD_LETTERS_PER_TENANT={limits.max_dead_letters} (oldest dropped)",
+        f"# so a tenant stores at most {limits.max_bytes / 2**20:,.0f} MiB.",
         "",
         "jetstream {}",
         "",
@@ -111,6 +171,9 @@ def nats_config(
             "    users: [",
             f"      {_user(tenant, secret_variable(tenant, auth), auth, permissions)}",
             "    ]",
+            f"    limits: {{max_connections: {limits.max_connections}, "
+            f"max_subscriptions: {limits.max_subscriptions}, "
+            f"max_payload: {limits.max_payload}, max_leafnodes: 0}}",
             "    imports: [",
             *(
                 f'      {{service: {{account: {SERVICE_ACCOUNT}, subject: "{subject}"}}}}'
@@ -130,6 +193,8 @@ def _exported(tenant: str, prefix: str) -> list[tuple[str, bool]]:
         (f"{prefix}.commands.{tenant}", False),
         (f"$JS.API.CONSUMER.MSG.NEXT.{_EVENTS_STREAM}.{tenant}", True),
         (f"$JS.ACK.{_EVENTS_STREAM}.{tenant}.>", False),
+        (f"$JS.API.CONSUMER.MSG.NEXT.{_DLQ_STREAM}.{tenant}", True),
+        (f"$JS.ACK.{_DLQ_STREAM}.{tenant}.>", False),
     ]
 
 

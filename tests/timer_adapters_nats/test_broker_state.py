@@ -53,7 +53,8 @@ class TestMissing:
             assert info.config.filter_subject == "timer.events.t-1.>"
 
     async def test_names_what_is_gone(self, settings: NatsSettings) -> None:
-        """A deleted stream, command consumer and tenant consumer are each named."""
+        """A deleted stream, command consumer and tenant consumer are each named; the
+        tenant's dead-letter consumer goes with its stream and comes back with it."""
         async with NatsBroker(attrs.evolve(settings, tenant_consumers=("t-1",))) as broker:
             js = broker.jetstream
             await js.delete_consumer("TIMER_EVENTS", "t-1")
@@ -69,6 +70,7 @@ class TestMissing:
                     "stream TIMER_DLQ",
                     "consumer timer on TIMER_COMMANDS",
                     "consumer t-1 on TIMER_EVENTS",
+                    "consumer t-1 on TIMER_DLQ",
                 ]
             )
             assert await broker.missing() == []

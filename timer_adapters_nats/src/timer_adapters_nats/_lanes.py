@@ -17,11 +17,13 @@ import logging
 
 import attrs
 import nats.js.errors
+import uuid_utils
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
-from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from nats.js.api import AckPolicy, ConsumerConfig, ConsumerInfo, DeliverPolicy
 
 from timer_adapters_nats._connection import NatsConnection
+from timer_adapters_nats._pull import PullBatches, stream_sequence
 from timer_adapters_nats._settings import NatsSettings
 from timer_adapters_nats._source import NatsCommandSource
 from timer_core import CommandBatchHandler, CommandSource, Instrumentation, TenantId
@@ -45,8 +47,6 @@ DISCOVERY_INTERVAL_S = 0.25
 
 #: How often each lane's stored commands are removed from the stream (with a queue limit).
 TRIM_INTERVAL_S = 1.0
-#: Most subjects without a valid tenant token the stray lane reads (each one a filter).
-STRAY_SUBJECTS_MOST = 256
 
 
 def lane_name(consumer: str, tenant: str) -> str:
@@ -80,29 +80,46 @@ class CommandBacklog:
 
 async def command_backlog(js: JetStreamContext, settings: NatsSettings) -> CommandBacklog:
     """What the service of ``settings`` (its ``consumer_name``) has not settled: over its
-    consumer per tenant, when it has any, else over its one shared consumer. For operators
-    and benchmarks; it asks the server once per 256 consumers and once for the subjects."""
+    consumer per tenant (a tenant without one yet: all its commands in the stream wait),
+    else over its one shared consumer. For operators and benchmarks; it asks the server
+    once per 256 consumers, and once for the subjects."""
     stream = settings.commands_stream
-    prefix = f"{settings.consumer_name}_"
-    infos = [info for info in await js.consumers_info(stream) if info.name.startswith(prefix)]
-    if not infos:
-        info = await js.consumer_info(stream, settings.consumer_name)
-        subject = settings.subjects.commands_filter
-        delivered = {subject: info.delivered.stream_seq if info.delivered else 0}
-        return CommandBacklog(int(info.num_pending or 0), int(info.num_ack_pending or 0), delivered)
-    lanes = {info.config.filter_subject: info for info in infos}
-    held = await js.stream_info(stream, subjects_filter=settings.subjects.commands_filter)
+    subjects = settings.subjects
+    consumers = {info.name: info for info in await js.consumers_info(stream)}
+    shared = consumers.get(settings.consumer_name)
+    lanes = {
+        info.config.filter_subject: info
+        for name, info in consumers.items()
+        if name.startswith(f"{settings.consumer_name}_")
+    }
+    if shared is not None and not lanes:
+        return CommandBacklog(
+            int(shared.num_pending or 0),
+            int(shared.num_ack_pending or 0),
+            {subjects.commands_filter: _delivered(shared)},
+        )
+    held = await js.stream_info(stream, subjects_filter=subjects.commands_filter)
     pending = in_hand = 0
-    delivered = {}
+    delivered: dict[str, int] = {}
     for subject, count in (held.state.subjects or {}).items():
+        if subjects.tenant_of_command(subject) is None:
+            continue  # the stray lane's, below
         lane = lanes.get(subject)
         if lane is None:
             pending += count
             continue
         pending += int(lane.num_pending or 0)
         in_hand += int(lane.num_ack_pending or 0)
-        delivered[subject] = lane.delivered.stream_seq if lane.delivered else 0
+        delivered[subject] = _delivered(lane)
+    stray = consumers.get(stray_lane_name(settings.consumer_name))
+    if stray is not None:
+        pending += int(stray.num_pending or 0)
+        in_hand += int(stray.num_ack_pending or 0)
     return CommandBacklog(pending, in_hand, delivered)
+
+
+def _delivered(info: ConsumerInfo) -> int:
+    return info.delivered.stream_seq if info.delivered is not None else 0
 
 
 def command_consumer_config(
@@ -160,9 +177,8 @@ class TenantCommandSource(CommandSource):
         self._run_task: asyncio.Task[None] | None = None
         # Where a new lane starts: after the shared consumer's ack floor, when it exists.
         self._shared_floor: int | None = None
-        # The subjects without a valid tenant token the stray lane reads; the counts of the
-        # literal ``*`` and ``>`` ones last swept, and the stream sequence swept through.
-        self._strays: set[str] = set()
+        # The counts of the subjects of one invalid token last swept, and the stream
+        # sequence swept through.
         self._swept_counts: dict[str, int] = {}
         self._swept_through = 0
         # Per lane, the ack floor its tenant's commands were last removed up to, and when
@@ -220,8 +236,7 @@ class TenantCommandSource(CommandSource):
         the stream itself is new (its sequences begin again)."""
         source = self._lanes[lane]
         if lane == stray_lane_name(self._settings.consumer_name):
-            strays, self._strays = self._strays, set()
-            await self._ensure_stray(strays)
+            await self._ensure_stray()
             return
         start = None if fresh_stream else source.resume_from
         await self._ensure_consumer(lane, self._tenant_of(lane), start=start)
@@ -238,14 +253,11 @@ class TenantCommandSource(CommandSource):
                     name = lane_name(settings.consumer_name, tenant)
                     if name not in self._lanes and not self._stop.is_set():
                         await self._open(name, tenant, handler)
-                if set(strays) - self._strays and not self._stop.is_set():
-                    await self._ensure_stray(set(strays))
-                    name = stray_lane_name(settings.consumer_name)
-                    if name not in self._lanes:
-                        self._start_lane(name, handler)
-                head = f"{settings.subjects.prefix}.commands."
-                wild = {s: n for s, n in strays.items() if s[len(head) :] in ("*", ">")}
-                await self._sweep(wild)
+                stray = stray_lane_name(settings.consumer_name)
+                if strays and stray not in self._lanes and not self._stop.is_set():
+                    await self._ensure_stray()
+                    self._start_lane(stray, handler)
+                await self._sweep({s: n for s, n in strays.items() if self._single_token(s)})
                 await self._trim()
                 failures = 0
             except Exception as exc:  # a disconnect or a server error: back off, go on
@@ -304,50 +316,37 @@ class TenantCommandSource(CommandSource):
                 strays[subject] = count
         return tenants, strays
 
-    async def _ensure_stray(self, strays: set[str]) -> None:
-        """Create (or widen) the consumer of the subjects without a valid tenant, whose
-        commands are all dead-lettered to ``<prefix>.dlq._``: every subject of more than one
-        token after ``commands`` (one filter), and each invalid single token (at most
-        :data:`STRAY_SUBJECTS_MOST`). A single token ``*`` or ``>`` cannot be a filter of
-        its own (it would take every tenant's commands): :meth:`_sweep` takes those."""
+    def _single_token(self, subject: str) -> bool:
+        """Whether ``subject`` has one token after ``<prefix>.commands.``."""
+        return "." not in subject[len(self._settings.subjects.prefix) + len(".commands.") :]
+
+    async def _ensure_stray(self) -> None:
+        """Create the consumer of the subjects of more than one token after ``commands``
+        (``<prefix>.commands.*.>``), whose commands are all dead-lettered to
+        ``<prefix>.dlq._``. Its filter never changes, so nothing stored before a new such
+        subject appears is skipped. An invalid single token (``t\u00e9nant``, ``*``, ``>``)
+        cannot have a filter of its own that takes it alone and in time: :meth:`_sweep`
+        takes those."""
         settings = self._settings
         name = stray_lane_name(settings.consumer_name)
-        head = f"{settings.subjects.prefix}.commands."
-        singles = {
-            subject
-            for subject in self._strays | strays
-            if "." not in subject[len(head) :] and subject[len(head) :] not in ("*", ">")
-        }
-        wanted = sorted(singles)
-        if len(wanted) > STRAY_SUBJECTS_MOST:
-            log.warning(
-                "%d subjects on %s have no valid tenant token; only %d are read (and "
-                "dead-lettered), the rest stay in the stream until it drops them",
-                len(wanted),
-                settings.commands_stream,
-                STRAY_SUBJECTS_MOST,
-            )
-            wanted = wanted[:STRAY_SUBJECTS_MOST]
-        if self._strays and set(wanted) == self._strays:
-            return
-        config = command_consumer_config(settings, name=name, filter_subject="")
-        config.filter_subject = None
-        config.filter_subjects = [f"{head}*.>", *wanted]
+        config = command_consumer_config(
+            settings, name=name, filter_subject=f"{settings.subjects.prefix}.commands.*.>"
+        )
         js = self._connection.jetstream
         with contextlib.suppress(nats.js.errors.NotFoundError):
             existing = await js.consumer_info(settings.commands_stream, name)
             config.deliver_policy = existing.config.deliver_policy
             config.opt_start_seq = existing.config.opt_start_seq
         await js.add_consumer(settings.commands_stream, config)
-        self._strays = set(wanted) | {f"{head}*.>"}
 
     async def _sweep(self, counts: dict[str, int]) -> None:
-        """Dead-letter the commands on the subjects ``<prefix>.commands.*`` and
-        ``<prefix>.commands.>`` taken literally (``counts``: how many each holds now), which no
-        consumer filter can single out: when one holds more than last seen, read the stream
-        from where the last sweep ended (headers only, one short-lived consumer) and hand
-        those found to the stray lane to dead-letter. Each command is read once more at
-        most, and only while someone publishes on such a subject."""
+        """Dead-letter the commands on subjects of one invalid tenant token (``counts``: how
+        many each holds now), for which no consumer filter takes them alone and in time
+        (``*`` and ``>`` taken literally would take every tenant's): when one holds more
+        than last seen, read the stream from where the last sweep ended (one short-lived
+        consumer) and hand every such command found to the stray lane to dead-letter. Each
+        command is read once more at most, and only while someone publishes on such a
+        subject."""
         if not counts or counts == self._swept_counts:
             return
         self._swept_counts = dict(counts)
@@ -359,8 +358,10 @@ class TenantCommandSource(CommandSource):
         start = max(self._swept_through + 1, info.state.first_seq)
         if stray is None or start > last:
             return
-        wild = set(counts)
+        subjects = settings.subjects
+        name = f"{settings.consumer_name}~sweep-{uuid_utils.uuid4().hex[:12]}"
         config = ConsumerConfig(
+            name=name,
             deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
             opt_start_seq=start,
             ack_policy=AckPolicy.NONE,
@@ -368,24 +369,27 @@ class TenantCommandSource(CommandSource):
             inactive_threshold=30.0,
             mem_storage=True,
         )
-        subscription = await js.pull_subscribe(
-            settings.subjects.commands_filter, stream=settings.commands_stream, config=config
+        await js.add_consumer(settings.commands_stream, config)
+        puller = PullBatches(
+            self._connection.client, stream=settings.commands_stream, consumer=name
         )
+        await puller.start()
         found: list[Msg] = []
+        seq = start - 1
         try:
-            seq = start - 1
             while seq < last and not self._stop.is_set():
-                try:
-                    batch = await subscription.fetch(1000, timeout=1.0)
-                except TimeoutError:
+                batch = await puller.fetch_now(1000, 1.0)
+                if not batch:
                     break
                 for message in batch:
-                    seq = message.metadata.sequence.stream
-                    if message.subject in wild:
+                    seq = stream_sequence(message)
+                    subject = message.subject
+                    if self._single_token(subject) and subjects.tenant_of_command(subject) is None:
                         found.append(message)
         finally:
+            await puller.aclose()
             with contextlib.suppress(Exception):
-                await subscription.unsubscribe()
+                await js.delete_consumer(settings.commands_stream, name)
         self._swept_through = seq
         if found:
             await stray.dead_letter(

@@ -151,15 +151,16 @@ class NatsSettings:
     window would span tenants, and commands need none (docs/design.md)."""
     stream_max_age_s: float = attrs.field(default=7 * 24 * 3600.0, validator=positive)
     """How long provisioned streams keep messages."""
-    max_queued_per_tenant: int | None = attrs.field(default=20_000, validator=_optional_cap)
+    max_queued_per_tenant: int | None = attrs.field(default=None, validator=_optional_cap)
     """Most commands of one tenant waiting in the commands stream (its per-subject limit,
     new ones refused: the producer's publish fails with ``maximum messages per subject
-    exceeded``); None: no limit. Set when provisioning creates the stream, and only with
-    :attr:`per_tenant_intake`, whose lanes remove each tenant's stored commands from the
-    stream once acknowledged (so the limit counts what waits, not the week's history)."""
-    max_dead_letters_per_tenant: int | None = attrs.field(default=5000, validator=_optional_cap)
+    exceeded``); None (the default): no limit. Set when provisioning creates the stream, and
+    only with :attr:`per_tenant_intake`, whose lanes then remove each tenant's stored
+    commands from the stream once acknowledged, so the limit counts what waits: the stream
+    no longer keeps a week of commands to replay after a database restore."""
+    max_dead_letters_per_tenant: int | None = attrs.field(default=None, validator=_optional_cap)
     """Most dead letters kept per tenant in the dead-letter stream (the oldest dropped
-    first); None: no limit. Set when provisioning creates the stream."""
+    first); None (the default): no limit. Set when provisioning creates the stream."""
     commands_stream: str = attrs.field(default="TIMER_COMMANDS", validator=_name)
     events_stream: str = attrs.field(default="TIMER_EVENTS", validator=_name)
     dlq_stream: str = attrs.field(default="TIMER_DLQ", validator=_name)

@@ -90,12 +90,12 @@ class Settings:
     lease_s: float = 30.0
     ack_wait_s: float = 3.0
     max_pending_per_tenant: int | None = None
-    max_queued_per_tenant: int | None = 20_000
+    max_queued_per_tenant: int | None = None
     """``TIMER_MAX_QUEUED_PER_TENANT``: most commands of one tenant waiting in
-    TIMER_COMMANDS (more are refused at publish); 0 for no limit."""
-    max_dead_letters_per_tenant: int | None = 5000
-    """``TIMER_MAX_DEAD_LETTERS_PER_TENANT``: most dead letters kept per tenant; 0 for no
-    limit."""
+    TIMER_COMMANDS (more are refused at publish); unset or 0: no limit."""
+    max_dead_letters_per_tenant: int | None = None
+    """``TIMER_MAX_DEAD_LETTERS_PER_TENANT``: most dead letters kept per tenant; unset or
+    0: no limit."""
     instance_id: str | None = None
     sqlite_synchronous: Literal["NORMAL", "FULL"] = "FULL"
     clock_skew_warning_s: float = 1.0

@@ -27,6 +27,7 @@ SCENARIOS = {
     "publish": ("publish", "acked JetStream publishing, sequential and windowed"),
     "otel": ("otel", "what OpenTelemetry costs the fire path"),
     "fairness": ("fairness", "a quiet tenant's lateness during another tenant's storm"),
+    "flood": ("flood", "a quiet tenant's timers while another floods its commands"),
     "command-order": ("command_order", "the SQLite store's writes with command positions"),
     "handlers": ("handlers", "Timer calling a no-op handler, against a hand-written loop"),
     "console-sqlite": ("console", "the console's pages and the census at 10M timers on SQLite"),

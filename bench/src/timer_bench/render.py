@@ -556,6 +556,52 @@ def fairness_block(document: dict[str, Any]) -> str:
     return "\n\n".join([*parts, machine_line(document)])
 
 
+def flood_block(document: dict[str, Any]) -> str:
+    settings = document["settings"]
+    names = {
+        "per-tenant": "per-tenant intake (default)",
+        "per-tenant-quota": f"per-tenant, `TIMER_MAX_PENDING_PER_TENANT={settings['quota']}`",
+        "per-tenant-limits": f"the same and `TIMER_MAX_QUEUED_PER_TENANT={settings['queued']}`",
+        "shared": "shared intake (`TIMER_INTAKE=shared`)",
+    }
+    rows: list[str | Sequence[object]] = []
+    for setup, name in names.items():
+        taken = [one[setup] for one in document["rounds"]]
+        shown = kit.median_round(taken, lambda r: float(r["b_late_max_s"]))
+        outcomes = shown["a"]["outcomes"]
+        refused = sum(n for why, n in outcomes.items() if why != "stored")
+        rows.append(
+            (
+                name,
+                f"{shown['b_late_p50_s']} s",
+                f"{shown['b_late_max_s']} s ({', '.join(str(r['b_late_max_s']) for r in taken)})",
+                f"{shown['a']['sent']:,} at {shown['a_rate_per_s']:,}/s",
+                f"{outcomes.get('stored', 0):,}",
+                f"{refused:,}",
+                f"{int(shown['rejected_metric']):,}",
+            )
+        )
+    return "\n\n".join(
+        [
+            f"Run: `python -m timer_bench flood` on {document['date']}: tenant A publishes "
+            f"`ScheduleTimer` at {settings['rate']:,}/s for {settings['seconds']:g} s from a "
+            f"process of its own; tenant B schedules a timer due {settings['b_due_in_s']:g} s "
+            f"later every {settings['b_every_s']:g} s meanwhile. The service at its defaults "
+            f"on SQLite; {settings['rounds']} alternated rounds, the round with the median B "
+            "max shown (every round's max in brackets). B's lateness is when B received the "
+            "event minus the `dueAt` it asked for.",
+            markdown_table(
+                "setup | B late p50 | B late max | A sent | A acked (stored) | A refused at "
+                "publish | A dead-lettered",
+                rows,
+                "lrrrrrr",
+            ),
+            checks_line(document["checks"]),
+            machine_line(document, "nats_server"),
+        ]
+    )
+
+
 def store_block(document: dict[str, Any]) -> str:
     rows: list[str | Sequence[object]] = []
     for row in document["rows"]:
@@ -820,6 +866,7 @@ BLOCKS: dict[str, Callable[[dict[str, Any]], str]] = {
     "compare-pending": compare_block,
     "otel": otel_block,
     "fairness": fairness_block,
+    "flood": flood_block,
     "store": store_block,
     "publish": publish_block,
     "command-order": command_order_block,

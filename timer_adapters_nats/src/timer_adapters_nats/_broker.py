@@ -25,7 +25,11 @@ from timer_adapters_nats._connection import (
 )
 from timer_adapters_nats._dead_letters import DeadLetters
 from timer_adapters_nats._events import DueEventConsumer, DueEventConsumerSettings
-from timer_adapters_nats._lanes import TenantCommandSource, command_consumer_config
+from timer_adapters_nats._lanes import (
+    TenantCommandSource,
+    command_consumer_config,
+    put_command_consumer,
+)
 from timer_adapters_nats._publisher import NatsEventPublisher
 from timer_adapters_nats._settings import NatsSettings
 from timer_adapters_nats._source import NatsCommandSource
@@ -252,21 +256,9 @@ class NatsBroker(NatsConnection):
     async def _ensure_command_consumer(self, *, resume_from: int | None) -> None:
         """Create the command consumer (starting at ``resume_from``, else at the stream's
         start), or update an existing one, keeping where it starts."""
-        settings = self.settings
-        config = self.consumer_config()
-        try:
-            existing = await self.jetstream.consumer_info(
-                settings.commands_stream, settings.consumer_name
-            )
-        except nats.js.errors.NotFoundError:
-            if resume_from is not None:
-                config.deliver_policy = DeliverPolicy.BY_START_SEQUENCE
-                config.opt_start_seq = resume_from
-        else:
-            config.deliver_policy = existing.config.deliver_policy
-            config.opt_start_seq = existing.config.opt_start_seq
-            config.opt_start_time = existing.config.opt_start_time
-        await self.jetstream.add_consumer(settings.commands_stream, config)
+        await put_command_consumer(
+            self.jetstream, self.settings.commands_stream, self.consumer_config(), start=resume_from
+        )
 
     async def _ensure_tenant_consumers(self, tenants: tuple[str, ...]) -> None:
         """Each tenant's event consumer, and its dead-letter consumer (durable, named after

@@ -25,7 +25,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, ConsumerInfo, DeliverPolicy
 from timer_adapters_nats._connection import NatsConnection
 from timer_adapters_nats._pull import PullBatches, stream_sequence
 from timer_adapters_nats._settings import NatsSettings
-from timer_adapters_nats._source import NatsCommandSource
+from timer_adapters_nats._source import NatsCommandSource, wait_for_either
 from timer_core import CommandBatchHandler, CommandSource, Instrumentation, TenantId
 from timer_core.instrumentation import NO_INSTRUMENTATION
 
@@ -120,6 +120,24 @@ async def command_backlog(js: JetStreamContext, settings: NatsSettings) -> Comma
 
 def _delivered(info: ConsumerInfo) -> int:
     return info.delivered.stream_seq if info.delivered is not None else 0
+
+
+async def put_command_consumer(
+    js: JetStreamContext, stream: str, config: ConsumerConfig, *, start: int | None
+) -> None:
+    """Create the command consumer of ``config`` at stream sequence ``start`` (None: where
+    ``config`` says), or update an existing one, keeping where it starts."""
+    try:
+        existing = await js.consumer_info(stream, str(config.durable_name))
+    except nats.js.errors.NotFoundError:
+        if start is not None:
+            config.deliver_policy = DeliverPolicy.BY_START_SEQUENCE
+            config.opt_start_seq = start
+    else:
+        config.deliver_policy = existing.config.deliver_policy
+        config.opt_start_seq = existing.config.opt_start_seq
+        config.opt_start_time = existing.config.opt_start_time
+    await js.add_consumer(stream, config)
 
 
 def command_consumer_config(
@@ -438,21 +456,12 @@ class TenantCommandSource(CommandSource):
         """Create the lane's consumer at ``start`` (None: the tenant's first command), or
         update an existing one, keeping where it starts."""
         settings = self._settings
-        js = self._connection.jetstream
         config = command_consumer_config(
             settings, name=name, filter_subject=settings.subjects.commands(TenantId(tenant))
         )
-        try:
-            existing = await js.consumer_info(settings.commands_stream, name)
-        except nats.js.errors.NotFoundError:
-            if start is not None:
-                config.deliver_policy = DeliverPolicy.BY_START_SEQUENCE
-                config.opt_start_seq = start
-        else:
-            config.deliver_policy = existing.config.deliver_policy
-            config.opt_start_seq = existing.config.opt_start_seq
-            config.opt_start_time = existing.config.opt_start_time
-        await js.add_consumer(settings.commands_stream, config)
+        await put_command_consumer(
+            self._connection.jetstream, settings.commands_stream, config, start=start
+        )
 
     def _tenant_of(self, lane: str) -> str:
         return lane[len(self._settings.consumer_name) + 1 :]
@@ -475,11 +484,4 @@ class TenantCommandSource(CommandSource):
         self._lanes.clear()
 
     async def _pause(self, seconds: float) -> None:
-        self._retry.clear()
-        stop = asyncio.ensure_future(self._stop.wait())
-        retry = asyncio.ensure_future(self._retry.wait())
-        try:
-            await asyncio.wait({stop, retry}, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            stop.cancel()
-            retry.cancel()
+        await wait_for_either(self._stop, self._retry, seconds)

@@ -636,11 +636,18 @@ class NatsCommandSource(CommandSource):
 
     async def _backoff(self, seconds: float) -> None:
         """:meth:`_pause`, ended early by :meth:`retry_now`."""
-        self._retry.clear()
-        stop = asyncio.ensure_future(self._stop.wait())
-        retry = asyncio.ensure_future(self._retry.wait())
-        try:
-            await asyncio.wait({stop, retry}, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            stop.cancel()
-            retry.cancel()
+        await wait_for_either(self._stop, self._retry, seconds)
+
+
+async def wait_for_either(stop: asyncio.Event, retry: asyncio.Event, seconds: float) -> None:
+    """Wait ``seconds``, or until ``stop`` or ``retry`` is set (``retry`` cleared first)."""
+    retry.clear()
+    stopping = asyncio.ensure_future(stop.wait())
+    retrying = asyncio.ensure_future(retry.wait())
+    try:
+        await asyncio.wait(
+            {stopping, retrying}, timeout=seconds, return_when=asyncio.FIRST_COMPLETED
+        )
+    finally:
+        stopping.cancel()
+        retrying.cancel()

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import attrs
 import pytest
 import pytest_asyncio
 from nats.js.api import DiscardPolicy, StorageType, StreamConfig
 
+from tests.secure_nats import hostport, start_configured_server
 from tests.timer_adapters_nats.jetstream import RECOVERY_S, jetstream_back, read_stream, wait_until
 from timer_adapters_nats import (
     AckedPublisher,
@@ -207,3 +210,135 @@ class TestBatches:
         results = await publisher.publish_each(range(6), build)
         assert [r is None for r in results] == [True, True, False, True, True, True]
         assert "cannot encode this one" in str(results[2])
+
+
+#: Acks awaited far longer than any test waits: only a result told before its ack timeout
+#: can pass.
+NEVER_S = 120.0
+#: How long a test waits for results that need no timeout (a busy 2-core machine included).
+BUDGET_S = 30.0
+STALL = "stall.here"
+
+
+class _Told:
+    """The results a ``publish_frames_each`` call told so far, by index."""
+
+    def __init__(self) -> None:
+        self.results: dict[int, PublishError | None] = {}
+
+    def __call__(self, index: int, error: PublishError | None) -> None:
+        assert index not in self.results, f"message {index} told twice"
+        self.results[index] = error
+
+
+def _frames(subjects: list[str]) -> list[tuple[str, bytes, str, dict[str, str]]]:
+    return [
+        (subject, b"{}", f"each-{time.monotonic_ns()}-{i}", {"Nats-Msg-Id": f"id-{i}-{subject}"})
+        for i, subject in enumerate(subjects)
+    ]
+
+
+class TestEachResultAsItComes:
+    """``publish_frames_each`` (and so the fire path's ``publish_each``) tells each message's
+    result as its own ack comes back: one never acknowledged holds back no other."""
+
+    async def stalled(self, broker: NatsBroker) -> None:
+        """A subject outside every stream that a plain subscriber takes and never answers:
+        its publishes are never acknowledged (no stream, and no "no responders" either)."""
+        await broker.client.subscribe(STALL)
+        await broker.client.flush()
+
+    async def test_an_unacknowledged_message_holds_back_no_other(
+        self, broker: NatsBroker
+    ) -> None:
+        """The first of eleven messages is never acknowledged: the other ten are told
+        acknowledged while it still waits for its ack, and cutting the call off tells no
+        more."""
+        await self.stalled(broker)
+        publisher = AckedPublisher(broker.client, window=64, ack_timeout_s=NEVER_S)
+        told = _Told()
+        frames = _frames([STALL] + [f"timer.events.t.c{i}" for i in range(10)])
+        call = asyncio.ensure_future(
+            publisher.publish_frames_each(frames, lambda frame: frame, told)
+        )
+        await wait_until(lambda: len(told.results) == 10, within=BUDGET_S, what="ten acks")
+        assert told.results == {i: None for i in range(1, 11)}
+        assert not call.done()
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        assert 0 not in told.results
+
+    async def test_a_full_window_waits_for_any_ack_not_the_oldest(
+        self, broker: NatsBroker
+    ) -> None:
+        """With a window of 4 and its oldest message never acknowledged, the 20 after it
+        still go out and are acknowledged, 3 places at a time."""
+        await self.stalled(broker)
+        publisher = AckedPublisher(broker.client, window=4, ack_timeout_s=NEVER_S)
+        told = _Told()
+        frames = _frames([STALL] + [f"timer.events.t.c{i}" for i in range(20)])
+        call = asyncio.ensure_future(
+            publisher.publish_frames_each(frames, lambda frame: frame, told)
+        )
+        try:
+            await wait_until(lambda: len(told.results) == 20, within=BUDGET_S, what="20 acks")
+            assert set(told.results) == set(range(1, 21))
+            assert all(error is None for error in told.results.values())
+        finally:
+            call.cancel()
+
+    async def test_the_unacknowledged_one_fails_at_its_own_timeout(
+        self, broker: NatsBroker
+    ) -> None:
+        """The message never acknowledged fails "no ack from JetStream in time" once its ack
+        timeout passes; the call returns once every message is told."""
+        await self.stalled(broker)
+        publisher = AckedPublisher(broker.client, window=64, ack_timeout_s=0.5)
+        told = _Told()
+        frames = _frames(["timer.events.t.c0", STALL, "timer.events.t.c1"])
+        await asyncio.wait_for(
+            publisher.publish_frames_each(frames, lambda frame: frame, told), BUDGET_S
+        )
+        assert told.results[0] is None and told.results[2] is None
+        assert "no ack from JetStream in time" in str(told.results[1])
+        assert frames[1][2] in str(told.results[1])
+
+
+class TestRefusedByTheServer:
+    """A publish the server's permissions refuse fails with the server's own words as soon as
+    the server says so (nats-py reports it to the connection, not to the publish)."""
+
+    async def test_the_permissions_violation_is_the_reason(self, tmp_path: Path) -> None:
+        """The service's user may not publish to one tenant's events: that tenant's envelope
+        fails at once with 'Permissions Violation for Publish to "<subject>"' (its subject as
+        published, capitals included, though nats-py lower-cases the server's line), not
+        after its ack timeout; the envelopes around it are acknowledged."""
+        config = (
+            "jetstream {}\n"
+            "authorization { users: [ {user: svc, password: svc-pw, permissions: "
+            '{publish: {deny: ["timer.events.Denied-Tenant.>"]}}} ] }\n'
+        )
+        server = start_configured_server(tmp_path / "nats", config)
+        try:
+            settings = NatsSettings(
+                url=f"nats://svc:svc-pw@{hostport(server)}", ack_timeout_s=NEVER_S
+            )
+            async with NatsBroker(settings) as broker:
+                batch = [firing(0), firing(1, tenant="Denied-Tenant"), firing(2), firing(3)]
+                told = _Told()
+                await asyncio.wait_for(broker.publisher.publish_each(batch, told), BUDGET_S)
+                again = await asyncio.wait_for(
+                    broker.publisher.publish_many([firing(4, tenant="Denied-Tenant")]), BUDGET_S
+                )
+        finally:
+            server.stop()
+        assert {i: told.results[i] for i in (0, 2, 3)} == {0: None, 2: None, 3: None}
+        subject = "timer.events.Denied-Tenant.call-1"
+        assert str(told.results[1]) == (
+            f'{batch[1].id} to {subject}: Permissions Violation for Publish to "{subject}" '
+            "(the NATS server)"
+        )
+        assert 'Permissions Violation for Publish to "timer.events.Denied-Tenant.call-4"' in str(
+            again[0]
+        )

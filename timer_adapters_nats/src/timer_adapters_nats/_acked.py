@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import re
 from collections import deque
 from collections.abc import Callable, Sequence
 from typing import TypeVar
@@ -15,10 +16,13 @@ from nats.aio.msg import Msg
 
 from timer_core import PublishError
 
-__all__ = ["MSG_ID", "AckedPublisher", "Frame", "Outgoing"]
+__all__ = ["MSG_ID", "AckedPublisher", "Frame", "Outgoing", "Told"]
 
 MSG_ID = "Nats-Msg-Id"
 _NO_RESPONDERS = "503"
+_PERMISSIONS_VIOLATION = "Permissions Violation"
+#: How nats-py hands over the server's refusal of a publish (the ``-ERR`` line, lower-cased).
+_REFUSED_PUBLISH = re.compile(r'permissions violation for publish to "([^"]*)"')
 _CHUNK = 128  # publishes written to the socket at once while the next ones are encoded
 _T = TypeVar("_T")
 
@@ -40,12 +44,41 @@ Frame = tuple[str, bytes, str, dict[str, str]]
 """A message as :meth:`AckedPublisher.publish_frames` sends it: subject, data, its
 ``Nats-Msg-Id``, and its headers including that one."""
 
-# (index in the call, subject, msg id, reply token, ack future, ack deadline)
-_InFlight = tuple[int, str, str, str, asyncio.Future[None], float]
-
 
 class _Refused(Exception):
     """JetStream answered the publish with an error instead of an ack."""
+
+
+Told = Callable[[int, PublishError | None], None]
+"""Told once per message of a :meth:`AckedPublisher.publish_frames_each` call: its index in
+the call and None (acknowledged) or its :class:`PublishError`."""
+
+# A message whose ack is awaited, by its reply token: (its call, index in the call, subject,
+# msg id). The dict keeps the order they were sent in.
+_Waiting = tuple["_Call", int, str, str]
+
+
+class _Call:
+    """One call's messages on the wire: how many are untold, when each one's ack is due."""
+
+    __slots__ = ("done", "left", "sent", "wake", "wake_at")
+
+    def __init__(self, done: Told) -> None:
+        self.done = done
+        self.left = 0
+        """Messages sent whose result is not told yet."""
+        self.sent: deque[tuple[float, str]] = deque()
+        """(ack deadline, reply token) of each message sent, in order: the deadlines grow."""
+        self.wake: asyncio.Future[None] | None = None
+        self.wake_at = 0
+        """Wake the call up once :attr:`left` is down to this."""
+
+    def tell(self, index: int, error: PublishError | None) -> None:
+        self.left -= 1
+        wake = self.wake
+        if wake is not None and self.left <= self.wake_at and not wake.done():
+            wake.set_result(None)
+        self.done(index, error)
 
 
 class AckedPublisher:
@@ -53,9 +86,11 @@ class AckedPublisher:
 
     All acks come back on one wildcard inbox subscription, matched to their message by a
     token (nats-py's own ``publish_async`` turns a refusal into a timeout, so it is not used).
-    The oldest outstanding ack is awaited when the window is full; a stream acks in order, so
-    this rarely waits longer than needed. A message counts as published only on a positive
-    ack; a refusal, a timeout or a disconnect is a :class:`PublishError` for it alone.
+    Each message's result is known as its own ack comes back (or its ack timeout passes), so
+    one that is never acknowledged holds back no other; a full window waits for any acks, not
+    the oldest's. A message counts as published only on a positive ack; a refusal, a timeout,
+    a disconnect or a refusal the server reports on the connection (:meth:`refused`: a
+    permissions violation) is a :class:`PublishError` for it alone.
     """
 
     def __init__(self, nc: Client, *, window: int, ack_timeout_s: float) -> None:
@@ -64,7 +99,7 @@ class AckedPublisher:
         self._refill = max(1, window // 4)
         self._ack_timeout_s = ack_timeout_s
         self._inbox: str | None = None
-        self._waiting: dict[str, asyncio.Future[None]] = {}
+        self._waiting: dict[str, _Waiting] = {}
         self._tokens = itertools.count()
         self._subscribing = asyncio.Lock()
         # One call's messages all leave before the next call's: concurrent calls (a drain
@@ -94,73 +129,118 @@ class AckedPublisher:
         self, items: Sequence[_T], frame: Callable[[_T], Frame]
     ) -> list[PublishError | None]:
         """Like :meth:`publish_each`, with ``frame`` making each message as a :data:`Frame`
-        (its headers already holding ``Nats-Msg-Id``): no :class:`Outgoing` per message, for
-        the publishers of many small messages (the fire path)."""
+        (its headers already holding ``Nats-Msg-Id``): no :class:`Outgoing` per message."""
         results: list[PublishError | None] = [None] * len(items)
-        in_flight: deque[_InFlight] = deque()
+
+        def told(index: int, error: PublishError | None) -> None:
+            if error is not None:
+                results[index] = error
+
+        await self.publish_frames_each(items, frame, told)
+        return results
+
+    async def publish_frames_each(
+        self, items: Sequence[_T], frame: Callable[[_T], Frame], done: Told
+    ) -> None:
+        """Like :meth:`publish_frames`, telling ``done(index, result)`` each message's result
+        as soon as it is known, exactly once each (the fire path: one timer's missing ack
+        holds back only its own mark); returns once every one is told. Cancelled, it tells
+        no more: the caller counts the untold as failed."""
         loop = asyncio.get_running_loop()
         nc = self._nc
         waiting = self._waiting
         tokens = self._tokens
         window = self._window
         timeout = self._ack_timeout_s
+        call = _Call(done)
+        sent = call.sent
         unflushed = 0
-        async with self._sending:
-            inbox = self._inbox or await self._subscribe()
-            for index, item in enumerate(items):
-                if len(in_flight) >= window:
-                    # Wait until a quarter of the window is acked, not for one ack per wake-up:
-                    # the stream acks in order, so that many slots then refill in one go.
-                    await self._await_ack(in_flight, min(len(in_flight), self._refill))
-                    while in_flight and (in_flight[0][4].done() or len(in_flight) >= window):
-                        oldest = in_flight.popleft()
-                        results[oldest[0]] = await self._settle(oldest)
-                try:
-                    subject, data, msg_id, headers = frame(item)
-                except Exception as exc:  # cannot even be encoded: that one fails
-                    results[index] = PublishError(f"message {index} of the batch: {exc}")
-                    continue
-                if not nc.is_connected:
-                    # Reconnecting: fail now rather than buffer and time out one by one.
-                    results[index] = PublishError(f"{msg_id} to {subject}: not connected to NATS")
-                    continue
-                token = str(next(tokens))
-                future: asyncio.Future[None] = loop.create_future()
-                waiting[token] = future
-                try:
-                    await nc.publish(subject, data, reply=inbox + token, headers=headers)
-                except BaseException as exc:
-                    del waiting[token]
-                    if not isinstance(exc, Exception):
-                        raise
-                    # One message's failure never fails the others.
-                    results[index] = _publish_error(msg_id, subject, exc)
-                    continue
-                in_flight.append((index, subject, msg_id, token, future, loop.time() + timeout))
-                unflushed += 1
-                if unflushed >= _CHUNK:
-                    unflushed = 0
-                    await asyncio.sleep(0)  # the connection's flusher writes this chunk now
-        # One wait for the last ack rather than one per message still in flight.
-        await self._await_ack(in_flight, len(in_flight))
-        while in_flight:
-            oldest = in_flight.popleft()
-            future = oldest[4]
-            if future.done() and not future.cancelled() and future.exception() is None:
-                continue  # acked: the common case, without a wait
-            results[oldest[0]] = await self._settle(oldest)
-        return results
+        try:
+            async with self._sending:
+                inbox = self._inbox or await self._subscribe()
+                for index, item in enumerate(items):
+                    if call.left >= window:
+                        # Wait until a quarter of the window is acked, not for one ack per
+                        # wake-up: that many places then refill in one go.
+                        await self._until_left(call, window - self._refill)
+                    try:
+                        subject, data, msg_id, headers = frame(item)
+                    except Exception as exc:  # cannot even be encoded: that one fails
+                        done(index, PublishError(f"message {index} of the batch: {exc}"))
+                        continue
+                    if not nc.is_connected:
+                        # Reconnecting: fail now rather than buffer and time out one by one.
+                        done(index, PublishError(f"{msg_id} to {subject}: not connected to NATS"))
+                        continue
+                    token = str(next(tokens))
+                    waiting[token] = (call, index, subject, msg_id)
+                    call.left += 1
+                    try:
+                        await nc.publish(subject, data, reply=inbox + token, headers=headers)
+                    except BaseException as exc:
+                        if waiting.pop(token, None) is None or not isinstance(exc, Exception):
+                            raise
+                        # One message's failure never fails the others.
+                        call.tell(index, _publish_error(msg_id, subject, exc))
+                        continue
+                    sent.append((loop.time() + timeout, token))
+                    unflushed += 1
+                    if unflushed >= _CHUNK:
+                        unflushed = 0
+                        await asyncio.sleep(0)  # the connection's flusher writes this chunk now
+            await self._until_left(call, 0)
+        except BaseException:
+            for _, token in sent:  # cut off: a late ack tells nobody
+                waiting.pop(token, None)
+            raise
 
-    @staticmethod
-    async def _await_ack(in_flight: deque[_InFlight], count: int) -> None:
-        """Wait until the ``count``-th oldest message is acked, at most until the oldest's
-        deadline. Never cancels the ack it waits for (``asyncio.wait``, not ``wait_for``)."""
-        if count < 1:
-            return
-        future = in_flight[count - 1][4]
-        if not future.done():
-            timeout = in_flight[0][5] - asyncio.get_running_loop().time()
-            await asyncio.wait((future,), timeout=max(0.0, timeout))
+    async def _until_left(self, call: _Call, most: int) -> None:
+        """Wait until at most ``most`` of ``call``'s messages are untold; a message whose ack
+        deadline passes meanwhile fails (no ack from JetStream in time)."""
+        loop = asyncio.get_running_loop()
+        waiting = self._waiting
+        sent = call.sent
+        while call.left > most:
+            while sent and sent[0][1] not in waiting:
+                sent.popleft()  # told already
+            if not sent:
+                return  # a message being published is all that is left (cannot happen here)
+            now = loop.time()
+            deadline = sent[0][0]
+            if deadline <= now:
+                while sent and sent[0][0] <= now:
+                    _, token = sent.popleft()
+                    pending = waiting.pop(token, None)
+                    if pending is not None:
+                        _, index, subject, msg_id = pending
+                        call.tell(index, _publish_error(msg_id, subject, TimeoutError()))
+                continue
+            call.wake = wake = loop.create_future()
+            call.wake_at = most
+            try:
+                await asyncio.wait((wake,), timeout=deadline - now)
+            finally:
+                call.wake = None
+
+    def refused(self, error: BaseException) -> bool:
+        """The server refused a message on the connection (nats-py hands the ``-ERR`` to the
+        connection's error callback, not to the publish): if ``error`` is a permissions
+        violation for a subject with a message in flight here, the oldest such message fails
+        now with the server's words (rather than with no ack after its timeout). Returns
+        whether it was one of this publisher's.
+
+        The server sends one ``-ERR`` per refused publish, in the order they came; nats-py
+        lower-cases it, so the subject is matched without regard to case."""
+        subject = _refused_subject(str(error))
+        if subject is None:
+            return False
+        for token, (call, index, sent_to, msg_id) in self._waiting.items():
+            if sent_to.lower() == subject:
+                del self._waiting[token]
+                reason = f'{_PERMISSIONS_VIOLATION} for Publish to "{sent_to}" (the NATS server)'
+                call.tell(index, PublishError(f"{msg_id} to {sent_to}: {reason}"))
+                return True
+        return False
 
     async def publish(self, message: Outgoing) -> None:
         """Publish one and wait for its ack; raises :class:`PublishError` unless acked."""
@@ -178,41 +258,30 @@ class AckedPublisher:
 
     async def _on_ack(self, msg: Msg) -> None:
         assert self._inbox is not None
-        future = self._waiting.pop(msg.subject[len(self._inbox) :], None)
-        if future is None or future.done():
+        pending = self._waiting.pop(msg.subject[len(self._inbox) :], None)
+        if pending is None:
             return  # answered after its timeout
-        if msg.headers and msg.headers.get("Status") == _NO_RESPONDERS:
-            future.set_exception(_Refused("no stream is bound to this subject"))
-            return
+        call, index, subject, msg_id = pending
         data = msg.data
         if b'"seq"' in data and b'"error"' not in data:
-            future.set_result(None)  # the common case, without a JSON parse per ack
+            call.tell(index, None)  # the common case, without a JSON parse per ack
             return
-        try:
-            answer = json.loads(data)
-            error = answer.get("error")
-            if error is not None:
-                future.set_exception(
-                    _Refused(f"{error.get('description')} (error {error.get('err_code')})")
-                )
-            elif "stream" in answer and "seq" in answer:
-                future.set_result(None)
-            else:
-                raise ValueError("no stream and seq")
-        except (ValueError, TypeError, AttributeError) as exc:
-            future.set_exception(_Refused(f"unreadable ack {msg.data[:100]!r}: {exc}"))
-
-    async def _settle(self, pending: _InFlight) -> PublishError | None:
-        _, subject, msg_id, token, future, deadline = pending
-        try:
-            if not future.done():  # wait_for would yield even for a done future
-                remaining = deadline - asyncio.get_running_loop().time()
-                await asyncio.wait_for(future, timeout=max(0.0, remaining))
-            future.result()
-        except Exception as exc:
-            self._waiting.pop(token, None)
-            return _publish_error(msg_id, subject, exc)
-        return None
+        why: str | None
+        if msg.headers and msg.headers.get("Status") == _NO_RESPONDERS:
+            why = "no stream is bound to this subject"
+        else:
+            try:
+                answer = json.loads(data)
+                error = answer.get("error")
+                if error is not None:
+                    why = f"{error.get('description')} (error {error.get('err_code')})"
+                elif "stream" in answer and "seq" in answer:
+                    why = None
+                else:
+                    raise ValueError("no stream and seq")
+            except (ValueError, TypeError, AttributeError) as exc:
+                why = f"unreadable ack {msg.data[:100]!r}: {exc}"
+        call.tell(index, None if why is None else _publish_error(msg_id, subject, _Refused(why)))
 
 
 def _itself(message: Outgoing) -> Outgoing:
@@ -230,6 +299,12 @@ def _frame(message: Outgoing) -> Frame:
         msg_id,
         {**headers, MSG_ID: msg_id} if headers else {MSG_ID: msg_id},
     )
+
+
+def _refused_subject(text: str) -> str | None:
+    """The subject (lower-cased) of a permissions violation for a publish, else None."""
+    found = _REFUSED_PUBLISH.search(text.lower())
+    return None if found is None else found.group(1)
 
 
 def _publish_error(msg_id: str, subject: str, exc: BaseException) -> PublishError:

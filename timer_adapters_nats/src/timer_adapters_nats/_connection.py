@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import logging
 import ssl
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -83,6 +84,17 @@ class NatsConnection(AsyncResource):
         self.settings = settings
         self._nc: Client | None = None
         self._js: JetStreamContext | None = None
+        self._error_listeners: list[Callable[[Exception], None]] = []
+
+    def on_server_error(self, listener: Callable[[Exception], None]) -> None:
+        """Tell ``listener`` each error the server reports on the connection once it is up
+        (nats-py hands a ``-ERR``, such as a refused publish's permissions violation, to the
+        connection rather than to the call that caused it). Listeners must not raise."""
+        self._error_listeners.append(listener)
+
+    def _server_error(self, error: Exception) -> None:
+        for listener in self._error_listeners:
+            listener(error)
 
     @property
     def client(self) -> Client:
@@ -115,6 +127,7 @@ class NatsConnection(AsyncResource):
             reconnect_wait_s=settings.reconnect_wait_s,
             ping_interval_s=settings.ping_interval_s,
             name=settings.client_name,
+            on_server_error=self._server_error,
             **settings.security_options(),
         )
         self._nc = nc
@@ -142,6 +155,7 @@ async def connect(
     nkey_seed_file: Path | str | None = None,
     token: str | None = None,
     inbox_prefix: str = "_INBOX",
+    on_server_error: Callable[[Exception], None] | None = None,
 ) -> Client:
     """A connected client that reconnects forever; :class:`BrokerUnavailable` within the timeout.
 
@@ -150,7 +164,8 @@ async def connect(
     retrying cannot cure (credentials refused, a certificate that does not verify, a server
     without TLS when TLS was asked for) fails at once. The security arguments are those of
     :class:`~timer_adapters_nats.NatsSettings`; every URL in a message or log line is
-    redacted (:func:`timer_core.redact_url`).
+    redacted (:func:`timer_core.redact_url`). Once connected, each error nats-py reports is
+    logged and handed to ``on_server_error``.
     """
     shown = redact_url(url)
     servers = server_urls(url)
@@ -185,6 +200,8 @@ async def connect(
                 refused.set_result(error)
         else:
             log.warning("NATS %s: %s", shown, _reason(error))
+            if on_server_error is not None:
+                on_server_error(error)
 
     async def on_disconnected() -> None:
         if not nc.is_closed:  # also called when we close it ourselves

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from timer_adapters_nats._acked import MSG_ID, AckedPublisher, Frame
 from timer_adapters_nats._connection import NatsConnection
@@ -22,13 +22,21 @@ class NatsEventPublisher(EventPublisher):
     re-publish of the same firing within the stream's duplicate window is stored once. An
     envelope's ``trace_context`` goes out as ``traceparent``/``tracestate`` headers. Uses
     the :class:`NatsConnection` it is given (a :class:`NatsBroker` is one); :meth:`start` and
-    :meth:`aclose` are no-ops.
+    :meth:`aclose` are no-ops. Each envelope's result is known as its own acknowledgement
+    comes back (:meth:`publish_each`); a publish the server refuses (a permissions violation
+    on its subject) fails with the server's words as soon as the server says so.
     """
 
     def __init__(self, connection: NatsConnection) -> None:
         self._connection = connection
         self._subjects = connection.settings.subjects
         self._acked: AckedPublisher | None = None
+        connection.on_server_error(self._server_error)
+
+    def _server_error(self, error: Exception) -> None:
+        acked = self._acked
+        if acked is not None:
+            acked.refused(error)
 
     @property
     def keeps_call_order(self) -> bool:
@@ -61,14 +69,30 @@ class NatsEventPublisher(EventPublisher):
     async def publish_many(
         self, envelopes: Sequence[MessageEnvelope[DueTimeReached]]
     ) -> list[PublishError | None]:
-        if not envelopes:
-            return []
-        try:
-            publisher = self._publisher()
-        except Exception as exc:  # not started, or closed: every envelope failed
-            return [PublishError(f"{envelope.id}: {exc}") for envelope in envelopes]
-        results = await publisher.publish_frames(envelopes, self._frame)
+        results: list[PublishError | None] = [None] * len(envelopes)
+
+        def told(index: int, error: PublishError | None) -> None:
+            results[index] = error
+
+        await self.publish_each(envelopes, told)
         failed = sum(result is not None for result in results)
         if failed:
             log.debug("%d of %d events not acknowledged", failed, len(envelopes))
         return results
+
+    async def publish_each(
+        self,
+        envelopes: Sequence[MessageEnvelope[DueTimeReached]],
+        done: Callable[[int, PublishError | None], None],
+    ) -> None:
+        """Tells each envelope's result as its own acknowledgement comes back (or its ack
+        timeout passes, or the server refuses it): one missing ack holds back no other."""
+        if not envelopes:
+            return
+        try:
+            publisher = self._publisher()
+        except Exception as exc:  # not started, or closed: every envelope failed
+            for index, envelope in enumerate(envelopes):
+                done(index, PublishError(f"{envelope.id}: {exc}"))
+            return
+        await publisher.publish_frames_each(envelopes, self._frame, done)

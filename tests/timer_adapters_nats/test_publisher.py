@@ -238,53 +238,56 @@ def _frames(subjects: list[str]) -> list[tuple[str, bytes, str, dict[str, str]]]
     ]
 
 
+class _Publishing:
+    """A ``publish_frames_each`` call under way, each message to one of ``subjects``, with a
+    subject (:data:`STALL`) outside every stream that a plain subscriber takes and never
+    answers: its publishes are never acknowledged (no stream, no "no responders" either)."""
+
+    def __init__(self, subjects: list[str]) -> None:
+        self.told = _Told()
+        self.frames = _frames(subjects)
+
+    async def start(
+        self, broker: NatsBroker, *, window: int, ack_timeout_s: float
+    ) -> asyncio.Future[None]:
+        await broker.client.subscribe(STALL)
+        await broker.client.flush()
+        publisher = AckedPublisher(broker.client, window=window, ack_timeout_s=ack_timeout_s)
+        return asyncio.ensure_future(
+            publisher.publish_frames_each(self.frames, lambda frame: frame, self.told)
+        )
+
+    async def until_told(self, count: int) -> dict[int, PublishError | None]:
+        await wait_until(
+            lambda: len(self.told.results) == count, within=BUDGET_S, what=f"{count} results"
+        )
+        return self.told.results
+
+
 class TestEachResultAsItComes:
     """``publish_frames_each`` (and so the fire path's ``publish_each``) tells each message's
     result as its own ack comes back: one never acknowledged holds back no other."""
 
-    async def stalled(self, broker: NatsBroker) -> None:
-        """A subject outside every stream that a plain subscriber takes and never answers:
-        its publishes are never acknowledged (no stream, and no "no responders" either)."""
-        await broker.client.subscribe(STALL)
-        await broker.client.flush()
-
-    async def test_an_unacknowledged_message_holds_back_no_other(
-        self, broker: NatsBroker
-    ) -> None:
+    async def test_an_unacknowledged_message_holds_back_no_other(self, broker: NatsBroker) -> None:
         """The first of eleven messages is never acknowledged: the other ten are told
         acknowledged while it still waits for its ack, and cutting the call off tells no
         more."""
-        await self.stalled(broker)
-        publisher = AckedPublisher(broker.client, window=64, ack_timeout_s=NEVER_S)
-        told = _Told()
-        frames = _frames([STALL] + [f"timer.events.t.c{i}" for i in range(10)])
-        call = asyncio.ensure_future(
-            publisher.publish_frames_each(frames, lambda frame: frame, told)
-        )
-        await wait_until(lambda: len(told.results) == 10, within=BUDGET_S, what="ten acks")
-        assert told.results == {i: None for i in range(1, 11)}
+        publishing = _Publishing([STALL] + [f"timer.events.t.c{i}" for i in range(10)])
+        call = await publishing.start(broker, window=64, ack_timeout_s=NEVER_S)
+        assert await publishing.until_told(10) == dict.fromkeys(range(1, 11))
         assert not call.done()
         call.cancel()
         with pytest.raises(asyncio.CancelledError):
             await call
-        assert 0 not in told.results
+        assert 0 not in publishing.told.results
 
-    async def test_a_full_window_waits_for_any_ack_not_the_oldest(
-        self, broker: NatsBroker
-    ) -> None:
+    async def test_a_full_window_waits_for_any_ack_not_the_oldest(self, broker: NatsBroker) -> None:
         """With a window of 4 and its oldest message never acknowledged, the 20 after it
         still go out and are acknowledged, 3 places at a time."""
-        await self.stalled(broker)
-        publisher = AckedPublisher(broker.client, window=4, ack_timeout_s=NEVER_S)
-        told = _Told()
-        frames = _frames([STALL] + [f"timer.events.t.c{i}" for i in range(20)])
-        call = asyncio.ensure_future(
-            publisher.publish_frames_each(frames, lambda frame: frame, told)
-        )
+        publishing = _Publishing([STALL] + [f"timer.events.t.c{i}" for i in range(20)])
+        call = await publishing.start(broker, window=4, ack_timeout_s=NEVER_S)
         try:
-            await wait_until(lambda: len(told.results) == 20, within=BUDGET_S, what="20 acks")
-            assert set(told.results) == set(range(1, 21))
-            assert all(error is None for error in told.results.values())
+            assert await publishing.until_told(20) == dict.fromkeys(range(1, 21))
         finally:
             call.cancel()
 
@@ -293,16 +296,14 @@ class TestEachResultAsItComes:
     ) -> None:
         """The message never acknowledged fails "no ack from JetStream in time" once its ack
         timeout passes; the call returns once every message is told."""
-        await self.stalled(broker)
-        publisher = AckedPublisher(broker.client, window=64, ack_timeout_s=0.5)
-        told = _Told()
-        frames = _frames(["timer.events.t.c0", STALL, "timer.events.t.c1"])
+        publishing = _Publishing(["timer.events.t.c0", STALL, "timer.events.t.c1"])
         await asyncio.wait_for(
-            publisher.publish_frames_each(frames, lambda frame: frame, told), BUDGET_S
+            await publishing.start(broker, window=64, ack_timeout_s=0.5), BUDGET_S
         )
-        assert told.results[0] is None and told.results[2] is None
-        assert "no ack from JetStream in time" in str(told.results[1])
-        assert frames[1][2] in str(told.results[1])
+        results = publishing.told.results
+        assert results[0] is None and results[2] is None
+        assert "no ack from JetStream in time" in str(results[1])
+        assert publishing.frames[1][2] in str(results[1])
 
 
 class TestRefusedByTheServer:

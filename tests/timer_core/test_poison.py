@@ -38,12 +38,16 @@ class Reports(Instrumentation):
     def __init__(self) -> None:
         self.quarantined: list[tuple[TimerEntry, int]] = []
         self.sizes: list[int] = []
+        self.oldest: list[datetime | None] = []
 
     def timer_quarantined(self, entry: TimerEntry, error: PublishError, failures: int) -> None:
         self.quarantined.append((entry, failures))
 
     def quarantine_size(self, count: int) -> None:
         self.sizes.append(count)
+
+    def quarantine_oldest(self, since: datetime | None) -> None:
+        self.oldest.append(since)
 
 
 class Rig:
@@ -151,12 +155,14 @@ class TestPoisonTimer:
         assert "tenant-a/poison" in record.getMessage()
 
     async def test_a_quarantined_timer_fires_once_retried(self, rig: Rig) -> None:
-        """Retrying a quarantined timer (once its cause is fixed) puts it back: it fires."""
+        """Retrying a quarantined timer (once its cause is fixed) puts it back: it fires. The
+        instrumentation was told when the oldest quarantine began, then that none is left."""
         await rig.schedule(POISON, 0)
         for i in range(120):
             await rig.schedule(f"call-{i}", 0.5 * i)
         await rig.run_until(60)
-        assert [q.entry.service_call_id for q in rig.worker.quarantined] == [POISON]
+        (quarantined,) = rig.worker.quarantined
+        assert quarantined.entry.service_call_id == POISON
         rig.bus.fail_when(None)
         assert rig.worker.retry_quarantined([TimerKey("tenant-a", "other")]) == 0
         assert rig.worker.retry_quarantined() == 1
@@ -166,6 +172,7 @@ class TestPoisonTimer:
         assert event.payload.due_at == T0
         assert rig.worker.quarantined == []
         assert rig.reports.sizes == [1, 0]
+        assert rig.reports.oldest == [quarantined.since, None]
 
     async def test_an_outage_backs_off_but_quarantines_nothing(self, rig: Rig) -> None:
         """When nothing can be published (broker down), failures back off per timer but do not

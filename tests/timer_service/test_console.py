@@ -23,7 +23,7 @@ from tests.timer_service.console_rig import (
 )
 from tests.timer_service.test_otel import Telemetry, running_service, settings_for
 from timer_adapters_nats import TimerClient
-from timer_service.console._html import esc, table
+from timer_service.console._html import ago, esc, table
 from timer_service.settings import Settings, SettingsError
 
 PAGES = [
@@ -137,6 +137,15 @@ class TestPages:
         assert "Pending timers by due time" in body
         assert "Tenants with the oldest overdue timer" in body
         assert "tenant-b" in body
+
+    async def test_the_overview_shows_the_oldest_quarantines_age(self, console: ConsoleRig) -> None:
+        """The overview says how many timers are quarantined and how long the oldest has
+        been held, as of the moment its figures were read."""
+        (quarantined,) = console.rig.worker.quarantined
+        reading = await console.console.reading()
+        held = ago((reading.at - quarantined.since).total_seconds())
+        body = (await fetch(console.port, "/console")).body
+        assert f"1 quarantined timer(s)</a>, the oldest held for {held}" in body
 
 
 class TestActions:

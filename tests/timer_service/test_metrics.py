@@ -107,6 +107,19 @@ class TestQuarantine:
         metrics.quarantine_size(0)
         assert sample("timer_timers_quarantined") == 0.0
 
+    def test_the_oldest_quarantines_age_grows_until_none_is_left(self) -> None:
+        """timer_oldest_quarantined_seconds is the age of the oldest quarantine as of the
+        scrape (it grows between the worker's reports), 0 once none is left."""
+        metrics = PrometheusInstrumentation()
+        sample = metrics.registry.get_sample_value
+        assert sample("timer_oldest_quarantined_seconds") == 0.0
+        metrics.quarantine_oldest(datetime.now(UTC) - timedelta(seconds=90))
+        first = sample("timer_oldest_quarantined_seconds")
+        assert first is not None and 90.0 <= first < 3600.0
+        assert (sample("timer_oldest_quarantined_seconds") or 0.0) >= first
+        metrics.quarantine_oldest(None)
+        assert sample("timer_oldest_quarantined_seconds") == 0.0
+
 
 class TestLateness:
     @pytest.mark.parametrize("count", [0, 1, 100])

@@ -276,6 +276,7 @@ class TestMetrics:
         otel.publish_failed(entry, PublishError("down"))
         otel.timer_quarantined(entry, PublishError("down"), 3)
         otel.quarantine_size(1)
+        otel.quarantine_oldest(now)
         otel.set_pending(4)
         otel.set_instances(2)
         otel.broker_state_recreated("consumer")

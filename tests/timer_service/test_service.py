@@ -93,6 +93,7 @@ class TestHealthAndMetrics:
             "timer_publish_failures_total",
             "timer_timers_pending",
             "timer_timers_quarantined",
+            "timer_oldest_quarantined_seconds",
         ):
             assert series in body, series
         assert "\ntimer_instances_sharing 1.0\n" in body  # SQLite: this one alone

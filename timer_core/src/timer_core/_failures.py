@@ -127,7 +127,7 @@ class FailureBook:
             del self.records[key]
         if retried:
             self._log.info("retrying %d quarantined timers", len(retried))
-            self._instrumentation.quarantine_size(len(self.quarantined))
+            self._report()
         return len(retried)
 
     def quarantine(
@@ -153,7 +153,13 @@ class FailureBook:
             extra={"tenant_id": entry.tenant_id, "service_call_id": entry.service_call_id},
         )
         self._instrumentation.timer_quarantined(entry, error, record.failures)
-        self._instrumentation.quarantine_size(len(self.quarantined))
+        self._report()
+
+    def _report(self) -> None:
+        """Tell the instrumentation how many are quarantined now, and since when the oldest."""
+        since = [r.quarantined_at for r in self.records.values() if r.quarantined_at is not None]
+        self._instrumentation.quarantine_size(len(since))
+        self._instrumentation.quarantine_oldest(min(since, default=None))
 
     async def forget_stale(self) -> None:
         """At most once a minute: drop quarantined timers cancelled, fired elsewhere or
@@ -180,4 +186,4 @@ class FailureBook:
             self.records.pop(key, None)
         if stale:
             self._log.info("%d quarantined timers were cancelled or changed meanwhile", len(stale))
-            self._instrumentation.quarantine_size(len(self.quarantined))
+            self._report()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import datetime
 
 from timer_core._entry import TimerEntry
 from timer_core._messages import Command, DueTimeReached, MessageEnvelope
@@ -80,6 +81,11 @@ class Instrumentation:
 
     def quarantine_size(self, count: int) -> None:
         """How many timers are quarantined now (after each change)."""
+
+    def quarantine_oldest(self, since: datetime | None) -> None:
+        """When the longest-held of the quarantined timers was quarantined (the worker's
+        clock), after each change; None when none is. A gauge of its age reads the clock
+        when it is read, so the age grows between changes."""
 
     def poll_completed(self, duration_s: float, fired: int) -> None:
         """One pass of the worker (find, publish, mark) finished."""

@@ -9,6 +9,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Iterator, Sequence
+from datetime import UTC, datetime
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
@@ -31,6 +32,7 @@ __all__ = [
     "PrometheusInstrumentation",
     "WorstTenants",
     "firing_lateness",
+    "quarantine_age",
     "observe_all",
 ]
 
@@ -70,6 +72,13 @@ LATENESS_BUCKETS = (
 )
 #: Buckets of the worker-pass duration histogram, in seconds.
 POLL_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0)
+
+
+def quarantine_age(since: datetime | None) -> float:
+    """Seconds since ``since`` on the system clock (the oldest quarantine's); 0 for None."""
+    if since is None:
+        return 0.0
+    return max(0.0, (datetime.now(UTC) - since).total_seconds())
 
 
 def firing_lateness(entries: Sequence[TimerEntry]) -> list[float]:
@@ -218,6 +227,14 @@ class PrometheusInstrumentation(Instrumentation):
             "Timers quarantined now (left out of every pass until retried).",
             registry=self.registry,
         )
+        self._quarantined_since: datetime | None = None
+        self.oldest_quarantined = Gauge(
+            "timer_oldest_quarantined_seconds",
+            "How long the longest-quarantined timer has been held, as of the scrape (0 when "
+            "none is).",
+            registry=self.registry,
+        )
+        self.oldest_quarantined.set_function(lambda: quarantine_age(self._quarantined_since))
 
         self.worker_errors = Counter(
             "timer_worker_errors",
@@ -365,6 +382,9 @@ class PrometheusInstrumentation(Instrumentation):
 
     def quarantine_size(self, count: int) -> None:
         self.quarantined.set(count)
+
+    def quarantine_oldest(self, since: datetime | None) -> None:
+        self._quarantined_since = since
 
     def poll_completed(self, duration_s: float, fired: int) -> None:
         self.polling.observe(duration_s)

@@ -41,6 +41,7 @@ import os
 import time
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from datetime import datetime
 from typing import Any
 
 import attrs
@@ -76,6 +77,7 @@ from timer_service.metrics import (
     POLL_BUCKETS,
     WorstTenants,
     firing_lateness,
+    quarantine_age,
 )
 from timer_service.settings import OTEL_LATENESS_SAMPLE
 
@@ -179,6 +181,7 @@ class _Gauges:
     pending: int | None = None
     instances: int | None = None
     quarantined: int | None = None
+    quarantined_since: datetime | None = None
     last_poll: float | None = None
     census: Census | None = None
     clock_skew: Callable[[], float | None] | None = None
@@ -194,8 +197,8 @@ class OtelInstrumentation(Instrumentation):
     (attribute ``outcome``), ``timer.schedules.processed``, ``timer.publish.failures``,
     ``timer.quarantined``, ``timer.worker.errors``, ``timer.polling.duration`` and
     ``timer.firing.lateness`` (histograms, seconds), ``timer.timers.pending``,
-    ``timer.instances.sharing``, ``timer.timers.quarantined`` and
-    ``timer.last_poll.timestamp``, ``timer.timers.due`` (attribute ``due``) and
+    ``timer.instances.sharing``, ``timer.timers.quarantined``, ``timer.oldest_quarantined``
+    and ``timer.last_poll.timestamp``, ``timer.timers.due`` (attribute ``due``) and
     ``timer.oldest_overdue``, ``timer.census.cap``, ``timer.census.duration`` (gauges; set
     the first two with :meth:`set_pending` and :meth:`set_instances`, the census ones with
     :meth:`set_census`).
@@ -307,6 +310,12 @@ class OtelInstrumentation(Instrumentation):
             description="Timers quarantined now (left out of every pass until retried).",
         )
         meter.create_observable_gauge(
+            "timer.oldest_quarantined",
+            callbacks=[self._observe_oldest_quarantined],
+            unit="s",
+            description="How long the longest-quarantined timer has been held (0 when none is).",
+        )
+        meter.create_observable_gauge(
             "timer.timers.due",
             callbacks=[self._observe_due],
             unit="{timer}",
@@ -415,6 +424,9 @@ class OtelInstrumentation(Instrumentation):
     def _observe_quarantined(self, options: CallbackOptions) -> Iterable[Observation]:
         quarantined = self._gauges.quarantined
         return () if quarantined is None else (Observation(quarantined),)
+
+    def _observe_oldest_quarantined(self, options: CallbackOptions) -> Iterable[Observation]:
+        return (Observation(quarantine_age(self._gauges.quarantined_since)),)
 
     def _observe_last_poll(self, options: CallbackOptions) -> Iterable[Observation]:
         last = self._gauges.last_poll
@@ -532,6 +544,10 @@ class OtelInstrumentation(Instrumentation):
     def quarantine_size(self, count: int) -> None:
         self._gauges.quarantined = count
         self.inner.quarantine_size(count)
+
+    def quarantine_oldest(self, since: datetime | None) -> None:
+        self._gauges.quarantined_since = since
+        self.inner.quarantine_oldest(since)
 
     def poll_completed(self, duration_s: float, fired: int) -> None:
         self._polling.record(duration_s)

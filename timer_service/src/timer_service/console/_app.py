@@ -256,10 +256,11 @@ class Console:
                 raise
             log.warning("console: could not read the overview's figures again: %s", exc)
             return
-        quarantined = sum(
-            1 for q in self._quarantine.quarantined if self.in_scope(q.entry.tenant_id)
+        since = [q.since for q in self._quarantine.quarantined if self.in_scope(q.entry.tenant_id)]
+        self._reading = (
+            time.monotonic(),
+            Reading(now, census, rows, more, len(since), min(since, default=None)),
         )
-        self._reading = (time.monotonic(), Reading(now, census, rows, more, quarantined))
 
     async def _overview(self, page: Page) -> Html:
         reading = await self.reading()
@@ -316,10 +317,14 @@ class Console:
             + f" These figures are read again every {self._reading_fresh_s:.0f} s at most."
         )
         parts.append(Html(f'<p class="muted">{esc(note)}</p>'))
+        held = ""
+        if reading.oldest_quarantined is not None:
+            age = max(0.0, (now - reading.oldest_quarantined).total_seconds())
+            held = f", the oldest held for {esc(ago(age))}"
         parts.append(
             Html(
                 f"<p>{link('/console/quarantine', f'{reading.quarantined} quarantined timer(s)')}"
-                f" &middot; {link('/console/dead-letters', 'dead letters')}</p>"
+                f"{held} &middot; {link('/console/dead-letters', 'dead letters')}</p>"
             )
         )
         return join(parts)
@@ -810,6 +815,8 @@ class Reading:
     tenants: list[TenantCensus]
     more: bool
     quarantined: int
+    oldest_quarantined: datetime | None = None
+    """When the longest-held of them was quarantined (None: none is)."""
 
 
 class Page:

@@ -140,6 +140,30 @@ class HandlerCalls(Delivery):
     def _cut_off(self, envelope: Event) -> HandlerFailed:
         return _failure(envelope, "cancelled by the shutdown")
 
+    def start(self, envelopes: Sequence[Event], done: Outcome) -> None:
+        for index, envelope in enumerate(envelopes):
+            self._run(self._told(index, envelope, done))
+
+    async def _told(self, index: int, envelope: Event, done: Outcome) -> None:
+        """One timer's call (:meth:`_call`), its outcome told to ``done``: a timeout, a
+        shutdown's cut or the handler's exception is that timer's failure alone."""
+        try:
+            await self._call(envelope)
+        except TimeoutError as exc:
+            done(index, _failure(envelope, f"timed out after {self.settings.timeout_s:g}s", exc))
+        except asyncio.CancelledError:
+            done(index, self._cut_off(envelope))
+            raise
+        except Exception as exc:
+            done(index, _raised(envelope, exc))
+        else:
+            done(index, None)
+
+    async def _call(self, envelope: Event) -> None:
+        """Call the handler with one timer's envelope; raises TimeoutError past the timeout.
+        Deliveries of one call per timer override it (a batch's overrides :meth:`start`)."""
+        raise NotImplementedError
+
     async def aclose(self) -> None:
         self._closing = True
         calls = set(self._calls)
@@ -169,24 +193,9 @@ class _AsyncCalls(HandlerCalls):
         super().__init__(settings)
         self._handler = handler
 
-    def start(self, envelopes: Sequence[Event], done: Outcome) -> None:
-        for index, envelope in enumerate(envelopes):
-            self._run(self._call(index, envelope, done))
-
-    async def _call(self, index: int, envelope: Event, done: Outcome) -> None:
-        timeout = self.settings.timeout_s
-        try:
-            async with asyncio.timeout(timeout):
-                await self._handler(envelope)
-        except TimeoutError as exc:
-            done(index, _failure(envelope, f"timed out after {timeout:g}s", exc))
-        except asyncio.CancelledError:
-            done(index, self._cut_off(envelope))
-            raise
-        except Exception as exc:
-            done(index, _raised(envelope, exc))
-        else:
-            done(index, None)
+    async def _call(self, envelope: Event) -> None:
+        async with asyncio.timeout(self.settings.timeout_s):
+            await self._handler(envelope)
 
 
 class _ThreadCalls(HandlerCalls):
@@ -204,10 +213,9 @@ class _ThreadCalls(HandlerCalls):
             self._executor = ThreadPoolExecutor(
                 self.settings.max_concurrency, thread_name_prefix="timer-handler"
             )
-        for index, envelope in enumerate(envelopes):
-            self._run(self._call(index, envelope, done))
+        super().start(envelopes, done)
 
-    async def _call(self, index: int, envelope: Event, done: Outcome) -> None:
+    async def _call(self, envelope: Event) -> None:
         loop = asyncio.get_running_loop()
         assert self._executor is not None
         context = contextvars.copy_context()
@@ -232,26 +240,18 @@ class _ThreadCalls(HandlerCalls):
                     timeout,
                 )
                 await asyncio.wait((running,))
-                done(index, _failure(envelope, f"timed out after {timeout:g}s"))
-                return
+                raise TimeoutError
             result = running.result()
             if inspect.isawaitable(result):
                 # A plain function that returned a coroutine (a lambda around an async
                 # function): its work is that coroutine, run here, never dropped.
                 async with asyncio.timeout(max(0.0, begun + timeout - loop.time())):
                     await result
-        except TimeoutError as exc:
-            done(index, _failure(envelope, f"timed out after {timeout:g}s", exc))
         except asyncio.CancelledError:
             if not running.done():
                 # Cut off by the shutdown: the thread runs on, its result unused.
                 running.add_done_callback(_retrieve)
-            done(index, self._cut_off(envelope))
             raise
-        except Exception as exc:
-            done(index, _raised(envelope, exc))
-        else:
-            done(index, None)
 
     async def aclose(self) -> None:
         try:
@@ -269,9 +269,9 @@ class _BatchCalls(HandlerCalls):
         self._handler = handler
 
     def start(self, envelopes: Sequence[Event], done: Outcome) -> None:
-        self._run(self._call(envelopes, done))
+        self._run(self._call_batch(envelopes, done))
 
-    async def _call(self, envelopes: Sequence[Event], done: Outcome) -> None:
+    async def _call_batch(self, envelopes: Sequence[Event], done: Outcome) -> None:
         timeout = self.settings.timeout_s
         try:
             async with asyncio.timeout(timeout):

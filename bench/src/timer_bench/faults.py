@@ -545,6 +545,10 @@ def main(args: argparse.Namespace) -> int:
     unknown = set(names) - set(SCENARIOS)
     if unknown:
         raise SystemExit(f"unknown scenarios: {', '.join(sorted(unknown))}")
+    # The machine (and its load average) as the run starts; the end's is added when written.
+    machine = kit.machine(
+        postgres=procs.postgres_version(), nats_server=procs.nats_server_version()
+    )
     results: dict[str, Any] = {}
     root = Path(tempfile.mkdtemp(prefix="timer-faults-"))
     with procs.postgres() as cluster:
@@ -555,9 +559,7 @@ def main(args: argparse.Namespace) -> int:
     document = {
         "scenario": "faults",
         "date": kit.today(),
-        "machine": kit.machine(
-            postgres=procs.postgres_version(), nats_server=procs.nats_server_version()
-        ),
+        "machine": machine,
         "shape": shape.__dict__,
         "results": results,
         "published": PUBLISHED,

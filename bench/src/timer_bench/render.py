@@ -839,7 +839,7 @@ def faults_block(document: dict[str, Any]) -> str:
     header = (
         "scenario | services | completion during the fault / baseline | "
         "after it (recovery) | time to recover | "
-        "late p50 / p99 during | late p50 / p99 after | checks"
+        "late p50 / p99 during (ms) | late p50 / p99 after (ms) | checks"
     )
     return "\n\n".join(
         [

@@ -409,6 +409,54 @@ def fairness(d: dict[str, Any]) -> Figures:
     }
 
 
+def faults(d: dict[str, Any]) -> Figures:
+    """``table``: each scenario's completion as a share of the baseline's (after a chaos
+    fault, during a pressure one: what the public benchmark publishes for each), time to
+    recover, lateness after the fault and checks, beside that benchmark's published figure of
+    the same scenario for each of its systems."""
+    shape, published = d["shape"], d["published"]
+    systems = published["systems"]
+
+    def theirs(value: float | None) -> str:
+        return "no figure" if value is None else f"{value:.0%}"
+
+    header = " | ".join(
+        [
+            "scenario",
+            "Timer: of the baseline's completion, after (chaos) or during (pressure)",
+            "time to recover",
+            "late p50 / p99 after (ms)",
+            "checks",
+            *(f"{system} (theirs)" for system in systems),
+        ]
+    )
+    rows = []
+    for (name, result), row in zip(d["results"].items(), render.faults_rows(d), strict=True):
+        share = result["recovery"] if result["kind"] == "chaos" else result["during"]
+        rows.append(
+            (
+                row[0],
+                f"**{share:.0%}**",
+                row[4],
+                row[6],
+                row[7],
+                *(theirs(v) for v in published["recovery"].get(name, [None] * len(systems))),
+            )
+        )
+    setup = (
+        f"`timer-service` on PostgreSQL (two services where a scenario kills one) with a "
+        f"`nats-server`, {shape['rate']} timers a second over {kit.TENANTS} tenants; phases "
+        f"of {shape['baseline_s']:g} s baseline, {shape['fault_s']:g} s fault, "
+        f"{shape['recovery_s']:g} s recovery"
+    )
+    return {
+        **_sources(d, "faults", setup, "services on PostgreSQL, faults and pressure"),
+        "table": kit.markdown_table(header, rows, "lrrrl" + "r" * len(systems)),
+        "published_source": published["source"],
+        "published_machine": published["machine"],
+    }
+
+
 PAGES: dict[str, Callable[[dict[str, Any]], Figures]] = {
     "e2e": e2e,
     "scale-out": scale_out,
@@ -422,6 +470,7 @@ PAGES: dict[str, Callable[[dict[str, Any]], Figures]] = {
     "otel": otel,
     "fairness": fairness,
     "handlers": handlers,
+    "faults": faults,
 }
 
 

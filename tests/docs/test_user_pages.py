@@ -22,7 +22,7 @@ REFERENCES = {
 }
 #: Another project's issue may be cited, named with its project ("db-scheduler #441").
 OTHER_PROJECTS = re.compile(
-    r"(db-scheduler|pgqueuer|procrastinate|awa|apscheduler|dbos|nats-server|nats|psycopg|"
+    r"(db-scheduler|postgresql-job-queue-benchmarking|pgqueuer|procrastinate|awa|apscheduler|dbos|nats-server|nats|psycopg|"
     r"postgresql|sqlite|opentelemetry|mkdocs|python|cpython)('s)?$",
     re.IGNORECASE,
 )

@@ -105,8 +105,8 @@ class Shape:
 #: systems, PostgreSQL 18.3, 4 CPUs), its SUMMARY.md.
 PUBLISHED: dict[str, Any] = {
     "source": (
-        "hardbyte/postgresql-job-queue-benchmarking, results/2026-05-09-full-sweep/SUMMARY.md "
-        "(commit 71de3c5adec9373eb94e15e7c2f38a3ccbada32e)"
+        "results/2026-05-09-full-sweep/SUMMARY.md of hardbyte/postgresql-job-queue-benchmarking "
+        "(71de3c5adec9373eb94e15e7c2f38a3ccbada32e)"
     ),
     "machine": "a workstation with 4 CPUs and an 8 GB cgroup limit, PostgreSQL 18.3",
     "systems": ["awa", "absurd", "oban", "pgboss", "procrastinate", "river", "pgque", "pgmq"],

@@ -32,7 +32,9 @@ class Delivery(abc.ABC):
 
     The pipeline builds each due timer's ``DueTimeReached`` envelope and hands a batch of
     them to :meth:`start`, which returns at once; the delivery then reports each envelope's
-    outcome through ``done`` as it completes, in any order, exactly once. The pipeline marks
+    outcome through ``done`` as it completes, in any order, exactly once (an outcome known at
+    once, a handler call that returned without waiting, may be told before :meth:`start`
+    returns). The pipeline marks
     the delivered timers ``Reached`` (together) and retries the others; it never hands out a
     timer again while its delivery runs, and never more than :attr:`places` at once.
     """

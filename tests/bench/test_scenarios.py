@@ -21,8 +21,9 @@ ROOT = Path(__file__).resolve().parents[2]
 def run(scenario: str, output: Path, *options: str) -> tuple[int, str, dict[str, Any]]:
     """``python -m timer_bench <scenario> --quick`` from the repository's root."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("TIMER_")}
+    command = [sys.executable, "-m", "timer_bench", scenario, "--quick", "--output", str(output)]
     done = subprocess.run(
-        [sys.executable, "-m", "timer_bench", scenario, "--quick", "--output", str(output)],
+        [*command, *options],
         capture_output=True,
         text=True,
         timeout=240,
@@ -135,6 +136,24 @@ class TestHandlers:
         assert set(sqlite) == {"timer", "timer_tuned", "raw", "store_loop"}
         assert all(sqlite[side]["median_per_s"] > 0 for side in sqlite)
         assert all("vs_raw" in sqlite[side] for side in ("timer", "timer_tuned", "store_loop"))
+
+
+class TestHandlersPythons:
+    def test_every_side_runs_the_handlers_scenario_in_every_round(self, tmp_path: Path) -> None:
+        """Each side (here every one on this interpreter: the other's root needs root) ran
+        ``handlers`` to the end in a process of its own, the lazy one with eager starts
+        off, and the ratios between the sides come from the rounds' own."""
+        code, log, result = run("handlers-pythons", tmp_path / "pythons.json", "--python", "this")
+        assert code == 0, log[-3000:]
+        assert [set(r) for r in result["rounds"]] == [{"this", "other", "other_lazy"}]
+        assert all(r[side]["timer"] > 0 for r in result["rounds"] for side in r)
+        lazy = result["interpreters"]["other_lazy"]["eager_start"]
+        assert lazy is False
+        eager = result["interpreters"]["this"]["eager_start"]
+        assert eager is (sys.version_info >= (3, 12))
+        [this, other] = [result["rounds"][0][side]["timer"] for side in ("this", "other")]
+        assert result["other_vs_this"] == round(other / this, 3)
+        assert "python -m timer_bench handlers-pythons" in log
 
 
 class TestDurability:

@@ -36,6 +36,10 @@ SCENARIOS = {
         "the console's pages and the census at 10M timers on PostgreSQL",
     ),
     "durability": ("durability", "synced command commits at the defaults beside the old ones"),
+    "handlers-pythons": (
+        "pythons",
+        "the handler path on another CPython (3.14) beside this machine's, alternated",
+    ),
     "faults": ("faults", "the nine fault and pressure scenarios on PostgreSQL, with recovery"),
 }
 

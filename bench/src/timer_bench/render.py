@@ -853,6 +853,79 @@ def faults_block(document: dict[str, Any]) -> str:
     )
 
 
+# -- the handler path by interpreter -----------------------------------------------------------
+
+
+def _interpreter(document: dict[str, Any], side: str) -> str:
+    """A side's interpreter, where it comes from, and the SQLite it links."""
+    i = document["interpreters"][side]
+    origin = document["settings"]["origins"][side]
+    return f"Python {i['python']}, {origin}; SQLite {i['sqlite']}"
+
+
+def handlers_pythons_table(document: dict[str, Any]) -> str:
+    """The handler path at its default settings on each side: its rate (median of the
+    rounds), against this interpreter's and against the loop by hand on its own, both the
+    median of the rounds' own ratios."""
+    this = document["interpreters"]["this"]["python"]
+    rows = [
+        (
+            _interpreter(document, side) + (", eager task starts turned off" if lazy else ""),
+            per_s(document[side]["median_per_s"]),
+            "1" if side == "this" else f"**{times(document[f'{side}_vs_this'])}**",
+            times(document[side]["vs_raw"]),
+        )
+        for side, lazy in (("this", False), ("other", False), ("other_lazy", True))
+    ]
+    return markdown_table(
+        f"interpreter | `Timer(store, handler=noop)`, default settings | against {this} | "
+        "against the loop by hand on the same interpreter",
+        rows,
+        "lrrr",
+    )
+
+
+def handlers_pythons_block(document: dict[str, Any]) -> str:
+    settings = document["settings"]
+    interpreters = document["interpreters"]
+    rounds = document["rounds"]
+    rows = [
+        (
+            f"`{side}`",
+            interpreters[side]["version"].replace("\n", " "),
+            " / ".join(count(r[side]["timer"]) for r in rounds),
+            " / ".join(count(r[side]["raw"]) for r in rounds),
+        )
+        for side in ("this", "other", "other_lazy")
+    ]
+    return "\n\n".join(
+        [
+            f"Run: `python -m timer_bench handlers-pythons` on {document['date']}: "
+            f"`{settings['command']}` in a process of its own per side, this machine's "
+            f"interpreter and `.ci/python {settings['python']}`'s (with handler calls' eager "
+            f"task starts, and again without), {settings['rounds']} alternated rounds (order "
+            "rotated), medians of the per-round ratios.",
+            handlers_pythons_table(document),
+            f"Rounds: the other interpreter against this one "
+            f"{' / '.join(map(str, document['other_vs_this_rounds']))}; with eager starts "
+            f"against without {' / '.join(map(str, document['eager_vs_lazy_rounds']))}. "
+            "Load average at each side's start, round by round: "
+            + " / ".join(
+                "-".join(f"{r[side]['load']:g}" for side in ("this", "other", "other_lazy"))
+                for r in rounds
+            )
+            + ".",
+            markdown_table(
+                "side | interpreter | handler path, timers/s by round | "
+                "loop by hand, timers/s by round",
+                rows,
+                "llrr",
+            ),
+            machine_line(document),
+        ]
+    )
+
+
 BLOCKS: dict[str, Callable[[dict[str, Any]], str]] = {
     "e2e": e2e_block,
     "fire-tenants": fire_tenants_block,
@@ -874,6 +947,7 @@ BLOCKS: dict[str, Callable[[dict[str, Any]], str]] = {
     "console-sqlite": console_block,
     "console-postgres": console_block,
     "durability": durability_block,
+    "handlers-pythons": handlers_pythons_block,
     "faults": faults_block,
 }
 

@@ -146,7 +146,7 @@ class HandlerCalls(Delivery):
     """Whether a call's task starts eagerly (Python 3.12+, and no task factory of the
     host's): its first step runs at once, in its own task and context, so a call that
     returns without waiting is done before :meth:`start` returns and is never scheduled.
-    What a handler can see is the same either way (``python -m timer_bench handlers``
+    What a handler can see is the same either way (``python -m timer_bench handlers-pythons``
     turns it off to measure what it saves)."""
 
     def __init__(self, settings: HandlerSettings) -> None:

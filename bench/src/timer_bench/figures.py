@@ -101,6 +101,26 @@ def e2e(d: dict[str, Any]) -> Figures:
     }
 
 
+def handlers_pythons(d: dict[str, Any]) -> Figures:
+    settings, interpreters = d["settings"], d["interpreters"]
+    this, other = interpreters["this"], interpreters["other"]
+    setup = (
+        f"`python -m timer_bench handlers` (`Timer(SqliteTimerStore(...), handler=noop)`, "
+        f"{settings['jobs']:,} due timers) at its default settings on this machine's Python "
+        f"{this['python']} (SQLite {this['sqlite']}) and on Debian's Python {other['python']} "
+        f"(SQLite {other['sqlite']}), with and without eager task starts, "
+        f"{settings['rounds']} alternated rounds"
+    )
+    return {
+        **_sources(d, "handlers-pythons", setup, "the handler path on SQLite, by Python"),
+        "table": render.handlers_pythons_table(d),
+        "other_vs_this": times(d["other_vs_this"]),
+        "eager_vs_lazy": times(d["eager_vs_lazy"]),
+        "this_python": this["python"],
+        "other_python": other["python"],
+    }
+
+
 def scale_out(d: dict[str, Any]) -> Figures:
     s, settings = d["summary"], d["settings"]
     setup = (
@@ -459,6 +479,7 @@ def faults(d: dict[str, Any]) -> Figures:
 
 PAGES: dict[str, Callable[[dict[str, Any]], Figures]] = {
     "e2e": e2e,
+    "handlers-pythons": handlers_pythons,
     "scale-out": scale_out,
     "scale-out-steady": scale_out_steady,
     "backlog-sqlite": backlog,

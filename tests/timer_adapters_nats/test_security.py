@@ -13,6 +13,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import nats.errors
 import pytest
 
 from tests.secure_nats import (
@@ -26,6 +27,7 @@ from tests.secure_nats import (
 )
 from tests.timer_adapters_nats.jetstream import wait_until
 from timer_adapters_nats import BrokerUnavailable, NatsBroker, NatsSettings, TimerClient
+from timer_adapters_nats._connection import _most_telling
 
 # Generous so a busy machine never hits it; a refusal must come well before it.
 CONNECT_TIMEOUT_S = 10.0
@@ -334,3 +336,15 @@ class TestReconnect:
         finally:
             await broker.aclose()
             server.stop()
+
+
+class TestGivingUpMessage:
+    """The first connect's error names the server's own refusal over a later bare reset."""
+
+    def test_the_servers_word_outranks_a_later_reset(self) -> None:
+        """A refusal the server spelled out, then a reset that hid the next one: the refusal."""
+        said = nats.errors.Error("nats: 'maximum account active connections exceeded'")
+        reset = ConnectionResetError(104, "Connection reset by peer")
+        assert _most_telling([said, reset, reset]) is said
+        timeout = TimeoutError()
+        assert _most_telling([reset, timeout]) is timeout  # nothing said: the last one

@@ -247,7 +247,7 @@ async def connect(
             ) from exc
         if not isinstance(exc, TimeoutError):  # nats-py gave up by itself
             raise BrokerUnavailable(f"cannot connect to NATS at {shown}: {_reason(exc)}") from exc
-        reason = _reason(last_error[-1]) if last_error else "no answer"
+        reason = _reason(_most_telling(last_error)) if last_error else "no answer"
         raise BrokerUnavailable(
             f"cannot connect to NATS at {shown} within {connect_timeout_s:g}s: {reason}"
         ) from exc
@@ -380,6 +380,15 @@ def _incurable(error: BaseException) -> bool:
         text = str(error).lower()
         return "authorization" in text or "authentication" in text
     return not isinstance(error, OSError | TimeoutError)
+
+
+def _most_telling(errors: list[BaseException]) -> BaseException:
+    """The error to name when the first connect gives up: the server's own last word if an
+    attempt got one (``maximum account active connections exceeded``), not a later attempt's
+    bare reset: a server that refuses and closes at once can reset the connection before
+    the client has read why."""
+    said = [error for error in errors if not isinstance(error, OSError | TimeoutError)]
+    return (said or errors)[-1]
 
 
 def _reason(error: BaseException) -> str:

@@ -3,6 +3,7 @@ service says when an external one may not (log, /healthz, console) or refuses to
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -13,8 +14,10 @@ from tests.conftest import NatsServerFactory
 from tests.timer_service.console_rig import console_rig, fetch
 from tests.timer_service.process import ServiceFactory, ServiceProcess, free_port, isolated_env
 from timer_adapters_nats.embedded import NatsServerProcess
+from timer_service.app import _start_embedded
 from timer_service.cli import EXIT_CONFIG
 from timer_service.durability import read_monitor
+from timer_service.settings import Settings
 
 
 @pytest.fixture
@@ -158,3 +161,21 @@ class TestConsole:
             page = await fetch(rig.port, "/console")
         assert page.status == 200
         assert f'<p class="notice" role="alert">{risk}</p>' in page.body
+
+
+class TestEmbeddedPort:
+    def test_a_port_taken_as_the_server_starts_falls_back_to_any(self, tmp_path: Path) -> None:
+        """The service looks for 4222 free, then starts nats-server on it; another process
+        that binds it in between (two services or test runs starting at once) costs nothing:
+        the embedded server starts on a port of its own instead of failing the start."""
+        settings = Settings.from_environment({"TIMER_DB_PATH": str(tmp_path / "timers.db")})
+        with socket.socket() as taken:
+            taken.bind(("127.0.0.1", 0))
+            taken.listen()
+            port = taken.getsockname()[1]
+            server = _start_embedded(settings, port)
+            try:
+                assert server.running
+                assert server.port not in (port, 0)
+            finally:
+                server.stop()

@@ -11,7 +11,7 @@ import socket
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
-from timer_adapters_nats.embedded import NatsServerProcess
+from timer_adapters_nats.embedded import NatsServerError, NatsServerProcess
 from timer_core import (
     ConfigurationError,
     ExclusiveFiring,
@@ -117,17 +117,9 @@ async def embedded_broker(settings: Settings) -> AsyncIterator[str]:
         raise StartupError(
             f"TIMER_DB_PATH={settings.db_path}: cannot create {store_dir}: {exc.strerror or exc}"
         ) from exc
-    port = _EMBEDDED_PORT if _port_free(_EMBEDDED_PORT) else 0
     # Started from the event loop's own thread, which lives as long as the process: the
     # server's parent-death signal is tied to the thread that forked it.
-    server = NatsServerProcess(
-        store_dir,
-        host="127.0.0.1",
-        port=port,
-        die_with_parent=True,
-        sync_always=settings.embedded_nats_sync == "always",
-    )
-    server.start()
+    server = _start_embedded(settings, _EMBEDDED_PORT if _port_free(_EMBEDDED_PORT) else 0)
     try:
         broker_url_file(settings).write_text(server.url + "\n")
         log.info("embedded nats-server %s (pid %s), data in %s", server.url, server.pid, store_dir)
@@ -162,6 +154,26 @@ def _opentelemetry(
         )
 
     return telemetry, shutdown
+
+
+def _start_embedded(settings: Settings, port: int) -> NatsServerProcess:
+    """The embedded server started on ``port``; on any port if another process took that one
+    between the check and the server's bind (two services, or test runs, starting at once)."""
+    server = NatsServerProcess(
+        settings.nats_store_dir,
+        host="127.0.0.1",
+        port=port,
+        die_with_parent=True,
+        sync_always=settings.embedded_nats_sync == "always",
+    )
+    try:
+        server.start()
+    except NatsServerError as exc:
+        if port == 0 or "address already in use" not in str(exc):
+            raise
+        log.info("port %d was taken as the embedded nats-server started; using any port", port)
+        return _start_embedded(settings, 0)
+    return server
 
 
 def _port_free(port: int) -> bool:

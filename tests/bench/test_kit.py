@@ -53,6 +53,17 @@ class TestAlternatedRounds:
         asyncio.run(kit.alternated(2, ["raw", "timer"], measure, rotate=False))
         assert calls == ["raw", "timer", "raw", "timer"]
 
+    def test_a_yardstick_can_lead_while_the_others_rotate(self) -> None:
+        """With ``lead=1`` the yardstick runs first in every round and the versions it
+        measures take turns to follow it."""
+        calls: list[str] = []
+
+        async def measure(side: str, round_: int) -> None:
+            calls.append(side)
+
+        asyncio.run(kit.alternated(2, ["raw", "new", "old"], measure, lead=1))
+        assert calls == ["raw", "new", "old", "raw", "old", "new"]
+
 
 class TestFormats:
     def test_stamps_read_back(self) -> None:

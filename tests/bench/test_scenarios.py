@@ -127,15 +127,41 @@ class TestCommandOrder:
 
 class TestHandlers:
     def test_every_loop_handles_every_timer(self, tmp_path: Path) -> None:
-        """The handler path (default and tuned), the hand-written loop and the store-API loop
-        each ran to the end (each asserts it handled every timer) and were compared with the
-        yardstick."""
+        """The handler path (default and tuned), the batch handler, the hand-written loop and
+        the store-API loop each ran to the end (each asserts it handled every timer) and were
+        compared with the yardstick."""
         code, log, result = run("handlers", tmp_path / "handlers.json")
         assert code == 0, log[-3000:]
         sqlite = result["sqlite"]
-        assert set(sqlite) == {"timer", "timer_tuned", "raw", "store_loop"}
+        assert set(sqlite) == {"timer", "timer_tuned", "timer_batch", "raw", "store_loop"}
         assert all(sqlite[side]["median_per_s"] > 0 for side in sqlite)
-        assert all("vs_raw" in sqlite[side] for side in ("timer", "timer_tuned", "store_loop"))
+        measured = ("timer", "timer_tuned", "timer_batch", "store_loop")
+        assert all("vs_raw" in sqlite[side] for side in measured)
+
+    def test_runs_the_handler_path_on_an_earlier_commit_beside_the_current(
+        self, tmp_path: Path
+    ) -> None:
+        """With ``--baseline-ref``, the per-timer handler path also runs on that commit's
+        sources and on the current ones, each in a process of its own, and is compared."""
+        code, log, result = run("handlers", tmp_path / "handlers.json", "--baseline-ref", "HEAD")
+        assert code == 0, log[-3000:]
+        assert result["settings"]["baseline_ref"] == "HEAD"
+        assert set(result["baseline"]) == {"timer_child", "timer_baseline"}
+        assert result["baseline"]["timer_child"]["vs_timer_baseline"] > 0
+
+
+class TestIsolation:
+    def test_both_cases_run_and_check_what_they_measure(self, tmp_path: Path) -> None:
+        """The storm beside a quiet tenant (handler path) and the unacknowledged publish beside
+        other tenants' timers (a real nats-server) each ran in a child process; every timer
+        was handled or stored, the poison one held."""
+        code, log, result = run("isolation", tmp_path / "isolation.json")
+        assert code == 0, log[-3000:]
+        assert result["checks"] and all(result["checks"].values()), result["checks"]
+        (storm,) = result["results"]["storm"]["current"]
+        (unacked,) = result["results"]["unacked"]["current"]
+        assert storm["quiet_handled"] == 1
+        assert unacked["published"] == result["settings"]["unacked"]["others"]
 
 
 class TestHandlersPythons:

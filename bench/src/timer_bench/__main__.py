@@ -30,6 +30,7 @@ SCENARIOS = {
     "flood": ("flood", "a quiet tenant's timers while another floods its commands"),
     "command-order": ("command_order", "the SQLite store's writes with command positions"),
     "handlers": ("handlers", "Timer calling a no-op handler, against a hand-written loop"),
+    "isolation": ("isolation", "lateness beside a storm (handlers) or an unacknowledged publish"),
     "console-sqlite": ("console", "the console's pages and the census at 10M timers on SQLite"),
     "console-postgres": (
         "console",

@@ -74,6 +74,8 @@ class Run:
     rounds: int
     workdir: Path
     profile: bool
+    baseline: Path | None = None
+    """Packages of an earlier commit (``--baseline-ref``): the fire path runs on them too."""
     results: dict[str, Any] = field(default_factory=dict)
     checks: list[dict[str, Any]] = field(default_factory=list)
     startups: list[float] = field(default_factory=list)
@@ -97,20 +99,20 @@ class Run:
 
     @contextlib.asynccontextmanager
     async def service(
-        self, db: Path, url: str, label: str, batch: int = 0
+        self, db: Path, url: str, label: str, batch: int = 0, *, tree: Path | None = None
     ) -> AsyncIterator[Service]:
+        """The service on this checkout's sources, or on those of ``tree`` (an exported
+        commit, first on its ``PYTHONPATH``)."""
         profile = kit.RESULTS / f"profile-{label}.txt" if self.profile else None
-        service = Service(
-            self.workdir,
-            label,
-            {
-                "TIMER_DB_PATH": db,
-                "TIMER_BROKER_URL": url,
-                "TIMER_BATCH_SIZE": batch or self.batch_size,
-                "TIMER_COMMAND_BATCH_SIZE": self.command_batch_size,
-            },
-            profile,
-        ).start()
+        settings: dict[str, object] = {
+            "TIMER_DB_PATH": db,
+            "TIMER_BROKER_URL": url,
+            "TIMER_BATCH_SIZE": batch or self.batch_size,
+            "TIMER_COMMAND_BATCH_SIZE": self.command_batch_size,
+        }
+        if tree is not None:
+            settings["PYTHONPATH"] = kit.on_sources(tree)["PYTHONPATH"]
+        service = Service(self.workdir, label, settings, profile).start()
         try:
             await service.wait_healthy()
             yield service
@@ -222,13 +224,14 @@ async def scenario_schedule(run: Run) -> None:
 # -- the fire path ---------------------------------------------------------------------------
 
 
-async def fire_path(run: Run, name: str, batch: int) -> dict[str, Any]:
+async def fire_path(run: Run, name: str, batch: int, *, tree: Path | None = None) -> dict[str, Any]:
     """Timers written while the service idles, then one command wakes it; from the first
-    ``reachedAt`` until none is left due (the service's CPU counted from then too)."""
+    ``reachedAt`` until none is left due (the service's CPU counted from then too). ``tree``:
+    the service of an earlier commit."""
     count = run.sizes.fire
     db = run.db(name)
     async with Broker(run.scratch(name)) as broker:
-        async with run.service(db, broker.url, name, batch) as service:
+        async with run.service(db, broker.url, name, batch, tree=tree) as service:
             cpu = service.cpu_s()
             sqlite.insert_overdue(db, name, count)
             await broker.send_schedules([("tenant-00", f"{name}-wake-up", now_ms())])
@@ -286,15 +289,30 @@ async def scenario_fire(run: Run) -> None:
             )
             result: dict[str, Any] = {"per_s": per_s, "cpu_us_per_timer": cpu}
         else:
-            progress(f"fire path: {count:,} stored timers already due, batch {batch}")
-            result = await fire_path(run, f"fire-{batch}-{round_}", batch)
-        run.drop(name, f"fire-{batch}-{round_}")
+            name = f"fire-{side}-{batch}-{round_}"
+            tree = run.baseline if side == "baseline" else None
+            progress(f"fire path ({side}): {count:,} stored timers already due, batch {batch}")
+            result = await fire_path(run, name, batch, tree=tree)
+        run.drop(name)
         return {**result, "load": load}
 
-    taken = await kit.alternated(run.rounds, ["raw", "service"], measure, rotate=False)
+    sides = ["raw", "service"] + (["baseline"] if run.baseline is not None else [])
+    taken = await kit.alternated(run.rounds, sides, measure, lead=1)
     chosen = with_rounds(taken, "raw", "service")
     run.results["fire"] = {str(batch): chosen["measured"]}
     run.results.setdefault("yardsticks", {})["raw_pipeline"] = {str(RAW_BATCH): chosen["yardstick"]}
+    if run.baseline is not None:
+        run.results["fire_baseline"] = {
+            "rounds": [{side: one[side] for side in ("service", "baseline")} for one in taken],
+            "rate_vs_baseline": kit.median_ratio(
+                [one["service"]["per_s"] for one in taken],
+                [one["baseline"]["per_s"] for one in taken],
+            ),
+            "cpu_vs_baseline": kit.median_ratio(
+                [one["service"]["cpu_us_per_timer"] for one in taken],
+                [one["baseline"]["cpu_us_per_timer"] for one in taken],
+            ),
+        }
 
 
 # -- a storm, steady lateness ----------------------------------------------------------------
@@ -610,6 +628,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rounds", type=int, help="rounds of alternation (default 3, quick 1)")
     parser.add_argument("--only", help=f"comma-separated, of {', '.join(SCENARIOS)}")
     parser.add_argument("--profile", action="store_true", help="the service under pyinstrument")
+    parser.add_argument(
+        "--baseline-ref",
+        help="fire: also the service of this commit, alternated with the current one",
+    )
 
 
 def main(args: argparse.Namespace) -> int:
@@ -631,6 +653,8 @@ def main(args: argparse.Namespace) -> int:
     progress(f"end to end on {machine['nproc']} x {machine['cpu']}; scratch {workdir}")
     started = time.monotonic()
     try:
+        if args.baseline_ref:
+            run.baseline = kit.export_tree(args.baseline_ref, workdir / "baseline")
         asyncio.run(run_scenarios(run, only))
     except CheckFailed as exc:
         run.check("harness completed", False, str(exc))
@@ -649,6 +673,7 @@ def main(args: argparse.Namespace) -> int:
             "default_command_batch_size": DEFAULT_COMMAND_BATCH,
             "yardstick_batch": RAW_BATCH,
             "rounds": run.rounds,
+            "baseline_ref": args.baseline_ref,
         },
         "sizes": run.sizes.__dict__,
         "service_startups_s": run.startups,

@@ -380,6 +380,13 @@ def handlers(d: dict[str, Any]) -> Figures:
     if "timer_tuned" in sqlite:
         out["timer_tuned"] = per_s(sqlite["timer_tuned"]["median_per_s"])
         out["timer_tuned_vs_raw"] = times(sqlite["timer_tuned"]["vs_raw"])
+    if "timer_batch" in sqlite:
+        out["timer_batch"] = per_s(sqlite["timer_batch"]["median_per_s"])
+        out["timer_batch_vs_raw"] = times(sqlite["timer_batch"]["vs_raw"])
+    if "baseline" in d:
+        base = d["baseline"]
+        out["baseline_ref"] = d["settings"]["baseline_ref"]
+        out["timer_vs_baseline"] = times(base["timer_child"]["vs_timer_baseline"])
     if "postgres" in d:
         pg = d["postgres"]
         out["pg_timer"] = per_s(pg["timer"]["median_per_s"])
@@ -388,6 +395,37 @@ def handlers(d: dict[str, Any]) -> Figures:
         if "timer_tuned" in pg:
             out["pg_timer_tuned"] = per_s(pg["timer_tuned"]["median_per_s"])
             out["pg_tuned_vs_pgqueuer"] = times(pg["timer_tuned"]["vs_pgqueuer"])
+    return out
+
+
+def isolation(d: dict[str, Any]) -> Figures:
+    settings, results = d["settings"], d["results"]
+    storm, unacked = settings["storm"], settings["unacked"]
+    setup = (
+        f"`Timer(SqliteTimerStore(...), handler=...)` at its defaults, one tenant's "
+        f"{storm['timers']:,} timers due at one instant (its handler awaiting "
+        f"{storm['call_s'] * 1000:.0f} ms a call) beside a quiet tenant's due "
+        f"{storm['quiet_after_s']:g} s later; and `Timer(SqliteTimerStore(...), "
+        f"broker.publisher)` on a `nats-server`, one publish never acknowledged beside "
+        f"{unacked['others']} timers of {unacked['tenants']} other tenants due over "
+        f"{unacked['over_s']:g} s; {settings['rounds']} alternated rounds"
+    )
+    out = _sources(d, "isolation", setup, "Timer on SQLite at its defaults")
+
+    def taken(case: str, key: str, side: str = "current") -> list[float]:
+        return [float(one[key]) for one in results.get(case, {}).get(side, [])]
+
+    def seconds(values: list[float], pick: Callable[[list[float]], float]) -> str:
+        return f"{pick(values):.2f} s" if values else "-"
+
+    for side, prefix in (("current", ""), ("baseline", "baseline_")):
+        quiet = taken("storm", "quiet_late_s", side)
+        out[f"{prefix}storm_quiet_late"] = seconds(quiet, kit.median)
+        out[f"{prefix}storm_quiet_late_worst"] = seconds(quiet, max)
+        out[f"{prefix}storm_drained"] = seconds(taken("storm", "storm_drained_s", side), kit.median)
+        out[f"{prefix}unacked_late_p50"] = seconds(taken("unacked", "late_p50_s", side), kit.median)
+        out[f"{prefix}unacked_late_worst"] = seconds(taken("unacked", "late_max_s", side), max)
+    out["baseline_ref"] = str(settings.get("baseline_ref"))
     return out
 
 

@@ -8,38 +8,47 @@ calls at once) and tuned (``batch_size`` 1000, 1000 calls at once); the yardstic
 same work by hand (select 1000 due rows, call the no-op with each, mark them in one
 transaction, until none is due); and the same loop runs on the store's own API
 (``find_due``, call, ``mark_reached``), which tells the store's share of the gap from the
-handler path's. Every commit that marks is unsynced on each side: the yardstick's
-connection runs at ``synchronous=NORMAL``, the store at its default (``FULL`` syncs the
-commits that store commands; a mark commits as ``NORMAL`` does). ``--postgres`` adds Timer's
-handler path on ``PostgresTimerStore`` (default and tuned) beside pgqueuer draining as many
-no-op jobs (:mod:`timer_bench.peers` in the peers' virtualenv), on one throwaway server,
-alternated.
+handler path's. ``Timer(store, batch_handler=noop_batch)`` hands the no-op each batch the
+pipeline found (default settings). With ``--baseline-ref REF``, ``Timer(store,
+handler=noop)`` also runs on the sources of that commit (``timer_baseline``), in a process of
+its own as ``timer_child`` runs the current sources, alternated with the rest: the per-timer
+handler path against an earlier version of itself. Every commit that marks is unsynced on
+each side: the yardstick's connection runs at ``synchronous=NORMAL``, the store at its
+default (``FULL`` syncs the commits that store commands; a mark commits as ``NORMAL``
+does). ``--postgres`` adds Timer's handler path on ``PostgresTimerStore`` (default and
+tuned) beside pgqueuer draining as many no-op jobs (:mod:`timer_bench.peers` in the peers'
+virtualenv), on one throwaway server, alternated.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import sqlite3
+import subprocess
+import sys
 import tempfile
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+# The kit and the packages under test only: the baseline's child imports this module on an
+# earlier commit's packages, which the peers' and processes' helpers may not fit.
 from timer_adapters_postgres import PostgresTimerStore
 from timer_adapters_sqlite import SqliteTimerStore
 from timer_bench import kit
-from timer_bench.compare import POSTGRES, peer_python, peer_round
-from timer_bench.procs import postgres
 from timer_core import HandlerSettings, Instrumentation, Timer, TimerEntry, TimerStore
 from timer_core.instants import floor_ms
 
 BATCH = 1000
 #: The tuned row's settings (the default row passes none).
 TUNED = {"batch_size": BATCH, "max_concurrency": BATCH}
-SQLITE_SIDES = ["timer", "timer_tuned", "raw", "store_loop"]
+SQLITE_SIDES = ["timer", "timer_tuned", "timer_batch", "raw", "store_loop"]
+#: The sides run in a process of their own, with ``--baseline-ref``.
+CHILD_SIDES = ["timer_child", "timer_baseline"]
 POSTGRES_SIDES = ["timer", "timer_tuned", "pgqueuer"]
 
 
@@ -61,6 +70,10 @@ async def noop(event: object) -> None:
     """The handler under test: does nothing."""
 
 
+async def noop_batch(events: Sequence[object]) -> None:
+    """The batch handler under test: does nothing (every timer handled)."""
+
+
 async def seed(store: TimerStore, jobs: int) -> None:
     """``jobs`` timers, one due each millisecond up to now, over the kit's tenants."""
     now = datetime.now(UTC)
@@ -80,18 +93,21 @@ async def seed(store: TimerStore, jobs: int) -> None:
             )
 
 
-async def timer_round(store: TimerStore, jobs: int, *, tuned: bool = False) -> float:
-    """Timers handled per second by ``Timer(store, handler=noop)``, start to last mark; at
-    the default settings, or with :data:`TUNED`'s."""
+async def timer_round(
+    store: TimerStore, jobs: int, *, tuned: bool = False, batch: bool = False
+) -> float:
+    """Timers handled per second by ``Timer(store, handler=noop)`` (``batch``:
+    ``batch_handler=noop_batch``), start to last mark; at the default settings, or with
+    :data:`TUNED`'s."""
     marked = _Marked(jobs)
-    settings: dict[str, Any] = {}
+    settings: dict[str, Any] = {"batch_handler": noop_batch} if batch else {"handler": noop}
     if tuned:
-        settings = {
+        settings |= {
             "batch_size": TUNED["batch_size"],
             "handler_settings": HandlerSettings(max_concurrency=TUNED["max_concurrency"]),
         }
     watch = kit.Stopwatch()
-    async with Timer(store, handler=noop, instrumentation=marked, **settings) as timer:
+    async with Timer(store, instrumentation=marked, **settings) as timer:
         await asyncio.wait_for(marked.done.wait(), 600)
         rate = kit.rate(jobs, watch.elapsed())
         # Marks counted once each: none left Scheduled (a timer marked twice would have
@@ -154,12 +170,37 @@ def _remove(directory: Path, name: str) -> None:
         leftover.unlink()
 
 
-async def sqlite_rounds(scratch: Path, rounds: int, jobs: int) -> list[dict[str, float]]:
+def child_round(path: Path, jobs: int, tree: Path | None) -> float:
+    """``timer_round`` at the defaults in a fresh process, on the sources of ``tree`` (an
+    exported commit) or, without, the current ones."""
+    env = kit.on_sources(tree)
+    command = [sys.executable, "-m", "timer_bench.handlers", "--child", str(path)]
+    done = subprocess.run(
+        [*command, "--jobs", str(jobs)], env=env, capture_output=True, text=True, check=False
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"the handlers child failed:\n{done.stderr[-3000:]}")
+    return float(json.loads(done.stdout.strip().splitlines()[-1])["rate"])
+
+
+async def sqlite_rounds(
+    scratch: Path, rounds: int, jobs: int, baseline: Path | None = None
+) -> list[dict[str, float]]:
+    sides = SQLITE_SIDES + (CHILD_SIDES if baseline is not None else [])
+
     async def measure(side: str, number: int) -> float:
         path = scratch / f"{side}-{number}.db"
         await seed(SqliteTimerStore(path), jobs)
-        if side in ("timer", "timer_tuned"):
-            result = await timer_round(SqliteTimerStore(path), jobs, tuned=side == "timer_tuned")
+        if side in ("timer", "timer_tuned", "timer_batch"):
+            result = await timer_round(
+                SqliteTimerStore(path),
+                jobs,
+                tuned=side == "timer_tuned",
+                batch=side == "timer_batch",
+            )
+        elif side in CHILD_SIDES:
+            tree = baseline if side == "timer_baseline" else None
+            result = await asyncio.to_thread(child_round, path, jobs, tree)
         elif side == "raw":
             result = await raw_round(path, jobs)
         else:
@@ -168,10 +209,13 @@ async def sqlite_rounds(scratch: Path, rounds: int, jobs: int) -> list[dict[str,
         _remove(scratch, f"{side}-{number}.db")
         return result
 
-    return await kit.alternated(rounds, SQLITE_SIDES, measure)
+    return await kit.alternated(rounds, sides, measure)
 
 
 def postgres_rounds(scratch: Path, rounds: int, jobs: int) -> list[dict[str, float]]:
+    from timer_bench.compare import POSTGRES, peer_python, peer_round
+    from timer_bench.procs import postgres
+
     python = peer_python(scratch)
     with postgres(POSTGRES) as pg:
 
@@ -218,6 +262,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--jobs", type=int, default=20_000)
     parser.add_argument("--postgres", action="store_true", help="also PostgreSQL vs pgqueuer")
+    parser.add_argument(
+        "--baseline-ref", help="also Timer's handler path on the sources of this commit"
+    )
 
 
 def main(args: argparse.Namespace) -> int:
@@ -235,22 +282,46 @@ def main(args: argparse.Namespace) -> int:
             "batch": BATCH,
             "timer": "Timer's defaults: batch_size 100, max_concurrency 100",
             "timer_tuned": TUNED,
+            "timer_batch": "batch_handler=noop_batch, Timer's defaults",
             "sqlite": (
                 "WAL; every mark commits unsynced: the yardstick at synchronous=NORMAL, the "
                 "store at its default FULL, which syncs only the commits of commands"
             ),
         },
     }
-    sqlite = asyncio.run(sqlite_rounds(scratch, args.rounds, args.jobs))
+    with tempfile.TemporaryDirectory(prefix="timer-handlers-baseline-") as tree:
+        baseline = kit.export_tree(args.baseline_ref, Path(tree)) if args.baseline_ref else None
+        sqlite = asyncio.run(sqlite_rounds(scratch, args.rounds, args.jobs, baseline))
     document["sqlite"] = summary(sqlite, SQLITE_SIDES, "raw")
     document["sqlite_rounds"] = sqlite
+    if baseline is not None:
+        document["settings"]["baseline_ref"] = args.baseline_ref
+        document["baseline"] = summary(sqlite, CHILD_SIDES, "timer_baseline")
     if args.postgres:
         pg_rounds = postgres_rounds(scratch, args.rounds, args.jobs)
         document["postgres"] = summary(pg_rounds, POSTGRES_SIDES, "pgqueuer")
         document["postgres_rounds"] = pg_rounds
+        from timer_bench.compare import POSTGRES
+
         document["settings"]["postgres"] = POSTGRES
     kit.write_result(document, args.output)
     from timer_bench.render import handlers_block
 
     print(handlers_block(document))
     return 0
+
+
+def child_main(argv: list[str]) -> int:
+    """``python -m timer_bench.handlers --child DB --jobs N``: one ``timer_round`` at the
+    defaults on whatever sources this process imports; prints its rate."""
+    parser = argparse.ArgumentParser(prog="python -m timer_bench.handlers --child")
+    parser.add_argument("--child", type=Path, required=True)
+    parser.add_argument("--jobs", type=int, required=True)
+    args = parser.parse_args(argv)
+    rate = asyncio.run(timer_round(SqliteTimerStore(args.child), args.jobs))
+    print(json.dumps({"rate": rate}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(child_main(sys.argv[1:]))

@@ -14,10 +14,13 @@ import os
 import platform
 import sqlite3
 import statistics
+import subprocess
 import sys
+import tarfile
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from datetime import UTC, datetime
+from io import BytesIO
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -130,15 +133,19 @@ async def alternated(
     measure: Callable[[str, int], Awaitable[T]],
     *,
     rotate: bool = True,
+    lead: int = 0,
 ) -> list[dict[str, T]]:
     """``measure(side, round)`` for every side in every round, the sides one after the other
     (A, B, A, B, ...; their order rotated each round when ``rotate``), so that a change in the
     machine's load hits every side alike. A yardstick that must run right before what it
-    measures comes first in ``sides`` with ``rotate=False``."""
+    measures comes first in ``sides`` with ``rotate=False``; with ``lead=n`` the first ``n``
+    sides run first in every round and only the others rotate (a yardstick, then two
+    versions of the same code taking turns to follow it)."""
     taken: list[dict[str, T]] = []
     for number in range(rounds):
-        shift = number % len(sides) if rotate else 0
-        order = [*sides[shift:], *sides[:shift]]
+        fixed, turning = list(sides[:lead]), list(sides[lead:])
+        shift = number % len(turning) if rotate and turning else 0
+        order = [*fixed, *turning[shift:], *turning[:shift]]
         results: dict[str, T] = {}
         for side in order:
             results[side] = await measure(side, number + 1)
@@ -236,6 +243,41 @@ def spread(values: Sequence[float], fmt: Callable[[float], str] = count) -> str:
     if len(values) == 1:
         return fmt(values[0])
     return f"{fmt(median(values))} ({fmt(min(values))}-{fmt(max(values))})"
+
+
+# -- an earlier commit's sources -------------------------------------------------------------
+
+#: The distributions whose sources a baseline (``--baseline-ref``) takes from another commit.
+PACKAGES = (
+    "timer_core",
+    "timer_adapters_memory",
+    "timer_adapters_sqlite",
+    "timer_adapters_nats",
+    "timer_adapters_postgres",
+    "timer_service",
+)
+
+
+def export_tree(ref: str, target: Path) -> Path:
+    """The packages' sources at ``ref``, unpacked under ``target`` (no git state changes)."""
+    archive = subprocess.run(
+        ["git", "-C", str(RESULTS.parents[1]), "archive", "--format=tar", ref, *PACKAGES],
+        capture_output=True,
+        check=True,
+    ).stdout
+    with tarfile.open(fileobj=BytesIO(archive)) as tar:
+        tar.extractall(target, filter="data")
+    return target
+
+
+def on_sources(tree: Path | None) -> dict[str, str]:
+    """This process's environment for a child that runs on ``tree``'s sources (an exported
+    commit, first on its ``PYTHONPATH``), or on the checkout's own (None)."""
+    env = dict(os.environ)
+    if tree is not None:
+        paths = [str(tree / p / "src") for p in PACKAGES]
+        env["PYTHONPATH"] = os.pathsep.join([*paths, *filter(None, [env.get("PYTHONPATH")])])
+    return env
 
 
 # -- results files ---------------------------------------------------------------------------

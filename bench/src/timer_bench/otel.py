@@ -15,15 +15,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
-from io import BytesIO
 from pathlib import Path
 from typing import Any
 
@@ -32,15 +29,6 @@ import attrs
 from timer_bench import kit
 from timer_bench.procs import package_versions
 
-ROOT = kit.RESULTS.parents[1]
-PACKAGES = (
-    "timer_core",
-    "timer_adapters_memory",
-    "timer_adapters_sqlite",
-    "timer_adapters_nats",
-    "timer_adapters_postgres",
-    "timer_service",
-)
 VARIANTS = ("off", "sdk", "sdk-traced", "sdk-timer-spans")
 BATCH = 100
 
@@ -187,24 +175,12 @@ def hooks(batches: int) -> dict[str, float]:
     return out
 
 
-def export_tree(ref: str, target: Path) -> Path:
-    """The packages' sources at ``ref``, unpacked under ``target`` (no git state changes)."""
-    archive = subprocess.run(
-        ["git", "-C", str(ROOT), "archive", "--format=tar", ref, *PACKAGES],
-        capture_output=True,
-        check=True,
-    ).stdout
-    with tarfile.open(fileobj=BytesIO(archive)) as tar:
-        tar.extractall(target, filter="data")
-    return target
-
-
 def run_one(variant: str, timers: int, baseline_tree: Path | None) -> dict[str, Any]:
-    env, child = dict(os.environ), variant
+    child = variant
     if variant == "baseline":
         assert baseline_tree is not None
-        env["PYTHONPATH"] = os.pathsep.join(str(baseline_tree / p / "src") for p in PACKAGES)
         child = "off"
+    env = kit.on_sources(baseline_tree if variant == "baseline" else None)
     command = [sys.executable, "-m", "timer_bench", "otel", "--child", child]
     done = subprocess.run(
         [*command, "--timers", str(timers)], env=env, capture_output=True, text=True, check=False
@@ -235,7 +211,7 @@ def main(args: argparse.Namespace) -> int:
     variants += ["baseline"] if args.baseline_ref else []
     machine = kit.machine(packages=package_versions("opentelemetry-sdk", "nats-py"))
     with tempfile.TemporaryDirectory(prefix="timer-otel-baseline-") as tree:
-        baseline = export_tree(args.baseline_ref, Path(tree)) if args.baseline_ref else None
+        baseline = kit.export_tree(args.baseline_ref, Path(tree)) if args.baseline_ref else None
 
         async def measure(variant: str, round_: int) -> dict[str, Any]:
             result = run_one(variant, args.timers, baseline)

@@ -220,6 +220,29 @@ def backlog_block(document: dict[str, Any]) -> str:
     )
 
 
+def fire_baseline_line(document: dict[str, Any]) -> str:
+    """The fire path against an earlier commit's service, in the same rounds (when run)."""
+    base = document["results"].get("fire_baseline")
+    if base is None:
+        return ""
+    rounds = base["rounds"]
+    rates = " / ".join(f"{r['service']['per_s'] / r['baseline']['per_s']:.2f}" for r in rounds)
+    cpus = " / ".join(
+        f"{r['service']['cpu_us_per_timer'] / r['baseline']['cpu_us_per_timer']:.2f}"
+        for r in rounds
+    )
+    return (
+        f" Against the service at `{document['service']['baseline_ref']}` (its own sources, "
+        f"same rounds, the two taking turns after the raw pipeline): rate "
+        f"**{times(base['rate_vs_baseline'])}** (rounds {rates}), the service's CPU per timer "
+        f"**{times(base['cpu_vs_baseline'])}** (rounds {cpus}; "
+        + " / ".join(f"{r['service']['cpu_us_per_timer']:.1f}" for r in rounds)
+        + " against "
+        + " / ".join(f"{r['baseline']['cpu_us_per_timer']:.1f}" for r in rounds)
+        + " us)."
+    )
+
+
 def fire_tenants_block(document: dict[str, Any]) -> str:
     service = document["service"]
     fire = document["results"]["fire"][str(service["batch_size"])]
@@ -234,7 +257,8 @@ def fire_tenants_block(document: dict[str, Any]) -> str:
         + f"; service {spread(fire.get('rounds_per_s', [fire['per_s']]))}/s, raw "
         f"{spread(raw.get('rounds_per_s', [raw['per_s']]))}/s; load average "
         + " / ".join(f"{x:.1f}" for x in fire.get("rounds_load", [fire["load"]]))
-        + f"). {checks_line(document['checks'])} {machine_line(document)}"
+        + f").{fire_baseline_line(document)} {checks_line(document['checks'])} "
+        f"{machine_line(document)}"
     )
 
 
@@ -707,6 +731,17 @@ def handlers_block(document: dict[str, Any]) -> str:
                 if "timer_tuned" in sqlite
                 else []
             ),
+            *(
+                [
+                    (
+                        "`Timer(store, batch_handler=noop_batch)`, default settings",
+                        "timer_batch",
+                        times(sqlite["timer_batch"]["vs_raw"]),
+                    )
+                ]
+                if "timer_batch" in sqlite
+                else []
+            ),
         )
     ]
     parts = [
@@ -716,6 +751,22 @@ def handlers_block(document: dict[str, Any]) -> str:
         f"{settings['rounds']} alternated rounds, median of the per-round ratios.",
         markdown_table("loop | timers/s | rounds | vs the yardstick", rows, "lrrr"),
     ]
+    if "baseline" in document:
+        base = document["baseline"]
+        parts.append(
+            f"The per-timer handler path against its own sources at "
+            f"`{settings['baseline_ref']}` (each in a process of its own, same rounds): "
+            f"{per_s(base['timer_child']['median_per_s'])} against "
+            f"{per_s(base['timer_baseline']['median_per_s'])}, "
+            f"**{times(base['timer_child']['vs_timer_baseline'])}** (rounds "
+            + " / ".join(
+                f"{c / b:.2f}"
+                for c, b in zip(
+                    base["timer_child"]["per_s"], base["timer_baseline"]["per_s"], strict=True
+                )
+            )
+            + ")."
+        )
     if "transcribed" in document:
         parts.append(f"Transcribed {document['transcribed']}.")
     if "postgres" in document:
@@ -733,6 +784,68 @@ def handlers_block(document: dict[str, Any]) -> str:
             f"no-op execution {per_s(pg['pgqueuer']['median_per_s'])}."
         )
     return "\n\n".join([*parts, machine_line(document)])
+
+
+# -- isolation -------------------------------------------------------------------------------
+
+
+def isolation_rows(document: dict[str, Any]) -> list[Sequence[object]]:
+    """One row per case and figure: per side, the median of the rounds, the worst, and the
+    rounds."""
+    results, sides = document["results"], ["current", "baseline"]
+    unacked = document["settings"]["unacked"]
+    figures = {
+        "storm": [
+            ("the quiet tenant's timer, handled late by", "quiet_late_s"),
+            ("the storm's last timer, handled after its due time", "storm_drained_s"),
+        ],
+        "unacked": [
+            (f"the {unacked['others']} others, stored late by: median", "late_p50_s"),
+            (f"the {unacked['others']} others, stored late by: most", "late_max_s"),
+        ],
+    }
+    rows: list[Sequence[object]] = []
+    for case, named in figures.items():
+        if case not in results:
+            continue
+        for what, key in named:
+            cells: list[object] = [what]
+            for side in sides:
+                taken = [float(one[key]) for one in results[case].get(side, [])]
+                cells.append(
+                    f"{median(taken):.3f} s, worst {max(taken):.3f} "
+                    f"({' / '.join(f'{x:.3f}' for x in taken)})"
+                    if taken
+                    else "-"
+                )
+            rows.append(cells)
+    return rows
+
+
+def isolation_block(document: dict[str, Any]) -> str:
+    settings = document["settings"]
+    storm, unacked = settings["storm"], settings["unacked"]
+    ref = settings.get("baseline_ref") or "-"
+    return "\n\n".join(
+        [
+            f"Run: `python -m timer_bench isolation --baseline-ref {ref}` on "
+            f"{document['date']}, {settings['rounds']} alternated rounds, each side in a "
+            "process of its own, at the defaults. Storm: `Timer(SqliteTimerStore(...), "
+            f"handler=...)`, tenant `storm` {storm['timers']:,} timers due at one instant "
+            f"(each call awaiting {storm['call_s'] * 1000:.0f} ms), tenant `quiet` one due "
+            f"{storm['quiet_after_s']} s later. Unacknowledged: `Timer(SqliteTimerStore(...), "
+            "broker.publisher)` on a nats-server (5 s ack timeout), one timer's subject read "
+            f"by a subscriber that never answers, {unacked['others']} timers of "
+            f"{unacked['tenants']} other tenants due with it and over the next "
+            f"{unacked['over_s']:g} s, lateness as JetStream stored them.",
+            markdown_table(
+                f"figure | current sources | at `{ref}`",
+                isolation_rows(document),
+                "lrr",
+            ),
+            f"{checks_line(document['checks'])} {machine_line(document, 'nats_server')}",
+        ]
+    )
 
 
 # -- the console and the census ----------------------------------------------------------
@@ -944,6 +1057,7 @@ BLOCKS: dict[str, Callable[[dict[str, Any]], str]] = {
     "publish": publish_block,
     "command-order": command_order_block,
     "handlers": handlers_block,
+    "isolation": isolation_block,
     "console-sqlite": console_block,
     "console-postgres": console_block,
     "durability": durability_block,

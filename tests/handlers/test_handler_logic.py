@@ -159,6 +159,62 @@ class TestDelivery:
         assert calls == 2
         assert stored is not None and stored.state is TimerState.REACHED
 
+    async def test_a_timeout_is_each_calls_own_whenever_it_started(self) -> None:
+        """The calls a find hands out share one deadline, from the turn they begin on: the
+        hung call of the first find times out, the quick one beside it does not, and a call
+        of a later find that outlives the first find's deadline keeps its own."""
+        hung = asyncio.Event()
+        ended: list[str] = []
+
+        async def handler(event: Event) -> None:
+            call = event.payload.service_call_id
+            if call == "hangs" and not hung.is_set():
+                hung.set()
+                await asyncio.sleep(3600)
+            if call == "later":
+                await asyncio.sleep(0.6)
+            ended.append(call)
+
+        metrics = Counting()
+        settings = HandlerSettings(timeout_s=1.0, retry_delay_s=0.01, jitter=0.0)
+        now = datetime.now(UTC)
+        async with Timer(
+            MemoryTimerStore(), handler=handler, handler_settings=settings, instrumentation=metrics
+        ) as timer:
+            await timer.schedule("shop-1", "hangs", now)
+            await timer.schedule("shop-1", "quick", now)
+            await timer.schedule("shop-2", "later", now + timedelta(seconds=0.6))
+            deadline = time.monotonic() + 60  # a budget for a busy machine, not a figure
+            while len(metrics.fired) < 3:
+                assert time.monotonic() < deadline, f"only {ended} handled"
+                await asyncio.sleep(0.01)
+        assert [str(error) for error in metrics.failed] == [
+            "the handler of shop-1/hangs failed: timed out after 1s"
+        ]
+        assert sorted(ended) == ["hangs", "later", "quick"]
+
+    async def test_calls_run_under_an_eager_task_factory(self) -> None:
+        """A host's task factory makes the calls' tasks (an eager one, where Python has it,
+        runs a call that needs no wait to its end at once): every timer is handled and the
+        Timer closes at once, waiting on no call that has ended."""
+        loop = asyncio.get_running_loop()
+        eager = getattr(asyncio, "eager_task_factory", None)
+        loop.set_task_factory(eager or (lambda loop, coro, **kw: asyncio.Task(coro, loop=loop)))
+        try:
+            handler = Recorder()
+            metrics = Counting()
+            timer = Timer(MemoryTimerStore(), handler=handler, instrumentation=metrics)
+            async with timer:
+                for n in range(50):
+                    await timer.schedule("shop-1", f"order-{n}", datetime.now(UTC))
+                deadline = time.monotonic() + 60  # a budget for a busy machine, not a figure
+                while len(metrics.fired) < 50:
+                    assert time.monotonic() < deadline, f"{len(metrics.fired)} of 50 handled"
+                    await asyncio.sleep(0.01)
+            assert len(handler.calls) == 50
+        finally:
+            loop.set_task_factory(None)
+
 
 class Tracing(Instrumentation):
     """Puts a span's trace context on each firing, as the OpenTelemetry instrumentation does,

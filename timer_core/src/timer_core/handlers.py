@@ -137,6 +137,19 @@ def _reraise(exc: BaseException) -> None:
     raise exc
 
 
+class _Started:
+    """The calls one :meth:`HandlerCalls.start` began: their tasks, how many still run, and
+    the deadline they share where the delivery's calls begin together."""
+
+    __slots__ = ("deadline", "left", "tasks", "timed_out")
+
+    def __init__(self, count: int) -> None:
+        self.tasks: list[asyncio.Future[None] | None] = []
+        self.left = count
+        self.deadline: asyncio.TimerHandle | None = None
+        self.timed_out = False
+
+
 class HandlerCalls(Delivery):
     """The host's function called in tasks of the pipeline's: at most
     ``settings.max_concurrency`` timers at once; on :meth:`aclose` the calls under way get
@@ -149,14 +162,21 @@ class HandlerCalls(Delivery):
     What a handler can see is the same either way (``python -m timer_bench handlers-pythons``
     turns it off to measure what it saves)."""
 
+    #: Whether the calls one :meth:`start` hands out share one deadline: they begin together,
+    #: on the loop's next turn (an async handler's), so ``timeout_s`` after that turn is
+    #: ``timeout_s`` after each call's start; one timer handle a find rather than one a call.
+    shares_deadline = False
+
     def __init__(self, settings: HandlerSettings) -> None:
         self.settings = settings
         self.places = settings.max_concurrency
         self._calls: set[asyncio.Future[None]] = set()
         self._closing = False
 
-    def _run(self, call: Coroutine[Any, Any, None]) -> None:
-        """Start one handler call: the one place a call's task is made."""
+    def _run(self, call: Coroutine[Any, Any, None]) -> asyncio.Future[None] | None:
+        """Start one handler call: the one place a call's task is made. It stays in
+        ``_calls`` (what :meth:`aclose` waits for) until it ends; None when its eager
+        first step raised what stops the loop."""
         loop = asyncio.get_running_loop()
         task: asyncio.Future[None]
         if loop.get_task_factory() is not None:
@@ -171,39 +191,61 @@ class HandlerCalls(Delivery):
                 # it, so none of them runs before the loop stops (as on Python 3.11).
                 self.eager_start = False
                 loop.call_soon(_reraise, exc)
-                return
+                return None
         else:
             # The loop's own task type, made directly (a fifth of a call's cost).
             task = asyncio.Task(call, loop=loop)
-        if not task.done():
+        if not task.done():  # an eager start may have run it to its end
             self._calls.add(task)
-            task.add_done_callback(self._calls.discard)
+        return task
 
     def _cut_off(self, envelope: Event) -> HandlerFailed:
         return _failure(envelope, "cancelled by the shutdown")
 
-    def start(self, envelopes: Sequence[Event], done: Outcome) -> None:
-        for index, envelope in enumerate(envelopes):
-            self._run(self._told(index, envelope, done))
+    def _timed_out(self, envelope: Event, cause: BaseException | None = None) -> HandlerFailed:
+        return _failure(envelope, f"timed out after {self.settings.timeout_s:g}s", cause)
 
-    async def _told(self, index: int, envelope: Event, done: Outcome) -> None:
+    def start(self, envelopes: Sequence[Event], done: Outcome) -> None:
+        started = _Started(len(envelopes))
+        tasks = started.tasks
+        for index, envelope in enumerate(envelopes):
+            tasks.append(self._run(self._told(index, envelope, done, started)))
+
+    async def _told(self, index: int, envelope: Event, done: Outcome, started: _Started) -> None:
         """One timer's call (:meth:`_call`), its outcome told to ``done``: a timeout, a
         shutdown's cut or the handler's exception is that timer's failure alone."""
+        if self.shares_deadline and started.deadline is None:
+            # The first of the calls to begin: the others begin on this same turn.
+            started.deadline = asyncio.get_running_loop().call_later(
+                self.settings.timeout_s, _time_out, started
+            )
         try:
             await self._call(envelope)
         except TimeoutError as exc:
-            done(index, _failure(envelope, f"timed out after {self.settings.timeout_s:g}s", exc))
+            done(index, self._timed_out(envelope, exc))
         except asyncio.CancelledError:
+            if started.timed_out and not self._closing:
+                done(index, self._timed_out(envelope))
+                return
             done(index, self._cut_off(envelope))
             raise
         except Exception as exc:
             done(index, _raised(envelope, exc))
         else:
             done(index, None)
+        finally:
+            # Not yet listed when it ran eagerly to its end (nor then in the calls' set).
+            task = started.tasks[index] if index < len(started.tasks) else None
+            if task is not None:
+                self._calls.discard(task)
+            started.left -= 1
+            if started.left == 0 and started.deadline is not None:
+                started.deadline.cancel()
 
     async def _call(self, envelope: Event) -> None:
-        """Call the handler with one timer's envelope; raises TimeoutError past the timeout.
-        Deliveries of one call per timer override it (a batch's overrides :meth:`start`)."""
+        """Call the handler with one timer's envelope; raises TimeoutError past the timeout
+        (or is cancelled at the shared deadline). Deliveries of one call per timer override
+        it (a batch's overrides :meth:`start`)."""
         raise NotImplementedError
 
     async def aclose(self) -> None:
@@ -226,8 +268,20 @@ class HandlerCalls(Delivery):
             await asyncio.wait(late)
 
 
+def _time_out(started: _Started) -> None:
+    """The shared deadline: every call of ``started`` still running is cancelled, and
+    counts as timed out."""
+    started.timed_out = True
+    for task in started.tasks:
+        if task is not None and not task.done():
+            task.cancel()
+
+
 class _AsyncCalls(HandlerCalls):
-    """A coroutine function, awaited on the event loop, cancelled at its timeout."""
+    """A coroutine function, awaited on the event loop, cancelled at its timeout (the
+    deadline its find's calls share: they all begin on one turn of the loop)."""
+
+    shares_deadline = True
 
     def __init__(
         self, handler: Callable[[Event], Awaitable[None]], settings: HandlerSettings
@@ -236,8 +290,7 @@ class _AsyncCalls(HandlerCalls):
         self._handler = handler
 
     async def _call(self, envelope: Event) -> None:
-        async with asyncio.timeout(self.settings.timeout_s):
-            await self._handler(envelope)
+        await self._handler(envelope)
 
 
 class _ThreadCalls(HandlerCalls):
@@ -311,7 +364,9 @@ class _BatchCalls(HandlerCalls):
         self._handler = handler
 
     def start(self, envelopes: Sequence[Event], done: Outcome) -> None:
-        self._run(self._call_batch(envelopes, done))
+        task = self._run(self._call_batch(envelopes, done))
+        if task is not None and not task.done():
+            task.add_done_callback(self._calls.discard)
 
     async def _call_batch(self, envelopes: Sequence[Event], done: Outcome) -> None:
         timeout = self.settings.timeout_s
@@ -320,7 +375,7 @@ class _BatchCalls(HandlerCalls):
                 outcomes = await self._handler(envelopes)
         except TimeoutError as exc:
             for index, envelope in enumerate(envelopes):
-                done(index, _failure(envelope, f"timed out after {timeout:g}s", exc))
+                done(index, self._timed_out(envelope, exc))
             return
         except asyncio.CancelledError:
             for index, envelope in enumerate(envelopes):

@@ -27,7 +27,6 @@ import asyncio
 import json
 import os
 import sqlite3
-import subprocess
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -173,14 +172,9 @@ def _remove(directory: Path, name: str) -> None:
 def child_round(path: Path, jobs: int, tree: Path | None) -> float:
     """``timer_round`` at the defaults in a fresh process, on the sources of ``tree`` (an
     exported commit) or, without, the current ones."""
-    env = kit.on_sources(tree)
     command = [sys.executable, "-m", "timer_bench.handlers", "--child", str(path)]
-    done = subprocess.run(
-        [*command, "--jobs", str(jobs)], env=env, capture_output=True, text=True, check=False
-    )
-    if done.returncode != 0:
-        raise RuntimeError(f"the handlers child failed:\n{done.stderr[-3000:]}")
-    return float(json.loads(done.stdout.strip().splitlines()[-1])["rate"])
+    command += ["--jobs", str(jobs)]
+    return float(kit.run_child(command, tree, "the handlers child")["rate"])
 
 
 async def sqlite_rounds(

@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import subprocess
 import sys
 import tempfile
 import time
@@ -178,14 +177,10 @@ def seed(db: Path, case: str, sizes: tuple[int, int, float]) -> int:
 def run_child(
     case: str, db: Path, due_ms: int, count: int, url: str | None, tree: Path | None
 ) -> dict[str, Any]:
-    env = kit.on_sources(tree)
     command = [sys.executable, "-m", "timer_bench.isolation", "--child", case]
     command += ["--db", str(db), "--due-ms", str(due_ms), "--count", str(count)]
     command += ["--url", url] if url else []
-    done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        raise RuntimeError(f"the {case} child failed:\n{done.stderr[-3000:]}")
-    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+    return kit.run_child(command, tree, f"the {case} child")
 
 
 async def rounds_of(

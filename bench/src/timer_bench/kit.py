@@ -270,6 +270,17 @@ def export_tree(ref: str, target: Path) -> Path:
     return target
 
 
+def run_child(command: Sequence[str], tree: Path | None, what: str) -> dict[str, Any]:
+    """Run ``command`` (a measuring child: its last line of output is its JSON result) on
+    ``tree``'s sources (:func:`on_sources`); its result, or RuntimeError with its errors."""
+    done = subprocess.run(
+        command, env=on_sources(tree), capture_output=True, text=True, check=False
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"{what} failed:\n{done.stderr[-3000:]}")
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
 def on_sources(tree: Path | None) -> dict[str, str]:
     """This process's environment for a child that runs on ``tree``'s sources (an exported
     commit, first on its ``PYTHONPATH``), or on the checkout's own (None)."""

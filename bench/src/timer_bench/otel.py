@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import subprocess
 import sys
 import tempfile
 import time
@@ -180,14 +179,9 @@ def run_one(variant: str, timers: int, baseline_tree: Path | None) -> dict[str, 
     if variant == "baseline":
         assert baseline_tree is not None
         child = "off"
-    env = kit.on_sources(baseline_tree if variant == "baseline" else None)
     command = [sys.executable, "-m", "timer_bench", "otel", "--child", child]
-    done = subprocess.run(
-        [*command, "--timers", str(timers)], env=env, capture_output=True, text=True, check=False
-    )
-    if done.returncode != 0:
-        raise RuntimeError(f"{variant} failed:\n{done.stderr[-3000:]}")
-    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+    command += ["--timers", str(timers)]
+    return kit.run_child(command, baseline_tree if variant == "baseline" else None, variant)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -416,7 +416,10 @@ def isolation(d: dict[str, Any]) -> Figures:
         return [float(one[key]) for one in results.get(case, {}).get(side, [])]
 
     def seconds(values: list[float], pick: Callable[[list[float]], float]) -> str:
-        return f"{pick(values):.2f} s" if values else "-"
+        if not values:
+            return "-"
+        value = pick(values)
+        return f"{value * 1000:.0f} ms" if value < 1 else f"{value:.2f} s"
 
     for side, prefix in (("current", ""), ("baseline", "baseline_")):
         quiet = taken("storm", "quiet_late_s", side)
@@ -530,6 +533,7 @@ PAGES: dict[str, Callable[[dict[str, Any]], Figures]] = {
     "fairness": fairness,
     "handlers": handlers,
     "faults": faults,
+    "isolation": isolation,
 }
 
 

@@ -114,9 +114,14 @@ class TimerMachine(RuleBasedStateMachine):
     def settle(self) -> None:
         """Let the worker run until it sleeps on the fake clock again (idle or backing off)."""
 
+        # The worker may go to sleep while a delivery or a mark is still under way (after a
+        # few turns of the loop it stops waiting for them): settled means those ended too,
+        # or the model would be checked against a store that changes behind its back.
+        pipeline = self.worker._firing
+
         async def asleep() -> None:
             async with asyncio.timeout(10):
-                while self.clock.sleepers != 1:
+                while self.clock.sleepers != 1 or (pipeline.busy and not self.store_down):
                     assert not self.task.done(), "the worker loop died"
                     await asyncio.sleep(0)
 

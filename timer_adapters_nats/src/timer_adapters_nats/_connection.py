@@ -195,7 +195,9 @@ async def connect(
             else:
                 dropped.clear()
             if len(dropped) >= TLS_DROPS_BEFORE_GIVING_UP and not refused.done():
-                refused.set_result(TlsDropped(len(dropped)))
+                refused.set_result(
+                    TlsDropped(len(dropped), certificate_given=tls_cert_file is not None)
+                )
             elif _incurable(error) and not refused.done():
                 refused.set_result(error)
         else:
@@ -320,15 +322,20 @@ _DROPPED_AFTER_HANDSHAKE = (BrokenPipeError, ConnectionResetError)
 class TlsDropped(nats.errors.Error):
     """The server cut a TLS connection before the NATS handshake, on several attempts in a row."""
 
-    def __init__(self, times: int) -> None:
+    def __init__(self, times: int, *, certificate_given: bool) -> None:
         super().__init__(times)
         self.times = times
+        self.certificate_given = certificate_given
 
     def __str__(self) -> str:
+        cause = (
+            "does it accept this client certificate (signed by a CA it trusts)?"
+            if self.certificate_given
+            else "it requires a client certificate, and none is set (tls_cert_file)?"
+        )
         return (
             f"the server cut the TLS connection {self.times} times in a row before the NATS "
-            f"handshake was done: that is how a TLS server refuses a client certificate "
-            f"(is it signed by a CA the server trusts?)"
+            f"handshake was done, as a TLS server refuses a client's certificate: {cause}"
         )
 
 

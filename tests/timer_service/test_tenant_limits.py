@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
@@ -18,79 +17,42 @@ import nats
 import nats.errors
 import pytest
 
-from tests.secure_nats import start_server_from_file
-from tests.timer_service.process import ServiceProcess, free_port
-from timer_adapters_nats import BrokerUnavailable, NatsBroker, NatsSettings, TimerClient
-from timer_adapters_nats.embedded import NatsServerProcess
-from timer_service.tenancy import TenantLimits, nats_config, secret_variable
+from tests.timer_service.tenant_rig import REFUSED_WAIT_S, TenantDeployment, running
+from timer_adapters_nats import BrokerUnavailable, NatsBroker, TimerClient
+from timer_service.tenancy import TenantLimits, nats_config
 
 TENANTS = ("tenant-a", "tenant-b")
 PASSWORDS = {"timer-service": "svc-pw", "tenant-a": "a-pw", "tenant-b": "b-pw"}
 LIMITS = TenantLimits(
     max_connections=3, max_subscriptions=12, max_payload=2048, max_queued=30, max_dead_letters=4
 )
-#: A refused request gets no reply: how long each of those waits.
-REFUSED_WAIT_S = 1.0
 #: Budget for the service to take and dead-letter a command on a busy machine.
 WITHIN_S = 30.0
 FAR = datetime.now(UTC) + timedelta(days=30)
 
 
-class Deployment:
+class Deployment(TenantDeployment):
     """A server from the recipe written with LIMITS, and the service logged in to it."""
 
     def __init__(self, root: Path) -> None:
         recipe = root / "tenants.conf"
         recipe.write_text(nats_config(list(TENANTS), limits=LIMITS))
-        environment = {
-            secret_variable(None, "password"): PASSWORDS["timer-service"],
-            **{secret_variable(t, "password"): PASSWORDS[t] for t in TENANTS},
+        limits = {
+            "TIMER_MAX_PENDING_PER_TENANT": "2",
+            "TIMER_MAX_QUEUED_PER_TENANT": str(LIMITS.max_queued),
+            "TIMER_MAX_DEAD_LETTERS_PER_TENANT": str(LIMITS.max_dead_letters),
         }
-        self.server: NatsServerProcess = start_server_from_file(root / "nats", recipe, environment)
-        env = {k: v for k, v in os.environ.items() if not k.startswith("TIMER_")}
-        env.update(
-            TIMER_DB_PATH=str(root / "timer.db"),
-            TIMER_BROKER_URL=self.url("timer-service"),
-            TIMER_TENANTS=",".join(TENANTS),
-            TIMER_HTTP_PORT=str(free_port()),
-            TIMER_POLLING_INTERVAL="200",
-            TIMER_MAX_PENDING_PER_TENANT="2",
-            TIMER_MAX_QUEUED_PER_TENANT=str(LIMITS.max_queued),
-            TIMER_MAX_DEAD_LETTERS_PER_TENANT=str(LIMITS.max_dead_letters),
-        )
-        self.service = ServiceProcess(env, root, root / "service.log")
-        try:
-            self.service.start()
-            self.service.wait_healthy()
-        except BaseException:
-            self.stop()
-            raise
-
-    def url(self, user: str) -> str:
-        return f"nats://{user}:{PASSWORDS[user]}@127.0.0.1:{self.server.port}"
-
-    def stop(self) -> None:
-        try:
-            self.service.kill_group()
-        finally:
-            self.server.stop()
+        super().__init__(root, recipe, TENANTS, PASSWORDS, limits)
 
 
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
-    deployment = Deployment(tmp_path_factory.mktemp("limits"))
-    try:
-        yield deployment
-    finally:
-        deployment.stop()
+    yield from running(Deployment(tmp_path_factory.mktemp("limits")))
 
 
 @asynccontextmanager
 async def connected(deployment: Deployment, user: str) -> AsyncIterator[NatsBroker]:
-    settings = NatsSettings(
-        url=deployment.url(user), provision=False, ack_timeout_s=REFUSED_WAIT_S, client_name=user
-    )
-    broker = NatsBroker(settings)
+    broker = NatsBroker(deployment.settings(user))
     await broker.start()
     try:
         yield broker

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 import urllib.request
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -20,12 +19,13 @@ import nats.js.errors
 import pytest
 from nats.js.api import ConsumerConfig
 
-from tests.secure_nats import DEPLOY_NATS, start_server_from_file
-from tests.timer_service.process import ServiceProcess, free_port, http_get
-from timer_adapters_nats import DueEventConsumerSettings, NatsBroker, NatsSettings, TimerClient
+from tests.secure_nats import DEPLOY_NATS
+from tests.timer_service.process import http_get
+from tests.timer_service.tenant_rig import REFUSED_WAIT_S, TenantDeployment, running
+from timer_adapters_nats import DueEventConsumerSettings, NatsBroker, TimerClient
 from timer_core import PublishError
 from timer_core.codec import encode_envelope
-from timer_service.tenancy import nats_config, secret_variable
+from timer_service.tenancy import nats_config
 
 RECIPE = DEPLOY_NATS / "tenants.conf"
 TENANTS = ("tenant-a", "tenant-b")
@@ -35,60 +35,21 @@ PASSWORDS = {
     "tenant-b": "tenant-b-pw-3",
 }
 HTTP_TOKEN = "http-token-for-the-attack-tests"
-# A refused request gets no reply: how long each of those waits.
-REFUSED_WAIT_S = 1.0
 VIOLATION = "permissions violation"
 # Tenants read their own consumer, which the service made (TIMER_TENANTS).
 READ_ONLY = DueEventConsumerSettings(provision=False)
 
 
-class Deployment:
+class Deployment(TenantDeployment):
     """The recipe's server and the service logged in as its user."""
 
     def __init__(self, root: Path) -> None:
-        environment = {
-            secret_variable(None, "password"): PASSWORDS["timer-service"],
-            **{secret_variable(t, "password"): PASSWORDS[t] for t in TENANTS},
-        }
-        self.server = start_server_from_file(root / "nats", RECIPE, environment)
-        env = {k: v for k, v in os.environ.items() if not k.startswith("TIMER_")}
-        env.update(
-            TIMER_DB_PATH=str(root / "timer.db"),
-            TIMER_BROKER_URL=self.url("timer-service"),
-            TIMER_TENANTS=",".join(TENANTS),
-            TIMER_HTTP_PORT=str(free_port()),
-            TIMER_HTTP_TOKEN=HTTP_TOKEN,
-            TIMER_POLLING_INTERVAL="200",
-        )
-        self.service = ServiceProcess(env, root, root / "service.log")
-        try:
-            self.service.start()
-            self.service.wait_healthy()
-        except BaseException:
-            self.stop()
-            raise
-
-    def url(self, user: str) -> str:
-        return f"nats://{user}:{PASSWORDS[user]}@127.0.0.1:{self.server.port}"
-
-    def settings(self, user: str) -> NatsSettings:
-        """A user's settings: no provisioning, refusals noticed quickly."""
-        return NatsSettings(
-            url=self.url(user), provision=False, ack_timeout_s=REFUSED_WAIT_S, client_name=user
-        )
-
-    def stop(self) -> None:
-        self.service.kill_group()
-        self.server.stop()
+        super().__init__(root, RECIPE, TENANTS, PASSWORDS, {"TIMER_HTTP_TOKEN": HTTP_TOKEN})
 
 
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
-    started = Deployment(tmp_path_factory.mktemp("tenants"))
-    try:
-        yield started
-    finally:
-        started.stop()
+    yield from running(Deployment(tmp_path_factory.mktemp("tenants")))
 
 
 @asynccontextmanager

@@ -112,6 +112,18 @@ class TestDecodeCommand:
             decode_command(data, position=position)
 
     @pytest.mark.parametrize("separators", [(", ", ": "), (",", ":")])
+    def test_hour_24_is_refused_on_every_python(self, separators: tuple[str, str]) -> None:
+        """``T24:00`` is no RFC 3339 time, though Python 3.14's fromisoformat reads it as
+        the next midnight: refused by the shortcut and the codec alike, compact or spaced."""
+        schedule = ScheduleTimer("tenant-a", "call-1", datetime(2030, 1, 1, tzinfo=UTC))
+        envelope_id = "01b8dac5-b400-7179-84fb-2914bb7f2a08"
+        obj = envelope_to_dict(MessageEnvelope(id=envelope_id, payload=schedule, timestamp_ms=0))
+        obj["payload"]["dueAt"] = "2030-01-01T24:00:00.000Z"
+        data = json.dumps(obj, separators=separators).encode()
+        with pytest.raises(DecodeError, match="hour"):
+            decode_command(data)
+
+    @pytest.mark.parametrize("separators", [(", ", ": "), (",", ":")])
     @given(ts.command_envelopes(), st.lists(mutations(), min_size=1, max_size=3))
     def test_edited_commands_decode_or_fail_as_the_codec_does(
         self,

@@ -29,8 +29,10 @@ from timer_core.errors import TimerError
 __all__ = ["command", "due_event"]
 
 # The one timestamp form Timer writes; anything else (offsets, other precisions) is the codec's.
+# Hours 00-23 only: Python 3.14's fromisoformat reads 24:00 as the next midnight, which
+# RFC 3339 and the codec refuse on every Python.
 _CANONICAL_TIMESTAMP = re.compile(
-    r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{3}Z", re.ASCII
+    r"[0-9]{4}-[0-9]{2}-[0-9]{2}T(?:[01][0-9]|2[0-3]):[0-9]{2}:[0-9]{2}\.[0-9]{3}Z", re.ASCII
 )
 _ENVELOPE_KEYS = frozenset(
     ("id", "type", "tenantId", "aggregateId", "timestampMs", "correlationId", "causationId")
@@ -56,7 +58,7 @@ _EXACT_COMMAND = re.compile(
     r'"payload":\{"_tag":"(?P<tag>ScheduleTimer|CancelTimer)",'
     rf'"tenantId":"(?P<payload_tenant>{_TOKEN})",'
     rf'"serviceCallId":"(?P<call>{_TOKEN})"'
-    r'(?:,"dueAt":"(?P<due>[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{3}Z)")?'
+    r'(?:,"dueAt":"(?P<due>[0-9]{4}-[0-9]{2}-[0-9]{2}T(?:[01][0-9]|2[0-3]):[0-9]{2}:[0-9]{2}\.[0-9]{3}Z)")?'
     r"\}\}",
     re.ASCII,
 )

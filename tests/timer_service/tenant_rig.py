@@ -4,12 +4,13 @@ as the tenant isolation tests (permissions, limits) start it."""
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 from tests.secure_nats import start_server_from_file
 from tests.timer_service.process import ServiceProcess, free_port
-from timer_adapters_nats import NatsSettings
+from timer_adapters_nats import NatsBroker, NatsSettings
 from timer_adapters_nats.embedded import NatsServerProcess
 from timer_service.tenancy import secret_variable
 
@@ -74,3 +75,14 @@ def running(deployment: TenantDeployment) -> Iterator[TenantDeployment]:
         yield deployment
     finally:
         deployment.stop()
+
+
+@asynccontextmanager
+async def connected(deployment: TenantDeployment, user: str) -> AsyncIterator[NatsBroker]:
+    """A broker logged in to ``deployment``'s server as ``user``, closed on the way out."""
+    broker = NatsBroker(deployment.settings(user))
+    await broker.start()
+    try:
+        yield broker
+    finally:
+        await broker.aclose()

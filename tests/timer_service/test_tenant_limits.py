@@ -8,8 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -17,8 +16,8 @@ import nats
 import nats.errors
 import pytest
 
-from tests.timer_service.tenant_rig import REFUSED_WAIT_S, TenantDeployment, running
-from timer_adapters_nats import BrokerUnavailable, NatsBroker, TimerClient
+from tests.timer_service.tenant_rig import REFUSED_WAIT_S, TenantDeployment, connected, running
+from timer_adapters_nats import BrokerUnavailable, TimerClient
 from timer_service.tenancy import TenantLimits, nats_config
 
 TENANTS = ("tenant-a", "tenant-b")
@@ -48,16 +47,6 @@ class Deployment(TenantDeployment):
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
     yield from running(Deployment(tmp_path_factory.mktemp("limits")))
-
-
-@asynccontextmanager
-async def connected(deployment: Deployment, user: str) -> AsyncIterator[NatsBroker]:
-    broker = NatsBroker(deployment.settings(user))
-    await broker.start()
-    try:
-        yield broker
-    finally:
-        await broker.aclose()
 
 
 async def next_dead_letter(deployment: Deployment, tenant: str) -> nats.aio.msg.Msg:

@@ -9,8 +9,7 @@ import asyncio
 import json
 import logging
 import urllib.request
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -21,7 +20,7 @@ from nats.js.api import ConsumerConfig
 
 from tests.secure_nats import DEPLOY_NATS
 from tests.timer_service.process import http_get
-from tests.timer_service.tenant_rig import REFUSED_WAIT_S, TenantDeployment, running
+from tests.timer_service.tenant_rig import REFUSED_WAIT_S, TenantDeployment, connected, running
 from timer_adapters_nats import DueEventConsumerSettings, NatsBroker, TimerClient
 from timer_core import PublishError
 from timer_core.codec import encode_envelope
@@ -50,16 +49,6 @@ class Deployment(TenantDeployment):
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
     yield from running(Deployment(tmp_path_factory.mktemp("tenants")))
-
-
-@asynccontextmanager
-async def connected(deployment: Deployment, user: str) -> AsyncIterator[NatsBroker]:
-    broker = NatsBroker(deployment.settings(user))
-    await broker.start()
-    try:
-        yield broker
-    finally:
-        await broker.aclose()
 
 
 async def next_event_ids(broker: NatsBroker, user: str, count: int) -> list[str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 
@@ -15,6 +16,7 @@ from timer_core import (
     MessageEnvelope,
     Timer,
     TimerState,
+    ValidationError,
 )
 
 T0 = datetime(2030, 1, 1, 9, 0, tzinfo=UTC)
@@ -109,3 +111,87 @@ class TestBatchHandler:
 
         with pytest.raises(ConfigurationError, match="not both"):
             Timer(MemoryTimerStore(), handler=handler, batch_handler=batch)
+
+
+class TestBatchSizes:
+    """How many timers a call gets: up to the Timer's batch_size, 1,000 unless given; and
+    max_concurrency calls at once."""
+
+    async def _calls_for(self, due: int, **settings: object) -> list[int]:
+        sizes: list[int] = []
+
+        async def on_due(events: Sequence[Event]) -> None:
+            sizes.append(len(events))
+
+        clock = FakeClock(T0)
+        async with Timer(
+            MemoryTimerStore(),
+            batch_handler=on_due,
+            clock=clock,
+            **settings,  # type: ignore[arg-type]
+        ) as timer:
+            for n in range(due):
+                await timer.schedule(f"shop-{n % 7}", f"order-{n}", T0 + timedelta(seconds=1))
+            await timer.wait_until_idle()
+            clock.advance(1)
+            await timer.wait_until_idle()
+            assert await timer.store.count_scheduled() == 0
+        return sizes
+
+    async def test_a_call_takes_up_to_a_thousand_timers_by_default(self) -> None:
+        """2,500 due timers come in calls of 1,000, 1,000 and 500, not 25 calls of 100."""
+        assert sorted(await self._calls_for(2500), reverse=True) == [1000, 1000, 500]
+
+    async def test_the_timers_batch_size_caps_a_call(self) -> None:
+        """``Timer(batch_size=...)`` is the most timers a call gets."""
+        sizes = await self._calls_for(250, batch_size=100)
+        assert max(sizes) == 100 and sum(sizes) == 250
+
+    def test_a_batch_size_that_is_not_a_count_is_refused(self) -> None:
+        """A batch size of the wrong type is refused when the Timer is made."""
+
+        async def on_due(events: Sequence[Event]) -> None:
+            return None
+
+        with pytest.raises(ValidationError, match="batch_size"):
+            Timer(MemoryTimerStore(), batch_handler=on_due, batch_size="1000")  # type: ignore[arg-type]
+
+    async def test_max_concurrency_counts_calls_not_timers(self) -> None:
+        """With ``max_concurrency=2``, two calls of many timers each run at once, and a third
+        waits for a place."""
+        running = 0
+        most = 0
+        release = asyncio.Event()
+        sizes: list[int] = []
+
+        async def on_due(events: Sequence[Event]) -> None:
+            nonlocal running, most
+            running += 1
+            most = max(most, running)
+            sizes.append(len(events))
+            await release.wait()
+            running -= 1
+
+        clock = FakeClock(T0)
+        settings = HandlerSettings(max_concurrency=2)
+        async with Timer(
+            MemoryTimerStore(),
+            batch_handler=on_due,
+            handler_settings=settings,
+            batch_size=10,
+            clock=clock,
+        ) as timer:
+            for n in range(30):
+                await timer.schedule("shop-1", f"order-{n:02d}", T0 + timedelta(seconds=1))
+            await timer.wait_until_idle()
+            clock.advance(1)
+            # The third call waits for a place while the first two run.
+            while len(sizes) < 2:
+                await asyncio.sleep(0)
+            for _ in range(50):
+                await asyncio.sleep(0)
+            assert sizes == [10, 10] and most == 2
+            release.set()
+            await timer.wait_until_idle()
+            assert await timer.store.count_scheduled() == 0
+        assert sizes == [10, 10, 10] and most == 2

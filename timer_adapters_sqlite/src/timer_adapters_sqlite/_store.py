@@ -13,9 +13,11 @@ import json
 import logging
 import os
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from functools import partial
+from operator import itemgetter
 from typing import Any, TypeVar
 
 import sqlalchemy as sa
@@ -28,6 +30,7 @@ from timer_adapters_sqlite._paths import database_path, require_directory
 from timer_adapters_sqlite._rows import entries_read, entry_from_row, read_timestamp
 from timer_adapters_sqlite._schema import StoreMode, Synchronous, check_schema, create_sqlite_engine
 from timer_adapters_sqlite._sql import (
+    COUNT_DUE,
     COUNT_FAR_BOUNDARY,
     COUNT_FAR_REST,
     COUNT_SCHEDULED_BOUNDARY,
@@ -75,6 +78,11 @@ from timer_core.instants import format_timestamp, require_utc
 __all__ = ["SqliteTimerStore"]
 
 log = logging.getLogger(__name__)
+# A row of COLUMNS in due order (due_at, tenant, call), and its tenant.
+_DUE_ORDER = itemgetter(3, 0, 1)
+_TENANT = itemgetter(0)
+# Before every stored (due_at, service_call_id): no cursor yet.
+_NO_CURSOR = ("", "")
 
 T = TypeVar("T")
 
@@ -479,41 +487,47 @@ class SqliteTimerStore(
         def find(connection: sa.Connection) -> list[TimerEntry]:
             driver = driver_of(connection)
             # When every due timer fits in this claim there is nothing to share out: one walk
-            # of the due index (``limit + 1`` entries at most) instead of the tenant scan
-            # below, a few seeks per tenant with pending timers, due or not (2 ms a pass
-            # with a thousand tenants), which a steady stream of timers coming due paid on
-            # every pass. The drain's cursors still leave out what it already took.
-            due = driver.execute(FIND_DUE, (now_text, limit + 1)).fetchall()
-            if len(due) <= limit:
-                fresh = [row for row in due if (row[3], row[1]) > cursors.get(row[0], ("", ""))]
-                return sorted((entry_from_row(row) for row in fresh), key=DueCursor.of)
+            # of the due index (``limit + 1`` entries at most, counted, not read) instead of
+            # the tenant scan below, a few seeks per tenant with pending timers, due or not
+            # (2 ms a pass with a thousand tenants), which a steady stream of timers coming
+            # due paid on every pass. The drain's cursors still leave out what it already
+            # took.
+            (count,) = driver.execute(COUNT_DUE, (now_text, limit + 1)).fetchone()
+            if count <= limit:
+                # In due order already (the statement's ORDER BY).
+                due = driver.execute(FIND_DUE, (now_text, limit)).fetchall()
+                return [
+                    entry_from_row(row)
+                    for row in due
+                    if (row[3], row[1]) > cursors.get(row[0], _NO_CURSOR)
+                ]
             # At most ``limit`` tenants take part (one timer each at least): the others are
             # not even listed, so a backlog over many tenants costs no memory per tenant.
             active = [row[0] for row in driver.execute(DUE_TENANTS, (now_text, limit))]
-            found: list[TimerEntry] = []
+            found: list[Any] = []
             # The rounds and shares are timer_core.fair_share's; each round is a statement
             # per share size (two at most: what does not divide evenly goes one each to the
             # longest waiting).
             plan = FairShare(limit, active)
             while shares := plan.next_round():
-                taken: dict[str, int] = {}
+                taken: Counter[str] = Counter()
                 by_size: dict[int, list[str]] = {}
                 for tenant, share in shares:
                     by_size.setdefault(share, []).append(tenant)
                 for share, tenants in by_size.items():
-                    wanted = [[tenant, *cursors.get(tenant, ("", ""))] for tenant in tenants]
+                    wanted = [[tenant, *cursors.get(tenant, _NO_CURSOR)] for tenant in tenants]
                     rows = driver.execute(
                         FIND_DUE_OF_TENANTS, (json.dumps(wanted), now_text, share)
                     ).fetchall()
-                    for row in rows:
-                        taken[row[0]] = taken.get(row[0], 0) + 1
-                        last = cursors.get(row[0])
-                        if last is None or (row[3], row[1]) > last:
-                            cursors[row[0]] = (row[3], row[1])
-                    found += [entry_from_row(row) for row in rows]
+                    # Rows sort as their timers do: the stored instants are fixed-width text.
+                    rows.sort(key=_DUE_ORDER)
+                    taken.update(map(_TENANT, rows))
+                    # Each tenant's last row (in due order) is where it now stands.
+                    cursors.update({row[0]: (row[3], row[1]) for row in rows})
+                    found += rows
                 plan.took(taken)
-            found.sort(key=DueCursor.of)
-            return found
+            found.sort(key=_DUE_ORDER)
+            return [entry_from_row(row) for row in found]
 
         return await self._read(find)
 

@@ -26,6 +26,7 @@ from timer_core.errors import (
     WaitTimedOut,
 )
 from timer_core.handlers import (
+    BATCH_HANDLER_BATCH_SIZE,
     DueTimeBatchHandler,
     DueTimeHandler,
     HandlerSettings,
@@ -47,6 +48,7 @@ from timer_core.ports import (
     TimerStore,
 )
 from timer_core.worker import QuarantinedTimer, TimerWorker
+from timer_core.worker import _require_count as require_count
 
 __all__ = ["Timer", "TimerHealth"]
 
@@ -126,10 +128,11 @@ class Timer:
     The constructor does no I/O and validates the worker's settings at once
     (:class:`~timer_core.errors.ValidationError`): ``polling_interval`` is the longest the
     worker sleeps without looking (seconds), ``batch_size`` the most timers fired per store
-    round trip, ``retention`` how long fired timers are kept (None: forever). ``clock``
-    decides when timers are due and stamps ``reachedAt``: by default the clock of a store
-    shared by several instances (:class:`~timer_core.ports.SharedClockStore`: PostgreSQL's
-    database clock), else this host's (:class:`~timer_core.ports.SystemClock`).
+    round trip (100; 1,000 with a batch handler), ``retention`` how long fired timers are kept
+    (None: forever). ``clock`` decides when timers are due and stamps ``reachedAt``: by
+    default the clock of a store shared by several instances
+    (:class:`~timer_core.ports.SharedClockStore`: PostgreSQL's database clock), else this
+    host's (:class:`~timer_core.ports.SystemClock`).
     ``max_pending_per_tenant`` caps each tenant's ``Scheduled`` timers for commands from
     ``commands`` (None: no cap): a ``ScheduleTimer`` over it is refused and dead-lettered by
     the source (see :func:`~timer_core.handle_commands`). A Timer runs once; make a new one
@@ -147,7 +150,7 @@ class Timer:
         commands: CommandSource | None = None,
         clock: Clock | None = None,
         polling_interval: float = 5.0,
-        batch_size: int = 100,
+        batch_size: int | None = None,
         retention: timedelta | None = None,
         instrumentation: Instrumentation = NO_INSTRUMENTATION,
         ids: EnvelopeIdGenerator | None = None,
@@ -199,11 +202,19 @@ class Timer:
                 f"max_pending_per_tenant must be at least 1 (or None), got {max_pending_per_tenant}"
             )
         self._max_pending_per_tenant = max_pending_per_tenant
+        if batch_size is None:
+            batch_size = BATCH_HANDLER_BATCH_SIZE if batch_handler is not None else 100
+        require_count("batch_size", batch_size)
         self._worker = TimerWorker(
             store,
             publisher
             if publisher is not None
-            else handler_delivery(handler, batch_handler, handler_settings_of(handler_settings)),
+            else handler_delivery(
+                handler,
+                batch_handler,
+                handler_settings_of(handler_settings),
+                batch_size=batch_size,
+            ),
             self._clock,
             polling_interval=polling_interval,
             batch_size=batch_size,

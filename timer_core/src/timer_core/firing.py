@@ -189,6 +189,9 @@ class FiringPipeline:
         """Told of each timer whose delivery failed, as it does."""
         self.on_delivered: Callable[[TimerEntry], None] | None = None
         """Told of each timer delivered, as it is (before its mark)."""
+        self.on_delivered_all: Callable[[Sequence[TimerEntry]], None] | None = None
+        """Told of a batch's timers delivered together (a batch handler's call), once; the
+        timers are then not told one by one to :attr:`on_delivered`."""
         self.on_change: Callable[[], None] | None = None
         """Told when a place frees up or a mark ends (the worker may look again)."""
         self.lease_s: float | None = (
@@ -464,10 +467,7 @@ class FiringPipeline:
         self._batches.add(sent)
         sent.settled = asyncio.get_running_loop().create_future()
 
-        def done(index: int, error: PublishError | None) -> None:
-            self._outcome(sent, index, error)
-
-        call = self.delivery.start(envelopes, done)
+        call = self.delivery.start(envelopes, _Told(self, sent))
         if within is not None and call is not None and not call.done():
             sent.call = call
             sent.lease = asyncio.ensure_future(self._lease_over(sent, within))
@@ -509,6 +509,36 @@ class FiringPipeline:
                 self.on_failed(latest, error)
         if sent.left == 0:
             self._delivered(sent)
+        self._moved.set()
+        if self.on_change is not None:
+            self.on_change()
+
+    def _outcomes(self, sent: _Sent, errors: Sequence[PublishError | None] | None) -> None:
+        """Every outcome of a batch at once (a batch handler's call): ``errors`` None when
+        all were delivered, else one per timer. The batch's bookkeeping is done once."""
+        results = sent.results
+        if errors is not None or sent.left != len(results):
+            # Some failed, or some were told already: one by one (the first telling counts).
+            for index in range(len(results)):
+                self._outcome(sent, index, None if errors is None else errors[index])
+            return
+        due = sent.batch.due
+        count = len(due)
+        sent.results = [None] * count
+        self.in_flight -= count
+        sent.left = 0
+        sent.unmarked += count
+        now = sent.batch.now
+        self._to_mark += [(entry.key, now, sent) for entry in due]
+        self._ensure_marker()
+        if len(self._to_mark) >= self.mark_at_once or not self._more_coming():
+            self._mark_full.set()
+        if self.on_delivered_all is not None:
+            self.on_delivered_all(due)
+        elif self.on_delivered is not None:
+            for entry in due:
+                self.on_delivered(entry)
+        self._delivered(sent)
         self._moved.set()
         if self.on_change is not None:
             self.on_change()
@@ -706,6 +736,23 @@ class FiringPipeline:
         task = asyncio.ensure_future(work)
         self._spawned.add(task)
         task.add_done_callback(self._spawned.discard)
+
+
+class _Told:
+    """The outcomes of one batch handed to a delivery: called per timer as each completes,
+    or told them all at once (:func:`~timer_core.delivery.tell_all`)."""
+
+    __slots__ = ("pipeline", "sent")
+
+    def __init__(self, pipeline: FiringPipeline, sent: _Sent) -> None:
+        self.pipeline = pipeline
+        self.sent = sent
+
+    def __call__(self, index: int, error: PublishError | None) -> None:
+        self.pipeline._outcome(self.sent, index, error)
+
+    def all(self, errors: Sequence[PublishError | None] | None) -> None:
+        self.pipeline._outcomes(self.sent, errors)
 
 
 NO_OBSERVER = BatchObserver()

@@ -26,7 +26,7 @@ from typing import Any, TypeAlias
 import attrs
 
 from timer_core._messages import DueTimeReached, MessageEnvelope
-from timer_core.delivery import Delivery, Outcome
+from timer_core.delivery import Delivery, Outcome, tell_all
 from timer_core.errors import ConfigurationError, HandlerFailed, ValidationError
 
 __all__ = [
@@ -47,13 +47,20 @@ Event: TypeAlias = MessageEnvelope[DueTimeReached]
 #: is then marked ``Reached``. Raising (or outliving the timeout) means "not yet".
 DueTimeHandler: TypeAlias = Callable[[Event], Awaitable[None] | None]
 
-#: The host's batch handler: called with the due timers found together (at most
-#: ``HandlerSettings.max_concurrency``), awaited on the event loop. It returns None (every
+#: The host's batch handler: called with the due timers found together (at most the
+#: Timer's ``batch_size``, 1,000 unless given), awaited on the event loop, up to
+#: ``HandlerSettings.max_concurrency`` calls at once. It returns None (every
 #: one handled) or one outcome per envelope, in order: None for handled, an exception for
 #: "not yet" (that timer alone is retried). Raising or timing out fails the whole call.
 DueTimeBatchHandler: TypeAlias = Callable[
     [Sequence[Event]], Awaitable[Sequence[BaseException | None] | None]
 ]
+
+
+#: The Timer's ``batch_size`` with a batch handler, unless given: a call's cost is the
+#: handler's own per call, so it gets the hand-written loop's pages of a thousand (a per-timer
+#: handler or a broker gets 100).
+BATCH_HANDLER_BATCH_SIZE = 1000
 
 
 def _positive(instance: object, attribute: attrs.Attribute[float], value: float) -> None:
@@ -76,7 +83,8 @@ class HandlerSettings:
     """How a :class:`~timer_core.Timer` calls its handler. Times are in seconds."""
 
     max_concurrency: int = attrs.field(default=100, validator=_count)
-    """Most handler calls running at once (a sync handler's thread pool has as many)."""
+    """Most handler calls running at once (a sync handler's thread pool has as many; a
+    batch handler's calls take up to the Timer's ``batch_size`` timers each)."""
     timeout_s: float = attrs.field(default=60.0, validator=_positive)
     """A call still running this long after it started counts as failed and is retried: an
     async one is cancelled; a thread cannot be, so a timed-out threaded call keeps its
@@ -357,11 +365,15 @@ class _ThreadCalls(HandlerCalls):
 
 
 class _BatchCalls(HandlerCalls):
-    """A batch handler: one call per batch the pipeline found, each timer's own outcome."""
+    """A batch handler: one call per batch the pipeline found (up to ``per_call`` timers),
+    each timer's own outcome; ``settings.max_concurrency`` calls at once."""
 
-    def __init__(self, handler: DueTimeBatchHandler, settings: HandlerSettings) -> None:
+    def __init__(
+        self, handler: DueTimeBatchHandler, settings: HandlerSettings, per_call: int
+    ) -> None:
         super().__init__(settings)
         self._handler = handler
+        self.places = settings.max_concurrency * per_call
 
     def start(self, envelopes: Sequence[Event], done: Outcome) -> None:
         task = self._run(self._call_batch(envelopes, done))
@@ -374,31 +386,32 @@ class _BatchCalls(HandlerCalls):
             async with asyncio.timeout(timeout):
                 outcomes = await self._handler(envelopes)
         except TimeoutError as exc:
-            for index, envelope in enumerate(envelopes):
-                done(index, self._timed_out(envelope, exc))
+            tell_all(
+                done, [self._timed_out(envelope, exc) for envelope in envelopes], len(envelopes)
+            )
             return
         except asyncio.CancelledError:
-            for index, envelope in enumerate(envelopes):
-                done(index, self._cut_off(envelope))
+            tell_all(done, [self._cut_off(envelope) for envelope in envelopes], len(envelopes))
             raise
         except Exception as exc:
-            for index, envelope in enumerate(envelopes):
-                done(index, _raised(envelope, exc))
+            tell_all(done, [_raised(envelope, exc) for envelope in envelopes], len(envelopes))
             return
         if outcomes is None:
-            for index in range(len(envelopes)):
-                done(index, None)
+            tell_all(done, None, len(envelopes))
             return
         if len(outcomes) != len(envelopes):
             wrong = ValueError(
                 f"the batch handler returned {len(outcomes)} outcomes for {len(envelopes)} "
                 "timers; it must return None or one outcome per timer, in order"
             )
-            for index, envelope in enumerate(envelopes):
-                done(index, _raised(envelope, wrong))
+            tell_all(done, [_raised(envelope, wrong) for envelope in envelopes], len(envelopes))
             return
-        for index, (envelope, outcome) in enumerate(zip(envelopes, outcomes, strict=True)):
-            done(index, None if outcome is None else _raised(envelope, outcome))
+        errors: list[HandlerFailed | None] = [
+            None if outcome is None else _raised(envelope, outcome)
+            for envelope, outcome in zip(envelopes, outcomes, strict=True)
+        ]
+        failed = any(error is not None for error in errors)
+        tell_all(done, errors if failed else None, len(envelopes))
 
 
 def _started(started: asyncio.Future[float], loop: asyncio.AbstractEventLoop) -> None:
@@ -440,8 +453,11 @@ def handler_delivery(
     handler: DueTimeHandler | None,
     batch_handler: DueTimeBatchHandler | None,
     settings: HandlerSettings,
+    *,
+    batch_size: int = BATCH_HANDLER_BATCH_SIZE,
 ) -> HandlerCalls:
-    """The delivery that calls the host's ``handler`` (or ``batch_handler``) with ``settings``."""
+    """The delivery that calls the host's ``handler`` (or ``batch_handler``, with up to
+    ``batch_size`` timers a call) with ``settings``."""
     if batch_handler is not None:
         if not _is_coroutine_function(batch_handler):
             raise ConfigurationError(
@@ -449,7 +465,7 @@ def handler_delivery(
                 f"sequence of DueTimeReached envelopes; got {type(batch_handler).__name__} "
                 f"{batch_handler!r}"[:300]
             )
-        return _BatchCalls(batch_handler, settings)
+        return _BatchCalls(batch_handler, settings, batch_size)
     assert handler is not None
     if _is_coroutine_function(handler):
         return _AsyncCalls(handler, settings)  # type: ignore[arg-type]

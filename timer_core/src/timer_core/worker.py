@@ -12,7 +12,7 @@ import asyncio
 import logging
 import math
 import random
-from collections.abc import Coroutine, Iterable
+from collections.abc import Coroutine, Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -121,6 +121,7 @@ class TimerWorker:
         self._firing.retry_marks = True
         self._firing.on_failed = self._failed
         self._firing.on_delivered = self._delivered
+        self._firing.on_delivered_all = self._delivered_all
         self._firing.on_change = self._changed
         delivery = self._firing.delivery
         self._handler = delivery.settings if isinstance(delivery, HandlerCalls) else None
@@ -355,6 +356,15 @@ class TimerWorker:
                     entry.service_call_id,
                     record.failures,
                 )
+
+    def _delivered_all(self, entries: Sequence[TimerEntry]) -> None:
+        if self._failing:
+            for entry in entries:
+                self._delivered(entry)
+            return
+        self._published += len(entries)
+        self._failed_in_a_row = 0
+        self._firing.window = None
 
     def _failed(self, entry: TimerEntry, error: PublishError) -> None:
         if self._stop.is_set() and self._handler is not None:

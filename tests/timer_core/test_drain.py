@@ -26,6 +26,7 @@ from timer_core import (
     TimerEntry,
     TimerState,
 )
+from timer_core.delivery import Delivery, Outcome, tell_all
 from timer_core.firing import DrainReport, FiringPipeline
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
@@ -354,4 +355,64 @@ class TestOverlappedPublishing:
         assert [str(e.payload.service_call_id) for e in rig.publisher.bus.published] == calls
         for call in calls:
             assert rig.journal.index("published", call) < rig.journal.index("marked", call)
+        assert set(rig.states().values()) == {TimerState.REACHED}
+
+
+class ReadsAtStart(Delivery):
+    """Delivers at once, noting how many finds the store had begun when each batch came."""
+
+    def __init__(self, store: JournalStore) -> None:
+        self.store = store
+        self.reads_at_start: list[int] = []
+        self.handed: list[str] = []
+
+    def start(self, envelopes: Sequence[MessageEnvelope[DueTimeReached]], done: Outcome) -> None:
+        self.reads_at_start.append(self.store.reads)
+        self.handed += [str(e.payload.service_call_id) for e in envelopes]
+        tell_all(done, None, len(envelopes))
+
+    async def aclose(self) -> None:
+        return None
+
+
+class TestReadAhead:
+    """While a drain goes on, its next page is read before this one is handed out, on a
+    store that takes no claims; a restart drops the page read ahead."""
+
+    async def test_the_next_page_is_read_before_this_one_is_handed_out(self, rig: Rig) -> None:
+        """Each full batch reaches the delivery after the next batch's read began."""
+        await rig.schedule(35)
+        delivery = ReadsAtStart(rig.store)
+        pipeline = FiringPipeline(rig.store, delivery, rig.clock, batch_size=10)
+        report = await pipeline.drain()
+        assert report.fired == 35 and delivery.handed == sorted(delivery.handed)
+        assert delivery.reads_at_start[:3] == [2, 3, 4]
+
+    async def test_a_leasing_store_is_not_read_ahead(self) -> None:
+        """A read ahead would claim timers a restart might drop: a leasing store's next page
+        is read only once this one is handed out."""
+        rig = Rig(lease_s=30.0)
+        await rig.store.start()
+        await rig.schedule(35)
+        delivery = ReadsAtStart(rig.store)
+        report = await FiringPipeline(rig.store, delivery, rig.clock, batch_size=10).drain()
+        assert report.fired == 35
+        assert delivery.reads_at_start == [1, 2, 3, 4]
+
+    async def test_a_restart_drops_the_page_read_ahead(self, rig: Rig) -> None:
+        """A timer scheduled before where the drain stands restarts it: the next batch starts
+        from the first due timer, not from the page read ahead."""
+        await rig.schedule(30)
+        delivery = ReadsAtStart(rig.store)
+        pipeline = FiringPipeline(rig.store, delivery, rig.clock, batch_size=10)
+        await pipeline.step()
+        assert pipeline.cursor is not None and rig.store.reads == 2  # the next page, ahead
+        await rig.store.apply(
+            [TimerEntry("tenant-a", "early", T0 - timedelta(days=1), T0 - timedelta(hours=1))]
+        )
+        pipeline.restart()
+        await pipeline.step()
+        assert delivery.handed[10] == "early"
+        await pipeline.drain()
+        assert sorted(delivery.handed) == sorted({*delivery.handed})
         assert set(rig.states().values()) == {TimerState.REACHED}

@@ -220,6 +220,12 @@ class FiringPipeline:
         self._mark_full = asyncio.Event()
         self._closing = False
         self._batches: set[_Sent] = set()
+        # The drain's next page, read ahead (see _prefetch), and where the drain stood then.
+        self._ahead: asyncio.Future[DueBatch] | None = None
+        self._ahead_of: tuple[DueCursor | None, Mapping[TenantId, DueCursor] | None] = (
+            None,
+            None,
+        )
         self._spawned: set[asyncio.Future[None]] = set()
         self.retry_marks = False
         """Whether a failed mark is retried (the worker's) rather than raised (``fire``)."""
@@ -315,15 +321,56 @@ class FiringPipeline:
         limit = self.room
         if limit <= 0:
             return None
-        batch = await self.find(self.cursor, tenants=self._tenants, limit=limit)
+        batch = await self._prefetched(limit)
+        if batch is None:
+            batch = await self.find(self.cursor, tenants=self._tenants, limit=limit)
         self.cursor, self._tenants = batch.cursor, batch.tenants
         if not batch.due:
             return None
+        if self._prefetch(len(batch.due)):
+            await asyncio.sleep(0)  # the read ahead is handed to the store before the send
         return self.send(batch)
 
     def restart(self) -> None:
         """End the drain under way: the next find starts from the first due timer."""
         self.cursor, self._tenants = None, None
+        self._drop_prefetch()
+
+    def _prefetch(self, sending: int) -> bool:
+        """While a drain goes on, start reading its next page before this one is handed out,
+        so the store's read runs beside the envelopes' making and the deliveries: when a full
+        page will fit beside this one's timers, and the store takes no claims (a page read
+        ahead and then dropped, by a restart, costs nothing but the read)."""
+        if self.cursor is None or self.lease_s is not None or self._closing:
+            return False
+        window = self.delivery.places if self.window is None else self.window
+        if window - self.in_flight - sending < self.batch_size:
+            return False
+        self._ahead = asyncio.ensure_future(
+            self.find(self.cursor, tenants=self._tenants, limit=self.batch_size)
+        )
+        self._ahead_of = (self.cursor, self._tenants)
+        return True
+
+    async def _prefetched(self, limit: int) -> DueBatch | None:
+        """The page read ahead, if it is where the drain stands and fits in ``limit``."""
+        ahead = self._ahead
+        if ahead is None:
+            return None
+        self._ahead = None
+        cursor, tenants = self._ahead_of
+        if cursor is not self.cursor or tenants is not self._tenants:
+            _drop(ahead)
+            return None
+        batch = await ahead
+        if len(batch.due) > limit:
+            return None  # places were taken meanwhile: read again, for fewer
+        return batch
+
+    def _drop_prefetch(self) -> None:
+        if self._ahead is not None:
+            _drop(self._ahead)
+            self._ahead = None
 
     async def _wait_for_room(self) -> None:
         changed = asyncio.Event()
@@ -696,6 +743,7 @@ class FiringPipeline:
         """Stop: the deliveries under way end (see their ``aclose``), then the delivered are
         marked (a mark failing now is only logged: those timers are delivered again)."""
         self._closing = True
+        self._drop_prefetch()
         await self.delivery.aclose()
         for sent in list(self._batches):
             if sent.lease is not None:
@@ -756,6 +804,16 @@ class _Told:
 
 
 NO_OBSERVER = BatchObserver()
+
+
+def _drop(ahead: asyncio.Future[DueBatch]) -> None:
+    """A page read ahead and not used: cancelled while it reads, else its outcome retrieved
+    (a read that failed is the next find's to report, not an unretrieved task's)."""
+    if ahead.done():
+        if not ahead.cancelled():
+            ahead.exception()
+    else:
+        ahead.cancel()
 
 
 def _always() -> bool:

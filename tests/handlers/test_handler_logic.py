@@ -381,6 +381,28 @@ class TestReadAhead:
             await timer.wait_until_idle()
         assert calls == ["order-1"]
 
+    async def test_a_timer_cancelled_during_a_drain_is_not_handed_out_from_a_read_ahead(
+        self,
+    ) -> None:
+        """A drain reads its next page before this one is handed out; a timer of that page
+        cancelled meanwhile (here by the first call) is not handed out from it."""
+        timer: Timer
+        calls: list[str] = []
+
+        async def handler(event: Event) -> None:
+            calls.append(event.payload.service_call_id)
+            if event.payload.service_call_id == "order-00":
+                await timer.cancel("shop-1", "order-15")
+
+        clock = FakeClock(T0)
+        async with Timer(MemoryTimerStore(), handler=handler, clock=clock, batch_size=10) as timer:
+            for n in range(30):
+                await timer.schedule("shop-1", f"order-{n:02d}", T0 + timedelta(seconds=1))
+            await timer.wait_until_idle()
+            clock.advance(1)
+            await timer.wait_until_idle()
+        assert "order-15" not in calls and len(calls) == 29
+
 
 class TestConfiguration:
     def test_a_timer_needs_a_publisher_or_a_handler_not_both(self) -> None:

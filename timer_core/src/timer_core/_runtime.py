@@ -408,9 +408,10 @@ class Timer:
         raises :class:`~timer_core.errors.StoreError`.
         """
         command = ScheduleTimer(tenant_id, service_call_id, due_at)
-        outcome = await schedule_timer(
-            self._store, command, self._clock, correlation_id=correlation_id
-        )
+        with self._worker.storing_commands():
+            outcome = await schedule_timer(
+                self._store, command, self._clock, correlation_id=correlation_id
+            )
         self._worker.notify_applied()
         if outcome is CommandOutcome.SCHEDULED:
             self._worker.notify_scheduled(command.due_at)
@@ -418,7 +419,8 @@ class Timer:
 
     async def cancel(self, tenant_id: str, service_call_id: str) -> CommandOutcome:
         """Remove a ``Scheduled`` timer (``CANCELLED``); a no-op otherwise (``CANCEL_NOOP``)."""
-        outcome = await cancel_timer(self._store, CancelTimer(tenant_id, service_call_id))
+        with self._worker.storing_commands():
+            outcome = await cancel_timer(self._store, CancelTimer(tenant_id, service_call_id))
         self._worker.notify_applied(cancelled=int(outcome is CommandOutcome.CANCELLED))
         return outcome
 
@@ -432,13 +434,14 @@ class Timer:
         self, batch: Sequence[MessageEnvelope[Command]]
     ) -> Sequence[CommandOutcome]:
         """Store a delivered batch (before it is acked), then wake the worker if need be."""
-        outcomes = await handle_commands(
-            self._store,
-            batch,
-            self._clock,
-            instrumentation=self._instrumentation,
-            max_pending_per_tenant=self._max_pending_per_tenant,
-        )
+        with self._worker.storing_commands():
+            outcomes = await handle_commands(
+                self._store,
+                batch,
+                self._clock,
+                instrumentation=self._instrumentation,
+                max_pending_per_tenant=self._max_pending_per_tenant,
+            )
         self._worker.notify_applied(
             cancelled=sum(outcome is CommandOutcome.CANCELLED for outcome in outcomes)
         )

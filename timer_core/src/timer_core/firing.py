@@ -52,6 +52,9 @@ _MARK_GATHER_S = 0.025
 #: after the batch that passes it and the next drain starts afresh.
 _MAX_TENANT_CURSORS = 10_000
 _LEASE_OVER = "not acknowledged before the claim lease ran out"
+#: A page read ahead is handed out only this soon after its read began (seconds, on the
+#: pipeline's clock); one that waited longer for places is read again.
+_AHEAD_FRESH_S = 0.05
 
 
 @attrs.frozen
@@ -204,6 +207,9 @@ class FiringPipeline:
         """Most timers in flight at once, when fewer than the delivery's places (the worker
         narrows it while nothing is delivered)."""
         self.cursor: DueCursor | None = None
+        self.storing = 0
+        """Commands being stored in this process now: no page is read ahead meanwhile (the
+        worker's :meth:`~timer_core.worker.TimerWorker.storing_commands`)."""
         """Where the drain under way stands (None: the next find starts from the first)."""
         self._tenants: Mapping[TenantId, DueCursor] | None = None
         # Timers delivering or waiting for their mark, by key: the entry as last found (its
@@ -298,6 +304,7 @@ class FiringPipeline:
         try:
             while True:
                 if self.room <= 0:
+                    self.drop_read_ahead()
                     await self._wait_for_room()
                     continue
                 found = await self.step()
@@ -327,24 +334,21 @@ class FiringPipeline:
         self.cursor, self._tenants = batch.cursor, batch.tenants
         if not batch.due:
             return None
-        if self._prefetch(len(batch.due)):
+        if self._prefetch():
             await asyncio.sleep(0)  # the read ahead is handed to the store before the send
         return self.send(batch)
 
     def restart(self) -> None:
         """End the drain under way: the next find starts from the first due timer."""
         self.cursor, self._tenants = None, None
-        self._drop_prefetch()
+        self.drop_read_ahead()
 
-    def _prefetch(self, sending: int) -> bool:
-        """While a drain goes on, start reading its next page before this one is handed out,
-        so the store's read runs beside the envelopes' making and the deliveries: when a full
-        page will fit beside this one's timers, and the store takes no claims (a page read
-        ahead and then dropped, by a restart, costs nothing but the read)."""
-        if self.cursor is None or self.lease_s is not None or self._closing:
-            return False
-        window = self.delivery.places if self.window is None else self.window
-        if window - self.in_flight - sending < self.batch_size:
+    def _prefetch(self) -> bool:
+        """While a drain goes on, start reading its next page (a full one) before this one
+        is handed out, so the store's read runs beside the envelopes' making and the
+        deliveries; on a store that takes no claims only (a page read ahead and then cut
+        short or dropped costs nothing but the read)."""
+        if self.cursor is None or self.lease_s is not None or self._closing or self.storing:
             return False
         self._ahead = asyncio.ensure_future(
             self.find(self.cursor, tenants=self._tenants, limit=self.batch_size)
@@ -353,7 +357,8 @@ class FiringPipeline:
         return True
 
     async def _prefetched(self, limit: int) -> DueBatch | None:
-        """The page read ahead, if it is where the drain stands and fits in ``limit``."""
+        """The page read ahead, if it is where the drain stands and still fresh, cut to
+        ``limit`` timers (the places free now)."""
         ahead = self._ahead
         if ahead is None:
             return None
@@ -363,11 +368,23 @@ class FiringPipeline:
             _drop(ahead)
             return None
         batch = await ahead
-        if len(batch.due) > limit:
-            return None  # places were taken meanwhile: read again, for fewer
-        return batch
+        if self.clock.monotonic() - batch.started > _AHEAD_FRESH_S:
+            # Read before a wait for places: what it found may have been cancelled or moved
+            # since, and its instant is no longer "now". Read again.
+            return None
+        if len(batch.due) <= limit:
+            return batch
+        # Fewer places than it read: the first ``limit`` (in due order), the drain standing
+        # after them (each tenant after its last one taken, or where it stood before).
+        kept = batch.due[:limit]
+        positions = dict(tenants or {})
+        for entry in kept:
+            positions[entry.tenant_id] = DueCursor.of(entry)
+        return DueBatch(kept, batch.now, batch.started, DueCursor.of(kept[-1]), positions)
 
-    def _drop_prefetch(self) -> None:
+    def drop_read_ahead(self) -> None:
+        """Forget the page read ahead (commands changed timers, or a wait for places
+        begins): the next step reads afresh."""
         if self._ahead is not None:
             _drop(self._ahead)
             self._ahead = None
@@ -743,7 +760,7 @@ class FiringPipeline:
         """Stop: the deliveries under way end (see their ``aclose``), then the delivered are
         marked (a mark failing now is only logged: those timers are delivered again)."""
         self._closing = True
-        self._drop_prefetch()
+        self.drop_read_ahead()
         await self.delivery.aclose()
         for sent in list(self._batches):
             if sent.lease is not None:

@@ -9,10 +9,11 @@ host's handler (:mod:`timer_core.handlers`), plugged into the pipeline as its de
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import random
-from collections.abc import Coroutine, Iterable, Sequence
+from collections.abc import Coroutine, Iterable, Iterator, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -202,6 +203,20 @@ class TimerWorker:
         as a fired timer does, towards what a busy worker owes."""
         self._commands.stored(cancelled=cancelled)
 
+    @contextlib.contextmanager
+    def storing_commands(self) -> Iterator[None]:
+        """Around the storing of commands in this process: no page of due timers is read
+        ahead meanwhile, and one read before is dropped after (it may hold a timer they
+        cancel or move)."""
+        firing = self._firing
+        firing.storing += 1
+        firing.drop_read_ahead()
+        try:
+            yield
+        finally:
+            firing.storing -= 1
+            firing.drop_read_ahead()
+
     async def wait_until_idle(self) -> None:
         """Return once the worker sleeps with nothing due that it knows of, nothing being
         delivered or waiting for its mark, no wake-up pending and no purge under way: every
@@ -257,6 +272,9 @@ class TimerWorker:
             self._wake.clear()
             self._wake_at = None
             if firing.room <= 0:
+                # Every place is taken, for how long nobody knows: a page read ahead would
+                # grow stale (its timers cancelled or moved meanwhile).
+                firing.drop_read_ahead()
                 await self._wait_for_room()
                 continue
             try:

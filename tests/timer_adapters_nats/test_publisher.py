@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -304,6 +305,52 @@ class TestEachResultAsItComes:
         assert results[0] is None and results[2] is None
         assert "no ack from JetStream in time" in str(results[1])
         assert publishing.frames[1][2] in str(results[1])
+
+
+class _ToldTogether(_Told):
+    """A ``done`` that also takes acknowledgements several at a time (``delivered``), as
+    the firing pipeline's does; it notes how many tellings there were."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tellings = 0
+
+    def __call__(self, index: int, error: PublishError | None) -> None:
+        self.tellings += 1
+        super().__call__(index, error)
+
+    def delivered(self, indices: Sequence[int]) -> None:
+        self.tellings += 1
+        for index in indices:
+            super().__call__(index, None)
+
+
+class TestAcksToldTogether:
+    async def test_acks_that_come_in_together_are_told_in_one_step(
+        self, broker: NatsBroker
+    ) -> None:
+        """200 messages: every one told acknowledged exactly once, in far fewer tellings than
+        messages (the acks read in one go are told together, through ``delivered``); a
+        message never acknowledged among them is told on its own, at its timeout."""
+        frames = _frames([f"timer.events.t.c{i}" for i in range(199)] + [STALL])
+        await broker.client.subscribe(STALL)
+        await broker.client.flush()
+        publisher = AckedPublisher(broker.client, window=1000, ack_timeout_s=0.5)
+        told = _ToldTogether()
+        await asyncio.wait_for(
+            publisher.publish_frames_each(frames, lambda frame: frame, told), BUDGET_S
+        )
+        assert {i: told.results[i] for i in range(199)} == dict.fromkeys(range(199))
+        assert "no ack from JetStream in time" in str(told.results[199])
+        assert told.tellings < 100
+
+    async def test_a_plain_callable_is_told_one_by_one(self, broker: NatsBroker) -> None:
+        """A ``done`` without ``delivered`` is called once per message, as before."""
+        publishing = _Publishing([f"timer.events.t.c{i}" for i in range(30)])
+        await asyncio.wait_for(
+            await publishing.start(broker, window=64, ack_timeout_s=NEVER_S), BUDGET_S
+        )
+        assert publishing.told.results == dict.fromkeys(range(30))
 
 
 class TestRefusedByTheServer:

@@ -14,7 +14,7 @@ import attrs
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from timer_core import PublishError
+from timer_core import PublishError, tell_delivered
 
 __all__ = ["MSG_ID", "AckedPublisher", "Frame", "Outgoing", "Told"]
 
@@ -61,10 +61,11 @@ _Waiting = tuple["_Call", int, str, str]
 class _Call:
     """One call's messages on the wire: how many are untold, when each one's ack is due."""
 
-    __slots__ = ("done", "left", "sent", "wake", "wake_at")
+    __slots__ = ("acked", "done", "left", "loop", "sent", "wake", "wake_at")
 
-    def __init__(self, done: Told) -> None:
+    def __init__(self, done: Told, loop: asyncio.AbstractEventLoop) -> None:
         self.done = done
+        self.loop = loop
         self.left = 0
         """Messages sent whose result is not told yet."""
         self.sent: deque[tuple[float, str]] = deque()
@@ -72,13 +73,28 @@ class _Call:
         self.wake: asyncio.Future[None] | None = None
         self.wake_at = 0
         """Wake the call up once :attr:`left` is down to this."""
+        self.acked: list[int] = []
+        """Acknowledged, not told yet: the acks that came in together are told together."""
 
     def tell(self, index: int, error: PublishError | None) -> None:
         self.left -= 1
         wake = self.wake
         if wake is not None and self.left <= self.wake_at and not wake.done():
             wake.set_result(None)
-        self.done(index, error)
+        if error is not None:
+            self.done(index, error)
+            return
+        # Acks arrive in bursts, one callback each: they are told once the burst is read
+        # (on the loop's next turn), in one step (tell_delivered).
+        if not self.acked:
+            self.loop.call_soon(self.flush)
+        self.acked.append(index)
+
+    def flush(self) -> None:
+        """Tell the acknowledged messages not told yet."""
+        acked, self.acked = self.acked, []
+        if acked:
+            tell_delivered(self.done, acked)
 
 
 class AckedPublisher:
@@ -152,7 +168,7 @@ class AckedPublisher:
         tokens = self._tokens
         window = self._window
         timeout = self._ack_timeout_s
-        call = _Call(done)
+        call = _Call(done, loop)
         sent = call.sent
         unflushed = 0
         try:
@@ -193,6 +209,8 @@ class AckedPublisher:
             for _, token in sent:  # cut off: a late ack tells nobody
                 waiting.pop(token, None)
             raise
+        finally:
+            call.flush()  # what was acknowledged is told before this returns
 
     async def _until_left(self, call: _Call, most: int) -> None:
         """Wait until at most ``most`` of ``call``'s messages are untold; a message whose ack

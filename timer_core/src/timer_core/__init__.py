@@ -73,6 +73,7 @@ from timer_core.ports import (
     TimerStore,
     Uuid7EnvelopeIds,
     rejection_reason,
+    tell_delivered,
 )
 from timer_core.worker import QuarantinedTimer, TimerWorker
 
@@ -134,6 +135,7 @@ __all__ = [
     "TimerStore",
     "Uuid7EnvelopeIds",
     "rejection_reason",
+    "tell_delivered",
     # the errors
     "ComponentFailed",
     "ConfigurationError",

@@ -12,9 +12,9 @@ from collections.abc import Callable, Sequence
 from timer_core._messages import DueTimeReached, MessageEnvelope
 from timer_core.errors import PublishError
 from timer_core.instrumentation import NO_INSTRUMENTATION, Instrumentation
-from timer_core.ports import EventPublisher
+from timer_core.ports import EventPublisher, tell_delivered
 
-__all__ = ["Delivery", "Outcome", "PublishedEvents", "tell_all"]
+__all__ = ["Delivery", "Outcome", "PublishedEvents", "tell_all", "tell_delivered"]
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +74,37 @@ class Delivery(abc.ABC):
         cut off reports a failure."""
 
 
+class _Once:
+    """The outcomes a publisher tells of one call's envelopes, passed on to the pipeline's
+    ``done`` once each (the first telling counts), one by one or several together."""
+
+    __slots__ = ("done", "told")
+
+    def __init__(self, done: Outcome, count: int) -> None:
+        self.done = done
+        self.told = [False] * count
+
+    def __call__(self, index: int, error: PublishError | None) -> None:
+        told = self.told
+        if not told[index]:
+            told[index] = True
+            self.done(index, error)
+
+    def delivered(self, indices: Sequence[int]) -> None:
+        told = self.told
+        fresh = [index for index in indices if not told[index]]
+        for index in fresh:
+            told[index] = True
+        if fresh:
+            tell_delivered(self.done, fresh)
+
+    def fail_untold(self, error: PublishError) -> None:
+        """Every envelope not told yet failed with ``error``."""
+        for index, was_told in enumerate(self.told):
+            if not was_told:
+                self(index, error)
+
+
 class PublishedEvents(Delivery):
     """Each due timer's ``DueTimeReached`` published to ``publisher``
     (:meth:`EventPublisher.publish_each`: one outcome per envelope as its acknowledgement
@@ -113,25 +144,17 @@ class PublishedEvents(Delivery):
         *,
         after: asyncio.Future[None] | None,
     ) -> None:
-        told = [False] * len(envelopes)
         if after is not None and not after.done():
             # A publisher that does not keep the order of concurrent calls gets one at a
             # time, so events still reach the broker in due order.
             await asyncio.wait((after,))
-
-        def once(index: int, error: PublishError | None) -> None:
-            if not told[index]:
-                told[index] = True
-                done(index, error)
-
+        once = _Once(done, len(envelopes))
         try:
             await self.publisher.publish_each(envelopes, once)
         except asyncio.CancelledError as exc:
             # Cut off (the claim's lease ran out, or the shutdown): not acknowledged.
             why = str(exc.args[0]) if exc.args else "cut off before it was acknowledged"
-            for index, was_told in enumerate(told):
-                if not was_told:
-                    once(index, PublishError(why))
+            once.fail_untold(PublishError(why))
         except Exception as exc:
             # A publisher that raised (a bug: it should not): every envelope not yet told
             # failed, and the error is the worker's, as a failed pass's is.
@@ -140,14 +163,9 @@ class PublishedEvents(Delivery):
             error = (
                 exc if isinstance(exc, PublishError) else PublishError(f"publish failed: {exc!r}")
             )
-            for index, was_told in enumerate(told):
-                if not was_told:
-                    once(index, error)
+            once.fail_untold(error)
         else:
-            missing = PublishError("the publisher reported no outcome for this envelope")
-            for index, was_told in enumerate(told):
-                if not was_told:
-                    once(index, missing)
+            once.fail_untold(PublishError("the publisher reported no outcome for this envelope"))
 
     def cancel(self) -> None:
         """Cut off every publish under way (their envelopes fail)."""

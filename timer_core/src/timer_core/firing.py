@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -579,30 +579,42 @@ class FiringPipeline:
 
     def _outcomes(self, sent: _Sent, errors: Sequence[PublishError | None] | None) -> None:
         """Every outcome of a batch at once (a batch handler's call): ``errors`` None when
-        all were delivered, else one per timer. The batch's bookkeeping is done once."""
-        results = sent.results
-        if errors is not None or sent.left != len(results):
-            # Some failed, or some were told already: one by one (the first telling counts).
-            for index in range(len(results)):
-                self._outcome(sent, index, None if errors is None else errors[index])
+        all were delivered, else one per timer."""
+        if errors is None:
+            self._delivered_many(sent, range(len(sent.results)))
             return
+        for index, error in enumerate(errors):
+            self._outcome(sent, index, error)
+
+    def _delivered_many(self, sent: _Sent, indices: Iterable[int]) -> None:
+        """The timers at ``indices`` of a batch were delivered (acknowledgements that came in
+        together, a batch handler's call): their bookkeeping in one step, not per timer."""
+        results = sent.results
         due = sent.batch.due
-        count = len(due)
-        sent.results = [None] * count
+        told = [index for index in indices if results[index] is False]  # the first counts
+        if not told:
+            return
+        fresh = []
+        for index in told:
+            results[index] = None
+            fresh.append(due[index])
+        count = len(fresh)
         self.in_flight -= count
-        sent.left = 0
+        sent.left -= count
         sent.unmarked += count
         now = sent.batch.now
-        self._to_mark += [(entry.key, now, sent) for entry in due]
+        to_mark = self._to_mark
+        to_mark += [(entry.key, now, sent) for entry in fresh]
         self._ensure_marker()
-        if len(self._to_mark) >= self.mark_at_once or not self._more_coming():
+        if len(to_mark) >= self.mark_at_once or not self._more_coming():
             self._mark_full.set()
         if self.on_delivered_all is not None:
-            self.on_delivered_all(due)
+            self.on_delivered_all(fresh)
         elif self.on_delivered is not None:
-            for entry in due:
+            for entry in fresh:
                 self.on_delivered(entry)
-        self._delivered(sent)
+        if sent.left == 0:
+            self._delivered(sent)
         self._moved.set()
         if self.on_change is not None:
             self.on_change()
@@ -805,7 +817,8 @@ class FiringPipeline:
 
 class _Told:
     """The outcomes of one batch handed to a delivery: called per timer as each completes,
-    or told them all at once (:func:`~timer_core.delivery.tell_all`)."""
+    or told several at once (:func:`~timer_core.delivery.tell_all`,
+    :func:`~timer_core.delivery.tell_delivered`)."""
 
     __slots__ = ("pipeline", "sent")
 
@@ -818,6 +831,9 @@ class _Told:
 
     def all(self, errors: Sequence[PublishError | None] | None) -> None:
         self.pipeline._outcomes(self.sent, errors)
+
+    def delivered(self, indices: Sequence[int]) -> None:
+        self.pipeline._delivered_many(self.sent, indices)
 
 
 NO_OBSERVER = BatchObserver()

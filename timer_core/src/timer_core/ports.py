@@ -51,6 +51,7 @@ __all__ = [
     "TimerStore",
     "Uuid7EnvelopeIds",
     "rejection_reason",
+    "tell_delivered",
 ]
 
 
@@ -474,9 +475,7 @@ class EventPublisher(AsyncResource, abc.ABC):
         """
         results = await self.publish_many(envelopes)
         # The acknowledged first: a failure is then told beside the others of its call.
-        for index, result in enumerate(results):
-            if result is None:
-                done(index, None)
+        tell_delivered(done, [index for index, result in enumerate(results) if result is None])
         for index, result in enumerate(results):
             if result is not None:
                 done(index, result)
@@ -645,3 +644,18 @@ class Uuid7EnvelopeIds:
         return EnvelopeId.for_firing(
             entry.tenant_id, entry.service_call_id, to_epoch_ms(entry.due_at)
         )
+
+
+def tell_delivered(
+    done: Callable[[int, PublishError | None], None], indices: Sequence[int]
+) -> None:
+    """Tell ``done`` that the envelopes at ``indices`` were delivered, in one step where it
+    takes them so (the firing pipeline's ``done`` has a ``delivered(indices)``: outcomes
+    that came in together are its bookkeeping once, not per timer); any other callable is
+    told one by one. For :meth:`EventPublisher.publish_each`'s implementations."""
+    many: Callable[[Sequence[int]], None] | None = getattr(done, "delivered", None)
+    if many is not None:
+        many(indices)
+        return
+    for index in indices:
+        done(index, None)

@@ -31,6 +31,7 @@ from timer_adapters_nats import TimerClient
 from timer_adapters_nats.embedded import NatsServerProcess
 from timer_adapters_sqlite import SqliteTimerStore
 from timer_core import TimerEntry
+from timer_core.firing import READ_AHEAD
 from timer_core.instants import floor_ms
 
 pytestmark = pytest.mark.chaos
@@ -129,16 +130,17 @@ class TestBacklogAfterDowntime:
         ((acked_at, events_when_acked),) = acked
         assert acked_at < events[-1].stored_at
 
-        # Bounded batches, each tenant in due order. A worker pass reads due timers, at most a
-        # batch, publishes them with many acks in flight, and gives them all the pass's
-        # reachedAt. So in stream order the events form runs of equal reachedAt, one per pass,
-        # each holding at most a batch. When more is due than a batch holds, the passes are
+        # Bounded reads, each tenant in due order. A read finds due timers, at most a batch
+        # (or, for a backlog on a store that takes no claims, a page read ahead of at most
+        # READ_AHEAD, handed out a batch at a time), and gives them all the read's reachedAt.
+        # So in stream order the events form runs of equal reachedAt, one per read, each
+        # holding at most a page. When more is due than a batch holds, the reads are
         # shared among the tenants (fairness: no tenant waits for another's backlog), so the
         # promise is per tenant: every event of a tenant in a run is due no earlier than every
         # event of that tenant in the runs before it. Within a run the order is not promised
         # (concurrent publishes); inversions there are only counted.
         passes = [list(run) for _, run in itertools.groupby(events, key=lambda e: e.reached_at)]
-        assert max(len(run) for run in passes) <= BATCH
+        assert max(len(run) for run in passes) <= max(BATCH, READ_AHEAD)
         latest_fired: dict[str, datetime] = {}
         for run in passes:
             run_dues: dict[str, list[datetime]] = {}

@@ -25,6 +25,7 @@ from timer_core import (
     TenantId,
     TimerEntry,
     TimerState,
+    firing,
 )
 from timer_core.delivery import Delivery, Outcome, tell_all
 from timer_core.firing import DrainReport, FiringPipeline
@@ -379,14 +380,33 @@ class TestReadAhead:
     """While a drain goes on, its next page is read before this one is handed out, on a
     store that takes no claims; a restart drops the page read ahead."""
 
-    async def test_the_next_page_is_read_before_this_one_is_handed_out(self, rig: Rig) -> None:
-        """Each full batch reaches the delivery after the next batch's read began."""
+    async def test_the_next_page_is_read_before_this_one_is_handed_out(
+        self, rig: Rig, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Each full batch reaches the delivery after the next batch's read began (pages
+        read ahead of a batch's size)."""
+        monkeypatch.setattr(firing, "READ_AHEAD", 10)
         await rig.schedule(35)
         delivery = ReadsAtStart(rig.store)
         pipeline = FiringPipeline(rig.store, delivery, rig.clock, batch_size=10)
         report = await pipeline.drain()
         assert report.fired == 35 and delivery.handed == sorted(delivery.handed)
         assert delivery.reads_at_start[:3] == [2, 3, 4]
+
+    async def test_a_page_read_ahead_is_handed_out_a_batch_at_a_time(
+        self, rig: Rig, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Pages of up to READ_AHEAD timers are read ahead and handed out batch_size at a
+        time, the page after it read as soon as its first batch goes: 95 timers, batches of
+        10, pages of 40: the first batch read alone, then three reads for the other 85
+        (read as pages 2, 3 and 4 begin to be handed out), in due order."""
+        monkeypatch.setattr(firing, "READ_AHEAD", 40)
+        await rig.schedule(95)
+        delivery = ReadsAtStart(rig.store)
+        report = await FiringPipeline(rig.store, delivery, rig.clock, batch_size=10).drain()
+        assert report.fired == 95 and delivery.handed == sorted(delivery.handed)
+        assert rig.store.reads == 4
+        assert delivery.reads_at_start == [2, 3, 3, 3, 3, 4, 4, 4, 4, 4]
 
     async def test_a_leasing_store_is_not_read_ahead(self) -> None:
         """A read ahead would claim timers a restart might drop: a leasing store's next page

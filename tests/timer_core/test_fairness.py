@@ -95,6 +95,7 @@ class TestManyTenants:
         it passes that many (the store never gets more cursors than that plus a batch), and
         drain after drain fires every timer once, each tenant's in due order, none early."""
         monkeypatch.setattr(firing, "_MAX_TENANT_CURSORS", 30)
+        monkeypatch.setattr(firing, "READ_AHEAD", 20)  # pages read ahead of a batch's size
         timers = [
             timer(f"tenant-{i % 100:03d}", f"c{i:04d}", T - timedelta(seconds=i % 7))
             for i in range(300)

@@ -12,11 +12,12 @@ the next finds go on while its delivery runs, and it is never handed out again m
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 import attrs
 
@@ -55,6 +56,8 @@ _LEASE_OVER = "not acknowledged before the claim lease ran out"
 #: A page read ahead is handed out only this soon after its read began (seconds, on the
 #: pipeline's clock); one that waited longer for places is read again.
 _AHEAD_FRESH_S = 0.05
+#: Most timers a page read ahead holds (at least ``batch_size``).
+READ_AHEAD = 1000
 
 
 @attrs.frozen
@@ -120,6 +123,7 @@ class _Sent:
         "envelopes",
         "expired",
         "failed",
+        "keys",
         "lease",
         "left",
         "observer",
@@ -136,6 +140,8 @@ class _Sent:
         observer: BatchObserver,
     ) -> None:
         self.batch = batch
+        self.keys: list[TimerKey] = []
+        """Each timer's key, in the batch's order (once handed out)."""
         self.envelopes = envelopes
         self.observer = observer
         self.results: list[PublishError | bool | None] = [False] * len(batch.due)
@@ -226,12 +232,8 @@ class FiringPipeline:
         self._mark_full = asyncio.Event()
         self._closing = False
         self._batches: set[_Sent] = set()
-        # The drain's next page, read ahead (see _prefetch), and where the drain stood then.
-        self._ahead: asyncio.Future[DueBatch] | None = None
-        self._ahead_of: tuple[DueCursor | None, Mapping[TenantId, DueCursor] | None] = (
-            None,
-            None,
-        )
+        # The pages read ahead (see _prefetch), in order, each with where the drain stood.
+        self._ahead: collections.deque[_Page] = collections.deque()
         self._spawned: set[asyncio.Future[None]] = set()
         self.retry_marks = False
         """Whether a failed mark is retried (the worker's) rather than raised (``fire``)."""
@@ -304,7 +306,6 @@ class FiringPipeline:
         try:
             while True:
                 if self.room <= 0:
-                    self.drop_read_ahead()
                     await self._wait_for_room()
                     continue
                 found = await self.step()
@@ -344,50 +345,73 @@ class FiringPipeline:
         self.drop_read_ahead()
 
     def _prefetch(self) -> bool:
-        """While a drain goes on, start reading its next page (a full one) before this one
-        is handed out, so the store's read runs beside the envelopes' making and the
-        deliveries; on a store that takes no claims only (a page read ahead and then cut
-        short or dropped costs nothing but the read)."""
-        if self.cursor is None or self.lease_s is not None or self._closing or self.storing:
+        """While a drain goes on, start reading its next page before this one is handed out,
+        so the store's read runs beside the envelopes' making and the deliveries; on a store
+        that takes no claims only (a page read ahead and then cut short or dropped costs
+        nothing but the read). A page read ahead holds up to :data:`READ_AHEAD` timers,
+        handed out ``batch_size`` (or the places free) at a time, the page after it read
+        meanwhile: a find's cost is mostly per find (the tenants' shares), so larger pages
+        cost less per timer."""
+        if self._ahead or not self._reads_ahead():
             return False
-        self._ahead = asyncio.ensure_future(
-            self.find(self.cursor, tenants=self._tenants, limit=self.batch_size)
-        )
-        self._ahead_of = (self.cursor, self._tenants)
+        self._read_ahead(self.cursor, self._tenants)
         return True
 
+    def _reads_ahead(self) -> bool:
+        return not (self.lease_s is not None or self._closing or self.storing)
+
+    def _read_ahead(
+        self, cursor: DueCursor | None, tenants: Mapping[TenantId, DueCursor] | None
+    ) -> None:
+        if cursor is None:
+            return  # the drain ends with the page before
+        reading = asyncio.ensure_future(
+            self.find(cursor, tenants=tenants, limit=max(self.batch_size, READ_AHEAD))
+        )
+        self._ahead.append(_Page(reading, cursor, tenants))
+
     async def _prefetched(self, limit: int) -> DueBatch | None:
-        """The page read ahead, if it is where the drain stands and still fresh, cut to
-        ``limit`` timers (the places free now)."""
-        ahead = self._ahead
-        if ahead is None:
+        """The page read ahead, if it is where the drain stands and still fresh: at most
+        ``limit`` timers of it (and of ``batch_size``), the rest kept for the next step."""
+        if not self._ahead:
             return None
-        self._ahead = None
-        cursor, tenants = self._ahead_of
-        if cursor is not self.cursor or tenants is not self._tenants:
-            _drop(ahead)
+        page = self._ahead.popleft()
+        if page.cursor is not self.cursor or page.tenants is not self._tenants:
+            _drop(page.reading)
+            self.drop_read_ahead()
             return None
-        batch = await ahead
+        batch = await page.reading
         if self.clock.monotonic() - batch.started > _AHEAD_FRESH_S:
-            # Read before a wait for places: what it found may have been cancelled or moved
-            # since, and its instant is no longer "now". Read again.
+            # Read too long ago (a wait for places, a slow delivery): what it found may have
+            # been cancelled or moved since, and its instant is no longer "now". Read again.
+            self.drop_read_ahead()
             return None
+        limit = min(limit, self.batch_size)
         if len(batch.due) <= limit:
             return batch
-        # Fewer places than it read: the first ``limit`` (in due order), the drain standing
-        # after them (each tenant after its last one taken, or where it stood before).
-        kept = batch.due[:limit]
-        positions = dict(tenants or {})
-        for entry in kept:
-            positions[entry.tenant_id] = DueCursor.of(entry)
-        return DueBatch(kept, batch.now, batch.started, DueCursor.of(kept[-1]), positions)
+        due = batch.due if page.rest else _in_rounds(batch.due)
+        # The first ``limit`` now, the drain standing after them (each tenant after its last
+        # one taken, or where it stood before); the rest on the next step, and the page
+        # after it read meanwhile.
+        kept = due[:limit]
+        positions = dict(page.tenants or {})
+        lasts = {entry.tenant_id: entry for entry in kept}  # each tenant's in due order
+        for tenant_id, entry in lasts.items():
+            positions[tenant_id] = DueCursor.of(entry)
+        cut = max(positions[tenant_id] for tenant_id in lasts)
+        now = DueBatch(kept, batch.now, batch.started, cut, positions)
+        rest = DueBatch(due[limit:], batch.now, batch.started, batch.cursor, batch.tenants)
+        self._ahead.appendleft(_Page(_resolved(rest), now.cursor, now.tenants, rest=True))
+        if len(self._ahead) == 1 and self._reads_ahead() and batch.cursor is not None:
+            self._read_ahead(batch.cursor, batch.tenants)
+            await asyncio.sleep(0)  # the read is handed to the store before this batch goes
+        return now
 
     def drop_read_ahead(self) -> None:
-        """Forget the page read ahead (commands changed timers, or a wait for places
-        begins): the next step reads afresh."""
-        if self._ahead is not None:
-            _drop(self._ahead)
-            self._ahead = None
+        """Forget the pages read ahead (commands may have changed their timers): the next
+        step reads afresh."""
+        while self._ahead:
+            _drop(self._ahead.popleft().reading)
 
     async def _wait_for_room(self) -> None:
         changed = asyncio.Event()
@@ -459,7 +483,12 @@ class FiringPipeline:
                 for tenant_id, entry in lasts.items():
                     positions[tenant_id] = DueCursor.of(entry)
             if due and (self._held or self._just_marked):
-                due = [entry for entry in due if not self._held_back(entry, now)]
+                # One lookup per key in C first: mostly none of the page is held here.
+                keys = [entry.key for entry in due]
+                if not (
+                    self._held.keys().isdisjoint(keys) and self._just_marked.keys().isdisjoint(keys)
+                ):
+                    due = [entry for entry in due if not self._held_back(entry, now)]
             exclude = self.exclude
             if due and exclude is not None and self.excluding():
                 left_out = [entry for entry in due if exclude(entry)]
@@ -524,9 +553,8 @@ class FiringPipeline:
         envelopes = due_events(due, now, self.ids)
         observer = self.instrumentation.firing_started(envelopes)
         sent = _Sent(batch, envelopes, observer)
-        held = self._held
-        for entry in due:
-            held[entry.key] = entry
+        sent.keys = keys = [entry.key for entry in due]
+        self._held.update(zip(keys, due, strict=True))
         self.in_flight += len(due)
         self._batches.add(sent)
         sent.settled = asyncio.get_running_loop().create_future()
@@ -557,7 +585,7 @@ class FiringPipeline:
             return  # told twice: the first counts
         sent.results[index] = error
         entry = sent.batch.due[index]
-        key = entry.key
+        key = sent.keys[index]
         self.in_flight -= 1
         sent.left -= 1
         if error is None:
@@ -595,16 +623,17 @@ class FiringPipeline:
         if not told:
             return
         fresh = []
+        keys = sent.keys
+        now = sent.batch.now
+        to_mark = self._to_mark
         for index in told:
             results[index] = None
             fresh.append(due[index])
+            to_mark.append((keys[index], now, sent))
         count = len(fresh)
         self.in_flight -= count
         sent.left -= count
         sent.unmarked += count
-        now = sent.batch.now
-        to_mark = self._to_mark
-        to_mark += [(entry.key, now, sent) for entry in fresh]
         self._ensure_marker()
         if len(to_mark) >= self.mark_at_once or not self._more_coming():
             self._mark_full.set()
@@ -837,6 +866,39 @@ class _Told:
 
 
 NO_OBSERVER = BatchObserver()
+
+
+class _Page(NamedTuple):
+    """A page read ahead (or what is left of one), and where the drain stood for it."""
+
+    reading: asyncio.Future[DueBatch]
+    cursor: DueCursor | None
+    tenants: Mapping[TenantId, DueCursor] | None
+    rest: bool = False
+    """What is left of a page already cut (its timers already in rounds)."""
+
+
+def _in_rounds(due: list[TimerEntry]) -> list[TimerEntry]:
+    """A page read ahead, handed out a batch at a time, in rounds: every tenant's first
+    timer, then every tenant's second... (each tenant's in due order), so the first batch of
+    a page shares among its tenants as a find of that batch's size would."""
+    ranks: dict[TenantId, int] = {}
+    rank_of = []
+    for entry in due:
+        tenant_id = entry.tenant_id
+        rank = ranks.get(tenant_id, 0)
+        ranks[tenant_id] = rank + 1
+        rank_of.append(rank)
+    if len(ranks) == 1:
+        return due
+    order = sorted(range(len(due)), key=rank_of.__getitem__)  # stable: due order within
+    return [due[index] for index in order]
+
+
+def _resolved(batch: DueBatch) -> asyncio.Future[DueBatch]:
+    future: asyncio.Future[DueBatch] = asyncio.get_running_loop().create_future()
+    future.set_result(batch)
+    return future
 
 
 def _drop(ahead: asyncio.Future[DueBatch]) -> None:

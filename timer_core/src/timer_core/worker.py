@@ -272,9 +272,6 @@ class TimerWorker:
             self._wake.clear()
             self._wake_at = None
             if firing.room <= 0:
-                # Every place is taken, for how long nobody knows: a page read ahead would
-                # grow stale (its timers cancelled or moved meanwhile).
-                firing.drop_read_ahead()
                 await self._wait_for_room()
                 continue
             try:

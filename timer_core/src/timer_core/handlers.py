@@ -28,6 +28,7 @@ import attrs
 from timer_core._messages import DueTimeReached, MessageEnvelope
 from timer_core.delivery import Delivery, Outcome, tell_all
 from timer_core.errors import ConfigurationError, HandlerFailed, ValidationError
+from timer_core.ports import tell_delivered
 
 __all__ = [
     "DueTimeBatchHandler",
@@ -146,16 +147,28 @@ def _reraise(exc: BaseException) -> None:
 
 
 class _Started:
-    """The calls one :meth:`HandlerCalls.start` began: their tasks, how many still run, and
-    the deadline they share where the delivery's calls begin together."""
+    """The calls one :meth:`HandlerCalls.start` began: their tasks, how many still run, the
+    deadline they share where the delivery's calls begin together, and those handled whose
+    outcome is not told yet (told together: calls that end on one turn of the loop are told
+    on it, in one step)."""
 
-    __slots__ = ("deadline", "left", "tasks", "timed_out")
+    __slots__ = ("deadline", "done", "flushing", "handled", "left", "tasks", "timed_out")
 
-    def __init__(self, count: int) -> None:
+    def __init__(self, count: int, done: Outcome) -> None:
         self.tasks: list[asyncio.Future[None] | None] = []
         self.left = count
         self.deadline: asyncio.TimerHandle | None = None
         self.timed_out = False
+        self.done = done
+        self.handled: list[int] = []
+        self.flushing = False
+
+    def flush(self) -> None:
+        """Tell the calls handled since the last telling."""
+        self.flushing = False
+        handled, self.handled = self.handled, []
+        if handled:
+            tell_delivered(self.done, handled)
 
 
 class HandlerCalls(Delivery):
@@ -214,7 +227,7 @@ class HandlerCalls(Delivery):
         return _failure(envelope, f"timed out after {self.settings.timeout_s:g}s", cause)
 
     def start(self, envelopes: Sequence[Event], done: Outcome) -> None:
-        started = _Started(len(envelopes))
+        started = _Started(len(envelopes), done)
         tasks = started.tasks
         for index, envelope in enumerate(envelopes):
             tasks.append(self._run(self._told(index, envelope, done, started)))
@@ -240,20 +253,26 @@ class HandlerCalls(Delivery):
         except Exception as exc:
             done(index, _raised(envelope, exc))
         else:
-            done(index, None)
+            started.handled.append(index)
         finally:
             # Not yet listed when it ran eagerly to its end (nor then in the calls' set).
             task = started.tasks[index] if index < len(started.tasks) else None
             if task is not None:
                 self._calls.discard(task)
             started.left -= 1
-            if started.left == 0 and started.deadline is not None:
-                started.deadline.cancel()
+            if started.left == 0:
+                if started.deadline is not None:
+                    started.deadline.cancel()
+                started.flush()  # the last call: every handled one is told now
+            elif started.handled and not started.flushing:
+                # Others still run: those handled on this turn are told at its end.
+                started.flushing = True
+                asyncio.get_running_loop().call_soon(started.flush)
 
-    async def _call(self, envelope: Event) -> None:
-        """Call the handler with one timer's envelope; raises TimeoutError past the timeout
-        (or is cancelled at the shared deadline). Deliveries of one call per timer override
-        it (a batch's overrides :meth:`start`)."""
+    def _call(self, envelope: Event) -> Awaitable[None]:
+        """Call the handler with one timer's envelope: what to await; it raises TimeoutError
+        past the timeout (or is cancelled at the shared deadline). Deliveries of one call per
+        timer override it (a batch's overrides :meth:`start`)."""
         raise NotImplementedError
 
     async def aclose(self) -> None:
@@ -297,8 +316,8 @@ class _AsyncCalls(HandlerCalls):
         super().__init__(settings)
         self._handler = handler
 
-    async def _call(self, envelope: Event) -> None:
-        await self._handler(envelope)
+    def _call(self, envelope: Event) -> Awaitable[None]:
+        return self._handler(envelope)  # awaited by the call's task itself: no frame between
 
 
 class _ThreadCalls(HandlerCalls):

@@ -26,8 +26,9 @@ from timer_core import (
     TimerEntry,
     TimerState,
     firing,
+    tell_delivered,
 )
-from timer_core.delivery import Delivery, Outcome, tell_all
+from timer_core.delivery import Delivery, Outcome
 from timer_core.firing import DrainReport, FiringPipeline
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
@@ -370,7 +371,7 @@ class ReadsAtStart(Delivery):
     def start(self, envelopes: Sequence[MessageEnvelope[DueTimeReached]], done: Outcome) -> None:
         self.reads_at_start.append(self.store.reads)
         self.handed += [str(e.payload.service_call_id) for e in envelopes]
-        tell_all(done, None, len(envelopes))
+        tell_delivered(done, range(len(envelopes)))
 
     async def aclose(self) -> None:
         return None

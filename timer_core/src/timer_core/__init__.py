@@ -74,6 +74,7 @@ from timer_core.ports import (
     Uuid7EnvelopeIds,
     rejection_reason,
     tell_delivered,
+    tell_results,
 )
 from timer_core.worker import QuarantinedTimer, TimerWorker
 
@@ -136,6 +137,7 @@ __all__ = [
     "Uuid7EnvelopeIds",
     "rejection_reason",
     "tell_delivered",
+    "tell_results",
     # the errors
     "ComponentFailed",
     "ConfigurationError",

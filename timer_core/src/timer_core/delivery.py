@@ -14,25 +14,13 @@ from timer_core.errors import PublishError
 from timer_core.instrumentation import NO_INSTRUMENTATION, Instrumentation
 from timer_core.ports import EventPublisher, tell_delivered
 
-__all__ = ["Delivery", "Outcome", "PublishedEvents", "tell_all", "tell_delivered"]
+__all__ = ["Delivery", "Outcome", "PublishedEvents"]
 
 log = logging.getLogger(__name__)
 
 Outcome = Callable[[int, PublishError | None], None]
 """Told once per envelope handed to :meth:`Delivery.start`: its index in the call and None
 (delivered) or why it was not (a :class:`~timer_core.errors.PublishError`)."""
-
-
-def tell_all(done: Outcome, errors: Sequence[PublishError | None] | None, count: int) -> None:
-    """Tell the outcomes of ``count`` envelopes at once: ``errors`` None (every one
-    delivered) or one per envelope, in order. The pipeline's ``done`` takes them in one step
-    (a batch's bookkeeping once, not per timer); any other callable is told one by one."""
-    many: Callable[[Sequence[PublishError | None] | None], None] | None = getattr(done, "all", None)
-    if many is not None:
-        many(errors)
-        return
-    for index in range(count):
-        done(index, None if errors is None else errors[index])
 
 
 #: Timers a publishing pipeline has in flight at once: a slow acknowledgement holds one of

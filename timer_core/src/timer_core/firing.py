@@ -196,11 +196,9 @@ class FiringPipeline:
         failure told while the read ran counts)."""
         self.on_failed: Callable[[TimerEntry, PublishError], None] | None = None
         """Told of each timer whose delivery failed, as it does."""
-        self.on_delivered: Callable[[TimerEntry], None] | None = None
-        """Told of each timer delivered, as it is (before its mark)."""
-        self.on_delivered_all: Callable[[Sequence[TimerEntry]], None] | None = None
-        """Told of a batch's timers delivered together (a batch handler's call), once; the
-        timers are then not told one by one to :attr:`on_delivered`."""
+        self.on_delivered: Callable[[Sequence[TimerEntry]], None] | None = None
+        """Told of the timers delivered, as they are (before their mark): those whose
+        outcomes came in together at once."""
         self.on_change: Callable[[], None] | None = None
         """Told when a place frees up or a mark ends (the worker may look again)."""
         self.lease_s: float | None = (
@@ -213,10 +211,10 @@ class FiringPipeline:
         """Most timers in flight at once, when fewer than the delivery's places (the worker
         narrows it while nothing is delivered)."""
         self.cursor: DueCursor | None = None
+        """Where the drain under way stands (None: the next find starts from the first)."""
         self.storing = 0
         """Commands being stored in this process now: no page is read ahead meanwhile (the
         worker's :meth:`~timer_core.worker.TimerWorker.storing_commands`)."""
-        """Where the drain under way stands (None: the next find starts from the first)."""
         self._tenants: Mapping[TenantId, DueCursor] | None = None
         # Timers delivering or waiting for their mark, by key: the entry as last found (its
         # latest claim). Never handed out again while here.
@@ -395,10 +393,7 @@ class FiringPipeline:
         # after it read meanwhile.
         kept = due[:limit]
         positions = dict(page.tenants or {})
-        lasts = {entry.tenant_id: entry for entry in kept}  # each tenant's in due order
-        for tenant_id, entry in lasts.items():
-            positions[tenant_id] = DueCursor.of(entry)
-        cut = max(positions[tenant_id] for tenant_id in lasts)
+        cut = max(_advance(positions, kept))
         now = DueBatch(kept, batch.now, batch.started, cut, positions)
         rest = DueBatch(due[limit:], batch.now, batch.started, batch.cursor, batch.tenants)
         self._ahead.appendleft(_Page(_resolved(rest), now.cursor, now.tenants, rest=True))
@@ -478,10 +473,7 @@ class FiringPipeline:
             full = len(due) >= limit
             cursor = DueCursor.of(due[-1]) if full else None
             if full:
-                # In due order: each tenant ends at its last one (one cursor made per tenant).
-                lasts = {entry.tenant_id: entry for entry in due}
-                for tenant_id, entry in lasts.items():
-                    positions[tenant_id] = DueCursor.of(entry)
+                _advance(positions, due)
             if due and (self._held or self._just_marked):
                 # One lookup per key in C first: mostly none of the page is held here.
                 keys = [entry.key for entry in due]
@@ -525,7 +517,7 @@ class FiringPipeline:
             if entry.claim is not None:
                 assert marked.reached_at is not None
                 self._held[key] = entry
-                self._queue_mark(key, marked.reached_at, None)
+                self._queue_marks([(key, marked.reached_at, None)])
             return True
         return False
 
@@ -581,42 +573,30 @@ class FiringPipeline:
 
     def _outcome(self, sent: _Sent, index: int, error: PublishError | None) -> None:
         """One timer's outcome: marked with the next mark, or handed back."""
+        if error is None:
+            self._delivered_many(sent, (index,))
+            return
         if sent.results[index] is not False:
             return  # told twice: the first counts
         sent.results[index] = error
         entry = sent.batch.due[index]
-        key = sent.keys[index]
         self.in_flight -= 1
         sent.left -= 1
-        if error is None:
-            sent.unmarked += 1
-            self._queue_mark(key, sent.batch.now, sent)
-            if self.on_delivered is not None:
-                self.on_delivered(entry)
-        else:
-            latest = self._held.pop(key, entry)
-            sent.failed.append((latest, error))
-            self.instrumentation.publish_failed(latest, error)
-            if self.on_failed is not None:
-                self.on_failed(latest, error)
+        latest = self._held.pop(sent.keys[index], entry)
+        sent.failed.append((latest, error))
+        self.instrumentation.publish_failed(latest, error)
+        if self.on_failed is not None:
+            self.on_failed(latest, error)
         if sent.left == 0:
             self._delivered(sent)
         self._moved.set()
         if self.on_change is not None:
             self.on_change()
 
-    def _outcomes(self, sent: _Sent, errors: Sequence[PublishError | None] | None) -> None:
-        """Every outcome of a batch at once (a batch handler's call): ``errors`` None when
-        all were delivered, else one per timer."""
-        if errors is None:
-            self._delivered_many(sent, range(len(sent.results)))
-            return
-        for index, error in enumerate(errors):
-            self._outcome(sent, index, error)
-
     def _delivered_many(self, sent: _Sent, indices: Iterable[int]) -> None:
-        """The timers at ``indices`` of a batch were delivered (acknowledgements that came in
-        together, a batch handler's call): their bookkeeping in one step, not per timer."""
+        """The timers at ``indices`` of a batch were delivered (one, or several whose
+        outcomes came in together: acknowledgements, handler calls that ended on one turn,
+        a batch handler's call): their bookkeeping in one step, not per timer."""
         results = sent.results
         due = sent.batch.due
         told = [index for index in indices if results[index] is False]  # the first counts
@@ -625,23 +605,18 @@ class FiringPipeline:
         fresh = []
         keys = sent.keys
         now = sent.batch.now
-        to_mark = self._to_mark
+        marks: list[tuple[TimerKey, datetime, _Sent | None]] = []
         for index in told:
             results[index] = None
             fresh.append(due[index])
-            to_mark.append((keys[index], now, sent))
+            marks.append((keys[index], now, sent))
         count = len(fresh)
         self.in_flight -= count
         sent.left -= count
         sent.unmarked += count
-        self._ensure_marker()
-        if len(to_mark) >= self.mark_at_once or not self._more_coming():
-            self._mark_full.set()
-        if self.on_delivered_all is not None:
-            self.on_delivered_all(fresh)
-        elif self.on_delivered is not None:
-            for entry in fresh:
-                self.on_delivered(entry)
+        self._queue_marks(marks)
+        if self.on_delivered is not None:
+            self.on_delivered(fresh)
         if sent.left == 0:
             self._delivered(sent)
         self._moved.set()
@@ -689,9 +664,10 @@ class FiringPipeline:
         finally:
             waking.cancel()
 
-    def _queue_mark(self, key: TimerKey, reached_at: datetime, sent: _Sent | None) -> None:
+    def _queue_marks(self, marks: list[tuple[TimerKey, datetime, _Sent | None]]) -> None:
+        """Queue delivered timers for the next mark: (key, reached at, its batch or None)."""
         to_mark = self._to_mark
-        to_mark.append((key, reached_at, sent))
+        to_mark += marks
         self._ensure_marker()
         if len(to_mark) >= self.mark_at_once or not self._more_coming():
             self._mark_full.set()
@@ -846,8 +822,7 @@ class FiringPipeline:
 
 class _Told:
     """The outcomes of one batch handed to a delivery: called per timer as each completes,
-    or told several at once (:func:`~timer_core.delivery.tell_all`,
-    :func:`~timer_core.delivery.tell_delivered`)."""
+    or told several delivered at once (:func:`~timer_core.ports.tell_delivered`)."""
 
     __slots__ = ("pipeline", "sent")
 
@@ -857,9 +832,6 @@ class _Told:
 
     def __call__(self, index: int, error: PublishError | None) -> None:
         self.pipeline._outcome(self.sent, index, error)
-
-    def all(self, errors: Sequence[PublishError | None] | None) -> None:
-        self.pipeline._outcomes(self.sent, errors)
 
     def delivered(self, indices: Sequence[int]) -> None:
         self.pipeline._delivered_many(self.sent, indices)
@@ -893,6 +865,19 @@ def _in_rounds(due: list[TimerEntry]) -> list[TimerEntry]:
         return due
     order = sorted(range(len(due)), key=rank_of.__getitem__)  # stable: due order within
     return [due[index] for index in order]
+
+
+def _advance(
+    positions: dict[TenantId, DueCursor], entries: Sequence[TimerEntry]
+) -> list[DueCursor]:
+    """Each tenant of ``entries`` (each tenant's in due order) now stands at its last one:
+    one cursor made per tenant; returns those cursors."""
+    lasts = {entry.tenant_id: entry for entry in entries}
+    cursors = []
+    for tenant_id, entry in lasts.items():
+        positions[tenant_id] = cursor = DueCursor.of(entry)
+        cursors.append(cursor)
+    return cursors
 
 
 def _resolved(batch: DueBatch) -> asyncio.Future[DueBatch]:

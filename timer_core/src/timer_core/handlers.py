@@ -26,9 +26,9 @@ from typing import Any, TypeAlias
 import attrs
 
 from timer_core._messages import DueTimeReached, MessageEnvelope
-from timer_core.delivery import Delivery, Outcome, tell_all
+from timer_core.delivery import Delivery, Outcome
 from timer_core.errors import ConfigurationError, HandlerFailed, ValidationError
-from timer_core.ports import tell_delivered
+from timer_core.ports import tell_delivered, tell_results
 
 __all__ = [
     "DueTimeBatchHandler",
@@ -405,32 +405,31 @@ class _BatchCalls(HandlerCalls):
             async with asyncio.timeout(timeout):
                 outcomes = await self._handler(envelopes)
         except TimeoutError as exc:
-            tell_all(
-                done, [self._timed_out(envelope, exc) for envelope in envelopes], len(envelopes)
-            )
+            tell_results(done, [self._timed_out(envelope, exc) for envelope in envelopes])
             return
         except asyncio.CancelledError:
-            tell_all(done, [self._cut_off(envelope) for envelope in envelopes], len(envelopes))
+            tell_results(done, [self._cut_off(envelope) for envelope in envelopes])
             raise
         except Exception as exc:
-            tell_all(done, [_raised(envelope, exc) for envelope in envelopes], len(envelopes))
+            tell_results(done, [_raised(envelope, exc) for envelope in envelopes])
             return
         if outcomes is None:
-            tell_all(done, None, len(envelopes))
+            tell_delivered(done, range(len(envelopes)))
             return
         if len(outcomes) != len(envelopes):
             wrong = ValueError(
                 f"the batch handler returned {len(outcomes)} outcomes for {len(envelopes)} "
                 "timers; it must return None or one outcome per timer, in order"
             )
-            tell_all(done, [_raised(envelope, wrong) for envelope in envelopes], len(envelopes))
+            tell_results(done, [_raised(envelope, wrong) for envelope in envelopes])
             return
-        errors: list[HandlerFailed | None] = [
-            None if outcome is None else _raised(envelope, outcome)
-            for envelope, outcome in zip(envelopes, outcomes, strict=True)
-        ]
-        failed = any(error is not None for error in errors)
-        tell_all(done, errors if failed else None, len(envelopes))
+        tell_results(
+            done,
+            [
+                None if outcome is None else _raised(envelope, outcome)
+                for envelope, outcome in zip(envelopes, outcomes, strict=True)
+            ],
+        )
 
 
 def _started(started: asyncio.Future[float], loop: asyncio.AbstractEventLoop) -> None:

@@ -52,6 +52,7 @@ __all__ = [
     "Uuid7EnvelopeIds",
     "rejection_reason",
     "tell_delivered",
+    "tell_results",
 ]
 
 
@@ -473,12 +474,7 @@ class EventPublisher(AsyncResource, abc.ABC):
         result when :meth:`publish_many` returns; a publisher that learns of each
         acknowledgement apart (JetStream's) overrides it.
         """
-        results = await self.publish_many(envelopes)
-        # The acknowledged first: a failure is then told beside the others of its call.
-        tell_delivered(done, [index for index, result in enumerate(results) if result is None])
-        for index, result in enumerate(results):
-            if result is not None:
-                done(index, result)
+        tell_results(done, await self.publish_many(envelopes))
 
     async def publish(self, envelope: MessageEnvelope[DueTimeReached]) -> None:
         """Publish one envelope; raises :class:`PublishError` unless acknowledged."""
@@ -659,3 +655,14 @@ def tell_delivered(
         return
     for index in indices:
         done(index, None)
+
+
+def tell_results(
+    done: Callable[[int, PublishError | None], None], results: Sequence[PublishError | None]
+) -> None:
+    """Tell ``done`` one result per envelope of a call, all known at once: the delivered
+    together (:func:`tell_delivered`) first, then each failure beside them."""
+    tell_delivered(done, [index for index, result in enumerate(results) if result is None])
+    for index, result in enumerate(results):
+        if result is not None:
+            done(index, result)

@@ -122,7 +122,6 @@ class TimerWorker:
         self._firing.retry_marks = True
         self._firing.on_failed = self._failed
         self._firing.on_delivered = self._delivered
-        self._firing.on_delivered_all = self._delivered_all
         self._firing.on_change = self._changed
         delivery = self._firing.delivery
         self._handler = delivery.settings if isinstance(delivery, HandlerCalls) else None
@@ -358,11 +357,13 @@ class TimerWorker:
 
     # -- outcomes ----------------------------------------------------------------------------
 
-    def _delivered(self, entry: TimerEntry) -> None:
-        self._published += 1
+    def _delivered(self, entries: Sequence[TimerEntry]) -> None:
+        self._published += len(entries)
         self._failed_in_a_row = 0
         self._firing.window = None
-        if self._failing:
+        if not self._failing:
+            return
+        for entry in entries:
             record = self._failing.pop(entry.key)
             if record is not None and record.failures > 1:
                 log.info(
@@ -371,15 +372,6 @@ class TimerWorker:
                     entry.service_call_id,
                     record.failures,
                 )
-
-    def _delivered_all(self, entries: Sequence[TimerEntry]) -> None:
-        if self._failing:
-            for entry in entries:
-                self._delivered(entry)
-            return
-        self._published += len(entries)
-        self._failed_in_a_row = 0
-        self._firing.window = None
 
     def _failed(self, entry: TimerEntry, error: PublishError) -> None:
         if self._stop.is_set() and self._handler is not None:

@@ -203,6 +203,34 @@ class TestInThisProcess:
         assert sorted(first.calls) == sorted(f"call-{n}" for n in range(40))
         assert second.calls == []
 
+    async def test_the_same_store_object_given_to_a_second_timer_is_refused(
+        self, db_path: Path
+    ) -> None:
+        """The store object a running Timer fires from, given to a second Timer: refused at
+        start with StoreInUse naming the fix (one Timer per store object), the first
+        handles each timer once, and the object runs a new Timer once the first is closed."""
+        first, second, after = Handled(), Handled(), Handled()
+        calls = [f"call-{n}" for n in range(40)]
+        await schedule_due(db_path, *calls)
+        store = SqliteTimerStore(db_path)
+        async with Timer(store, handler=first, polling_interval=0.05):
+            refused = Timer(store, handler=second, polling_interval=0.05)
+            with pytest.raises(StoreInUse) as caught:
+                async with refused:
+                    pytest.fail("the second Timer started")
+            assert "a store object serves one Timer at a time" in str(caught.value)
+            assert "Close that Timer first, or share it" in str(caught.value)
+            assert caught.value.owner == "this process"
+            await first.wait_for(*calls)
+            await schedule_due(db_path, "after-the-refusal")
+            await first.wait_for("after-the-refusal")
+        assert sorted(first.calls) == sorted([*calls, "after-the-refusal"])
+        assert second.calls == []
+        await schedule_due(db_path, "next-timer")
+        async with Timer(store, handler=after, polling_interval=0.05):
+            await after.wait_for("next-timer")
+        assert after.calls == ["next-timer"]
+
     async def test_the_refusal_comes_before_the_constructor_does_io(self, db_path: Path) -> None:
         """Making the second Timer raises nothing and touches nothing; only starting it is
         refused (the constructor does no I/O)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 
@@ -24,6 +25,7 @@ from timer_core import (
     ScheduleTimer,
     ServiceCallId,
     SharedClockStore,
+    StoreInUse,
     StoreUnavailable,
     SystemClock,
     TenantId,
@@ -326,6 +328,104 @@ class TestLifecycle:
             await asyncio.sleep(0)
             assert not waiting.done()
         await asyncio.wait_for(waiting, 5)
+
+
+class EqualStore(MemoryTimerStore):
+    """A user's own store that equals every other of its kind (and so is unhashable)."""
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, EqualStore)
+
+
+def assert_names_the_fix(error: StoreInUse) -> None:
+    message = str(error)
+    assert "another Timer runs on this store object" in message
+    assert "a store object serves one Timer at a time" in message
+    assert "Close that Timer first, or share it" in message
+    assert "a store object of its own" in message
+    assert error.owner == "this process"
+
+
+class TestOneTimerPerStoreObject:
+    """A store object given to two Timers at once would have each fire every timer: the
+    second is refused at start, whatever the store; one after the other is fine."""
+
+    async def test_a_second_timer_on_a_running_store_object_is_refused_at_start(self) -> None:
+        """The second Timer's ``async with`` raises StoreInUse naming the fix, touching
+        neither the store nor its own publisher; the first publishes each timer once."""
+        journal: list[str] = []
+        store, clock = JournalStore(journal), FakeClock(T0)
+        bus, other_bus = MemoryEventBus(), JournalBus(journal)
+        calls = [f"call-{n}" for n in range(40)]
+        async with Timer(store, bus, clock=clock) as timer:
+            refused = Timer(store, other_bus, clock=clock)
+            with pytest.raises(StoreInUse) as caught:
+                async with refused:
+                    pytest.fail("the second Timer started")
+            assert_names_the_fix(caught.value)
+            assert journal == ["store started"]  # the refused Timer opened and closed nothing
+            assert not refused.health().running
+            for call in calls:
+                await timer.schedule("tenant-a", call, T0)
+            published = await bus.wait_for_published(len(calls))
+            await timer.wait_until_idle()
+        fired = Counter(str(event.payload.service_call_id) for event in published)
+        assert fired == Counter(calls)  # every timer, once
+        assert other_bus.published == []
+
+    async def test_closing_a_refused_timer_leaves_the_store_object_to_the_first(self) -> None:
+        """A refused Timer closed (or started again) takes nothing from the running one: a
+        third is still refused, and the first keeps firing."""
+        store, clock, bus = MemoryTimerStore(), FakeClock(T0), MemoryEventBus()
+        async with Timer(store, bus, clock=clock) as timer:
+            refused = Timer(store, MemoryEventBus(), clock=clock)
+            with pytest.raises(StoreInUse):
+                await refused.start()
+            await refused.aclose()
+            with pytest.raises(RuntimeError, match="runs only once"):
+                await refused.start()
+            with pytest.raises(StoreInUse):
+                await Timer(store, MemoryEventBus(), clock=clock).start()
+            await timer.schedule("tenant-a", "after-the-refusals", T0)
+            (event,) = await bus.wait_for_published(1)
+        assert event.payload.service_call_id == "after-the-refusals"
+
+    async def test_a_closed_timers_store_object_runs_a_new_timer(self) -> None:
+        """Timers one after the other on one store object (a host restarting its Timer,
+        a test after another) each start and fire."""
+        store, clock = MemoryTimerStore(), FakeClock(T0)
+        for n in range(3):
+            bus = MemoryEventBus()
+            async with Timer(store, bus, clock=clock) as timer:
+                await timer.schedule("tenant-a", f"call-{n}", T0)
+                (event,) = await bus.wait_for_published(1)
+            assert event.payload.service_call_id == f"call-{n}"
+
+    async def test_a_failed_start_gives_the_store_object_back(self) -> None:
+        """A Timer whose publisher cannot start holds no store object afterwards."""
+        store, clock = MemoryTimerStore(), FakeClock(T0)
+        failing = JournalBus([], start_error=ConnectionError("broker down"))
+        with pytest.raises(ConnectionError, match="broker down"):
+            async with Timer(store, failing, clock=clock):
+                pytest.fail("the body must not run")
+        bus = MemoryEventBus()
+        async with Timer(store, bus, clock=clock) as timer:
+            await timer.schedule("tenant-a", "call-1", T0)
+            (event,) = await bus.wait_for_published(1)
+        assert event.payload.service_call_id == "call-1"
+
+    async def test_store_objects_are_told_apart_by_identity(self) -> None:
+        """A user's store that equals (and cannot be hashed like) every other of its kind:
+        two such objects run a Timer each, and the same one is still refused."""
+        clock = FakeClock(T0)
+        first, second = EqualStore(), EqualStore()
+        assert first == second
+        async with (
+            Timer(first, MemoryEventBus(), clock=clock),
+            Timer(second, MemoryEventBus(), clock=clock),
+        ):
+            with pytest.raises(StoreInUse):
+                await Timer(first, MemoryEventBus(), clock=clock).start()
 
 
 class TestFailures:

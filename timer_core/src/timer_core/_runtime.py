@@ -7,6 +7,8 @@ import asyncio
 import enum
 import functools
 import logging
+import threading
+import weakref
 from collections.abc import Coroutine, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from types import TracebackType
@@ -22,6 +24,7 @@ from timer_core.errors import (
     ComponentFailed,
     ConfigurationError,
     NotRunning,
+    StoreInUse,
     ValidationError,
     WaitTimedOut,
 )
@@ -137,6 +140,11 @@ class Timer:
     ``commands`` (None: no cap): a ``ScheduleTimer`` over it is refused and dead-lettered by
     the source (see :func:`~timer_core.handle_commands`). A Timer runs once; make a new one
     to run again.
+
+    A store object serves one running Timer at a time (two would each fire every timer): a
+    second Timer started on the same object before the first is closed is refused with
+    :class:`~timer_core.errors.StoreInUse`, whatever the store (a user's own included). Once
+    the first is closed, a new Timer may run on the object again.
     """
 
     def __init__(
@@ -278,9 +286,18 @@ class Timer:
         command loop.
 
         If one of them fails to start, those started are closed again and the error raised.
+        A store object another Timer runs (started, not yet closed) is refused with
+        :class:`~timer_core.errors.StoreInUse` before anything starts, so that Timer keeps
+        its store.
         """
         if self._state is not _State.NEW:
             raise NotRunning(f"this Timer is {self._state.value}; a Timer runs only once")
+        try:
+            _RUNNING_STORES.claim(self)
+        except StoreInUse:
+            self._state = _State.CLOSED
+            self._finished.set()
+            raise
         self._state = _State.RUNNING
         opened: list[AsyncResource] = []
         try:
@@ -292,7 +309,10 @@ class Timer:
         except BaseException:
             self._state = _State.CLOSED
             self._finished.set()
-            await _close_all(opened[::-1], [])
+            try:
+                await _close_all(opened[::-1], [])
+            finally:
+                _RUNNING_STORES.release(self)
             raise
         if isinstance(self._store, ReportsRemoteSchedules):
             self._store.watch_remote_schedules(self._worker.notify_scheduled)
@@ -335,9 +355,13 @@ class Timer:
                 task.cancel()  # only those left running by a cancelled close
             if isinstance(self._store, ReportsRemoteSchedules):
                 self._store.watch_remote_schedules(None)
-            await _close_all(self._resources()[::-1], errors)
-            self._state = _State.CLOSED
-            self._finished.set()
+            try:
+                await _close_all(self._resources()[::-1], errors)
+            finally:
+                # Only once the store is closed: a next Timer never starts it under this one.
+                _RUNNING_STORES.release(self)
+                self._state = _State.CLOSED
+                self._finished.set()
         if self._failure is not None and not self._failure_raised:
             self._failure_raised = True
             raise self._failure_error()
@@ -504,6 +528,51 @@ class Timer:
         error = ComponentFailed(self._failure_text())
         error.__cause__ = self._failure[1]
         return error
+
+
+class _RunningStores:
+    """The store objects running Timers hold, each with its Timer: one Timer per store object
+    at a time, whatever the store (a user's own included, hashable or not), in this process.
+
+    Keyed by the store's ``id()``: the Timer holding an entry holds its store, so the id
+    cannot be reused meanwhile; the Timer itself is held weakly, so one dropped without
+    being closed holds nothing. A lock, as Timers may run on several threads' event loops.
+    """
+
+    def __init__(self) -> None:
+        self._timers: dict[int, weakref.ref[Timer]] = {}
+        self._lock = threading.Lock()
+
+    def claim(self, timer: Timer) -> None:
+        """Make ``timer`` its store's running Timer, or raise :class:`StoreInUse`."""
+        store = timer.store
+        with self._lock:
+            for key, ref in list(self._timers.items()):
+                if ref() is None:
+                    del self._timers[key]  # a Timer dropped while running
+            held = self._timers.get(id(store))
+            owner = None if held is None else held()
+            if owner is not None and owner is not timer and owner.store is store:
+                raise StoreInUse(
+                    f"another Timer runs on this store object ({store!r:.200}, in this "
+                    "process): a store object serves one Timer at a time (two would each "
+                    "fire every timer). Close that Timer first, or share it (its schedule(), "
+                    "cancel() and get() serve the rest of the process); a second Timer needs "
+                    "a store object of its own (another PostgresTimerStore on the same "
+                    "database shares the work; a SQLite file serves one firing Timer at a time)",
+                    "this process",
+                )
+            self._timers[id(store)] = weakref.ref(timer)
+
+    def release(self, timer: Timer) -> None:
+        """Give ``timer``'s store back, if ``timer`` holds it."""
+        with self._lock:
+            held = self._timers.get(id(timer.store))
+            if held is not None and held() is timer:
+                del self._timers[id(timer.store)]
+
+
+_RUNNING_STORES = _RunningStores()
 
 
 def _require(value: object, kind: type, name: str, expected: str) -> None:

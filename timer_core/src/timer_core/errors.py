@@ -73,9 +73,11 @@ class StoreInUse(StoreError):
     """Another :class:`~timer_core.Timer` fires this store's timers, in this process or
     another: a store that serves one firing Timer at a time (SQLite's, see
     :class:`~timer_core.ports.ExclusiveFiring`) refuses a second one when it starts, until the
-    first is closed or its process has ended. Scheduling and reading through the store (or
-    another one on the same file) are never refused. The message names the fix; ``owner``
-    says who holds the store (``"process 1234"``, ``"this process"``)."""
+    first is closed or its process has ended; and on every store, one store object given to a
+    second Timer while the first runs is refused when the second starts. Scheduling and
+    reading through the store (or another one on the same file) are never refused. The
+    message names the fix; ``owner`` says who holds the store (``"process 1234"``,
+    ``"this process"``)."""
 
     def __init__(self, message: str, owner: str) -> None:
         self.owner = owner

@@ -22,7 +22,7 @@ from timer_core._entry import TimerEntry, TimerState
 from timer_core._ids import ServiceCallId, TenantId
 from timer_core._messages import DueTimeReached, MessageEnvelope
 from timer_core._runtime import Timer
-from timer_core.errors import ConfigurationError, PublishError
+from timer_core.errors import ConfigurationError, PublishError, StoreInUse
 from timer_core.handlers import HandlerSettings
 from timer_core.instrumentation import Instrumentation
 from timer_core.ports import EventPublisher, LeasesClaims, TimerStore
@@ -162,6 +162,39 @@ class TimerIsolationContract:
 
         with pytest.raises(ConfigurationError, match=r"HandlerSettings\(\*\*\{'timeout_s': 5\}\)"):
             Timer(make_store(), handler=handler, handler_settings={"timeout_s": 5})  # type: ignore[arg-type]
+
+    async def test_a_second_timer_on_a_running_store_object_is_refused(
+        self, make_store: MakeStore
+    ) -> None:
+        """One store object given to two Timers would have each fire every timer: the second
+        is refused at start with ``StoreInUse`` naming the fix, the first handles each timer
+        once, and once it is closed a new Timer runs on the object."""
+        handled: Counter[str] = Counter()
+        refused_handled: list[str] = []
+
+        async def handler(event: Event) -> None:
+            handled[str(event.payload.service_call_id)] += 1
+
+        async def refused_handler(event: Event) -> None:
+            refused_handled.append(str(event.payload.service_call_id))
+
+        calls = [f"order-{n}" for n in range(40)]
+        store = make_store()
+        async with Timer(store, handler=handler) as timer:
+            refused = Timer(store, handler=refused_handler)
+            with pytest.raises(StoreInUse, match="a store object serves one Timer at a time"):
+                async with refused:
+                    pytest.fail("the second Timer started")
+            now = self.now(timer)
+            for call in calls:
+                await timer.schedule("shop-1", call, now)
+            await _reached(timer, "shop-1", calls)
+        assert handled == Counter(calls)  # every timer, once
+        assert refused_handled == []
+        async with Timer(store, handler=handler) as again:
+            await again.schedule("shop-1", "after", self.now(again))
+            await _reached(again, "shop-1", ["after"])
+        assert handled["after"] == 1
 
     async def test_threaded_calls_past_their_timeout_hold_back_only_their_own_timers(
         self, make_store: MakeStore

@@ -100,9 +100,7 @@ class TestScheduleToDueTimeReached:
             await wait_until(lambda: handler.deliveries[command_id] == 1, what="the command")
             await source.stop()
         clock.set_wall(due + timedelta(milliseconds=7))
-        report = await FiringPipeline.publishing(
-            store, broker.publisher, clock, batch_size=10
-        ).fire()
+        report = await FiringPipeline(store, broker.publisher, clock, batch_size=10).fire()
         assert len(report.fired) == 1 and report.failed == []
 
         (held,) = await read_stream(broker.jetstream, "TIMER_EVENTS")
@@ -153,9 +151,7 @@ class TestScheduleToDueTimeReached:
         # The crashed run: published, then died before mark_reached.
         await broker.publisher.publish(build_due_event(entry, T0 + timedelta(milliseconds=3)))
         clock.set_wall(T0 + timedelta(seconds=2))
-        report = await FiringPipeline.publishing(
-            store, broker.publisher, clock, batch_size=10
-        ).fire()
+        report = await FiringPipeline(store, broker.publisher, clock, batch_size=10).fire()
         assert len(report.fired) == 1
         held = await read_stream(broker.jetstream, "TIMER_EVENTS")
         assert len(held) == 1

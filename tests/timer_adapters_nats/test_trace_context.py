@@ -43,7 +43,7 @@ async def schedule_and_fire(
         await wait_until(lambda: handler.deliveries[command_id] == 1, what="the command")
         await source.stop()
     clock.set_wall(due)
-    report = await FiringPipeline.publishing(store, broker.publisher, clock, batch_size=10).fire()
+    report = await FiringPipeline(store, broker.publisher, clock, batch_size=10).fire()
     assert len(report.fired) == 1
     commands = [m.headers for m in await read_stream(broker.jetstream, "TIMER_COMMANDS")]
     events = [m.headers for m in await read_stream(broker.jetstream, "TIMER_EVENTS")]

@@ -368,14 +368,14 @@ class TestFiringAcrossInstances:
         healthy = await make_started_store(owner_id="healthy")
         await stalled.schedule(timer("call-1"))
         stalled_publisher = StallingPublisher()
-        report = await FiringPipeline.publishing(
+        report = await FiringPipeline(
             stalled, stalled_publisher, SystemClock(), batch_size=10
         ).fire()
         assert stalled_publisher.offered == ["call-1"]
         assert [e.service_call_id for e, _ in report.failed] == ["call-1"]
         assert lease_of(postgres_sql, "call-1") == ("Scheduled", None, 1)  # released
         bus = MemoryEventBus()
-        report = await FiringPipeline.publishing(healthy, bus, SystemClock(), batch_size=10).fire()
+        report = await FiringPipeline(healthy, bus, SystemClock(), batch_size=10).fire()
         assert [e.service_call_id for e in report.fired] == ["call-1"]
         assert [e.payload.service_call_id for e in bus.published] == ["call-1"]
         assert lease_of(postgres_sql, "call-1") == ("Reached", None, 2)

@@ -144,7 +144,7 @@ class Rig:
         return {str(e.service_call_id): e.state for e in self.store.entries()}
 
     async def drain(self) -> DrainReport:
-        return await FiringPipeline.publishing(
+        return await FiringPipeline(
             self.store, self.publisher, self.clock, batch_size=10, mark_at_once=1
         ).drain()
 
@@ -239,7 +239,7 @@ class TestGatheredMarks:
         """35 timers in batches of 10, marks of at most 20: fewer marks than batches, none
         over 20, each after its timers' publishes, all Reached on return."""
         calls = await rig.schedule(35)
-        report = await FiringPipeline.publishing(
+        report = await FiringPipeline(
             rig.store, rig.publisher, rig.clock, batch_size=10, mark_at_once=20
         ).drain()
         assert (report.batches, report.fired) == (4, 35)
@@ -264,9 +264,7 @@ class TestGatheredMarks:
             return await publish_many(envelopes)
 
         rig.publisher.publish_many = publish_then_fail  # type: ignore[method-assign]
-        report = await FiringPipeline.publishing(
-            rig.store, rig.publisher, rig.clock, batch_size=10
-        ).drain()
+        report = await FiringPipeline(rig.store, rig.publisher, rig.clock, batch_size=10).drain()
         assert sorted(str(entry.service_call_id) for entry, _ in report.failed) == calls[20:]
         states = rig.states()
         assert [c for c in calls if states[c] is TimerState.REACHED] == calls[:20]
@@ -301,7 +299,7 @@ class TestEndingEarly:
         rig = Rig(lease_s=30.0)
         await rig.store.start()
         calls = await rig.schedule(25)
-        report = await FiringPipeline.publishing(
+        report = await FiringPipeline(
             rig.store, rig.publisher, rig.clock, batch_size=10, mark_at_once=1
         ).drain()
         assert report.fired == 25

@@ -57,7 +57,7 @@ class TestStorm:
         await store.apply(quiet)
         clock, bus = FakeClock(T + timedelta(seconds=2)), MemoryEventBus()
 
-        report = await FiringPipeline.publishing(store, bus, clock, batch_size=BATCH).drain()
+        report = await FiringPipeline(store, bus, clock, batch_size=BATCH).drain()
 
         published = [event.payload for event in bus.published]
         assert report.fired == len(published) == 3010
@@ -79,7 +79,7 @@ class TestStorm:
         ]
         await store.apply(timers)
         bus = MemoryEventBus()
-        await FiringPipeline.publishing(
+        await FiringPipeline(
             store, bus, FakeClock(T + timedelta(minutes=1)), batch_size=BATCH
         ).drain()
         assert [e.payload.service_call_id for e in bus.published] == [
@@ -112,12 +112,10 @@ class TestManyTenants:
 
         monkeypatch.setattr(store, "find_due_by_tenant", counting)
         bus, clock = MemoryEventBus(), FakeClock(T)
-        fired = [(await FiringPipeline.publishing(store, bus, clock, batch_size=20).drain()).fired]
+        fired = [(await FiringPipeline(store, bus, clock, batch_size=20).drain()).fired]
         assert 0 < fired[0] < len(timers)  # the first drain stopped at the cap
         while fired[-1]:
-            fired.append(
-                (await FiringPipeline.publishing(store, bus, clock, batch_size=20).drain()).fired
-            )
+            fired.append((await FiringPipeline(store, bus, clock, batch_size=20).drain()).fired)
         assert max(cursors) <= 30 + 20
         published = [event.payload for event in bus.published]
         assert sorted(p.service_call_id for p in published) == sorted(

@@ -115,7 +115,7 @@ class TestWithoutLease:
         store, bus = MemoryTimerStore(), MemoryEventBus()
         await store.start()
         await store.schedule(timer("a"))
-        report = await FiringPipeline.publishing(store, bus, clock, batch_size=10).fire()
+        report = await FiringPipeline(store, bus, clock, batch_size=10).fire()
         assert [e.service_call_id for e in report.fired] == ["a"]
         assert report.expired == []
         assert len(bus.published) == 1
@@ -129,7 +129,7 @@ class TestLeaseFence:
         store, bus = SlowlyClaimingStore(clock, claim_takes=1.0), MemoryEventBus()
         await store.start()
         await store.apply([timer("a"), timer("b")])
-        report = await FiringPipeline.publishing(store, bus, clock, batch_size=10).fire()
+        report = await FiringPipeline(store, bus, clock, batch_size=10).fire()
         assert len(report.fired) == 2
         assert report.expired == [] and report.failed == []
         assert await released(store, clock) == []
@@ -140,7 +140,7 @@ class TestLeaseFence:
         store, bus = SlowlyClaimingStore(clock, claim_takes=LEASE), MemoryEventBus()
         await store.start()
         await store.apply([timer("a"), timer("b")])
-        report = await FiringPipeline.publishing(store, bus, clock, batch_size=10).fire()
+        report = await FiringPipeline(store, bus, clock, batch_size=10).fire()
         assert [e.service_call_id for e in report.expired] == ["a", "b"]
         assert report.fired == [] and report.found == 2
         assert bus.publish_attempts == []
@@ -152,9 +152,7 @@ class TestLeaseFence:
         store, publisher = SlowlyClaimingStore(clock, claim_takes=3.0), StallingPublisher()
         await store.start()
         await store.apply([timer("a"), timer("b")])
-        firing = asyncio.create_task(
-            FiringPipeline.publishing(store, publisher, clock, batch_size=10).fire()
-        )
+        firing = asyncio.create_task(FiringPipeline(store, publisher, clock, batch_size=10).fire())
         await publisher.entered.wait()
         await clock.wait_for_sleepers(1)
         assert clock.pending_sleeps() == [pytest.approx(LEASE - 3.0)]
@@ -175,7 +173,7 @@ class TestLeaseFence:
         await store.start()
         await store.apply([timer("a"), timer("b"), timer("c")])
         bus.fail_when(lambda envelope: envelope.payload.service_call_id == "b")
-        report = await FiringPipeline.publishing(store, bus, clock, batch_size=10).fire()
+        report = await FiringPipeline(store, bus, clock, batch_size=10).fire()
         assert [e.service_call_id for e in report.fired] == ["a", "c"]
         assert await released(store, clock) == ["b"]
         states = {e.service_call_id: e.state for e in store.entries()}
@@ -188,6 +186,6 @@ class TestLeaseFence:
         await store.apply([timer("a"), timer("b")])
         store.fail_next(1, methods=["release_claims"])
         bus.fail_when(lambda envelope: envelope.payload.service_call_id == "a")
-        report = await FiringPipeline.publishing(store, bus, clock, batch_size=10).fire()
+        report = await FiringPipeline(store, bus, clock, batch_size=10).fire()
         assert [e.service_call_id for e in report.fired] == ["b"]
         assert [e.service_call_id for e, _ in report.failed] == ["a"]

@@ -127,7 +127,7 @@ class TestFireDueTimers:
         await handle_commands(store, [schedule("tenant-a", "call-1", 0)], clock)
         publisher = StateAtPublish(bus, store)
         clock.advance(1.5)
-        report = await FiringPipeline.publishing(store, publisher, clock, batch_size=10).fire()
+        report = await FiringPipeline(store, publisher, clock, batch_size=10).fire()
         assert publisher.states == [TimerState.SCHEDULED]
         assert [e.service_call_id for e in report.fired] == ["call-1"]
         stored = await store.get(A, ServiceCallId("call-1"))
@@ -144,14 +144,14 @@ class TestFireDueTimers:
             store, [schedule("tenant-a", "now", 5), schedule("tenant-a", "later", 5.001)], clock
         )
         clock.advance(5)
-        report = await FiringPipeline.publishing(store, bus, clock, batch_size=10).fire()
+        report = await FiringPipeline(store, bus, clock, batch_size=10).fire()
         assert [e.service_call_id for e in report.fired] == ["now"]
         later = await store.get(A, ServiceCallId("later"))
         assert later is not None
         assert later.is_scheduled
-        assert await FiringPipeline.publishing(
-            store, bus, clock, batch_size=10
-        ).fire() == FiringReport(found=0, fired=[], failed=[], cursor=None)
+        assert await FiringPipeline(store, bus, clock, batch_size=10).fire() == FiringReport(
+            found=0, fired=[], failed=[], cursor=None
+        )
 
     async def test_event_fields_follow_the_contract(
         self, store: MemoryTimerStore, bus: MemoryEventBus, clock: FakeClock
@@ -167,7 +167,7 @@ class TestFireDueTimers:
             clock,
         )
         clock.advance(3.25)
-        await FiringPipeline.publishing(store, bus, clock, batch_size=10).fire()
+        await FiringPipeline(store, bus, clock, batch_size=10).fire()
         events = {e.tenant_id: e for e in bus.published}
         first = events[A]
         assert first.type == "DueTimeReached"
@@ -196,7 +196,7 @@ class TestFireDueTimers:
         bus.fail_when(lambda e: e.tenant_id == B)
         recording = Recording()
         clock.advance(2)
-        report = await FiringPipeline.publishing(
+        report = await FiringPipeline(
             store, bus, clock, batch_size=10, instrumentation=recording
         ).fire()
         assert [e.service_call_id for e in report.fired] == ["x", "z"]
@@ -209,7 +209,7 @@ class TestFireDueTimers:
         assert failed.is_scheduled
         bus.fail_when(None)
         clock.advance(1)
-        again = await FiringPipeline.publishing(store, bus, clock, batch_size=10).fire()
+        again = await FiringPipeline(store, bus, clock, batch_size=10).fire()
         assert [e.service_call_id for e in again.fired] == ["y"]
 
     async def test_envelope_id_is_stable_across_republishes(
@@ -219,11 +219,11 @@ class TestFireDueTimers:
         await handle_commands(store, [schedule("tenant-a", "call-1", 1)], clock)
         clock.advance(1)
         bus.fail_next(2)
-        await FiringPipeline.publishing(store, bus, clock, batch_size=10).fire()
+        await FiringPipeline(store, bus, clock, batch_size=10).fire()
         clock.advance(1)
-        await FiringPipeline.publishing(store, bus, clock, batch_size=10).fire()
+        await FiringPipeline(store, bus, clock, batch_size=10).fire()
         clock.advance(1)
-        await FiringPipeline.publishing(store, bus, clock, batch_size=10).fire()
+        await FiringPipeline(store, bus, clock, batch_size=10).fire()
         ids = {e.id for e in bus.publish_attempts}
         assert len(bus.publish_attempts) == 3
         assert ids == {EnvelopeId.for_firing(A, ServiceCallId("call-1"), to_epoch_ms(at(1)))}
@@ -239,12 +239,12 @@ class TestFireDueTimers:
         clock.advance(1)
         store.fail_next(1, methods=["mark_reached"])
         with pytest.raises(StoreError):
-            await FiringPipeline.publishing(store, bus, clock, batch_size=10).fire()
+            await FiringPipeline(store, bus, clock, batch_size=10).fire()
         unmarked = await store.get(A, ServiceCallId("call-1"))
         assert unmarked is not None
         assert unmarked.is_scheduled
         clock.advance(1)
-        report = await FiringPipeline.publishing(store, bus, clock, batch_size=10).fire()
+        report = await FiringPipeline(store, bus, clock, batch_size=10).fire()
         assert len(report.fired) == 1
         attempts = bus.publish_attempts
         assert len(attempts) == 2
@@ -259,13 +259,13 @@ class TestFireDueTimers:
         await handle_commands(store, [schedule("tenant-a", f"c{i}", i) for i in range(5)], clock)
         bus.fail_next(2)
         clock.advance(10)
-        first = await FiringPipeline.publishing(store, bus, clock, batch_size=2).fire()
+        first = await FiringPipeline(store, bus, clock, batch_size=2).fire()
         assert first.found == 2
         assert first.batch_full
         assert len(first.failed) == 2
-        second = await FiringPipeline.publishing(store, bus, clock, batch_size=2).fire(first.cursor)
+        second = await FiringPipeline(store, bus, clock, batch_size=2).fire(first.cursor)
         assert [e.service_call_id for e in second.fired] == ["c2", "c3"]
-        third = await FiringPipeline.publishing(store, bus, clock, batch_size=2).fire(second.cursor)
+        third = await FiringPipeline(store, bus, clock, batch_size=2).fire(second.cursor)
         assert [e.service_call_id for e in third.fired] == ["c4"]
         assert not third.batch_full
         assert third.cursor is None
@@ -277,7 +277,7 @@ class TestFireDueTimers:
         await handle_commands(store, [schedule("tenant-a", "c", 0)], clock)
         store.set_unavailable(True)
         with pytest.raises(StoreError):
-            await FiringPipeline.publishing(store, bus, clock, batch_size=10).fire()
+            await FiringPipeline(store, bus, clock, batch_size=10).fire()
         assert bus.publish_attempts == []
 
     async def test_publish_many_is_one_call_per_batch(
@@ -294,7 +294,7 @@ class TestFireDueTimers:
                 return await super().publish_many(envelopes)
 
         await handle_commands(store, [schedule("tenant-a", f"c{i}", 0) for i in range(7)], clock)
-        await FiringPipeline.publishing(store, Counting(), clock, batch_size=5).fire()
+        await FiringPipeline(store, Counting(), clock, batch_size=5).fire()
         assert calls == [5]
 
 
@@ -339,13 +339,13 @@ class TestHandleCommands:
         """A ScheduleTimer for a Reached timer is ignored, and a cancel of it is a no-op."""
         await handle_commands(store, [schedule("tenant-a", "k", 1)], clock)
         clock.advance(1)
-        await FiringPipeline.publishing(store, bus, clock, batch_size=10).fire()
+        await FiringPipeline(store, bus, clock, batch_size=10).fire()
         outcomes = await handle_commands(
             store, [schedule("tenant-a", "k", 50), cancel("tenant-a", "k")], clock
         )
         assert outcomes == [CommandOutcome.IGNORED_REACHED, CommandOutcome.CANCEL_NOOP]
         clock.advance(100)
-        assert (await FiringPipeline.publishing(store, bus, clock, batch_size=10).fire()).found == 0
+        assert (await FiringPipeline(store, bus, clock, batch_size=10).fire()).found == 0
 
     async def test_empty_batch_touches_nothing(
         self, store: MemoryTimerStore, clock: FakeClock

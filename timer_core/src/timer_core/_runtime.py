@@ -16,6 +16,7 @@ from typing import Any, Self
 
 import attrs
 
+from timer_core._checks import require_count
 from timer_core._entry import TimerEntry, TimerKey
 from timer_core._ids import ServiceCallId, TenantId
 from timer_core._messages import CancelTimer, Command, MessageEnvelope, ScheduleTimer
@@ -51,7 +52,6 @@ from timer_core.ports import (
     TimerStore,
 )
 from timer_core.worker import QuarantinedTimer, TimerWorker
-from timer_core.worker import _require_count as require_count
 
 __all__ = ["Timer", "TimerHealth"]
 

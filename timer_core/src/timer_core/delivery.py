@@ -7,20 +7,33 @@ from __future__ import annotations
 import abc
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+from typing import Protocol
 
 from timer_core._messages import DueTimeReached, MessageEnvelope
 from timer_core.errors import PublishError
 from timer_core.instrumentation import NO_INSTRUMENTATION, Instrumentation
-from timer_core.ports import EventPublisher, tell_delivered
+from timer_core.ports import EventPublisher
 
 __all__ = ["Delivery", "Outcome", "PublishedEvents"]
 
 log = logging.getLogger(__name__)
 
-Outcome = Callable[[int, PublishError | None], None]
-"""Told once per envelope handed to :meth:`Delivery.start`: its index in the call and None
-(delivered) or why it was not (a :class:`~timer_core.errors.PublishError`)."""
+
+class Outcome(Protocol):
+    """How a delivery tells the pipeline each envelope's outcome (the ``done`` of
+    :meth:`Delivery.start`). The first telling of an envelope counts; a later one is
+    ignored."""
+
+    def __call__(self, index: int, error: PublishError | None) -> None:
+        """The envelope at ``index`` of the call: None (delivered) or why it was not."""
+
+    def delivered(self, indices: Sequence[int]) -> None:
+        """The envelopes at ``indices`` were delivered (outcomes that came in together:
+        :func:`~timer_core.ports.tell_delivered`)."""
+
+    def fail_untold(self, error: PublishError) -> None:
+        """Every envelope not told yet failed with ``error``."""
 
 
 #: Timers a publishing pipeline has in flight at once: a slow acknowledgement holds one of
@@ -43,11 +56,6 @@ class Delivery(abc.ABC):
     places: int = PUBLISH_WINDOW
     """Most timers in flight at once."""
 
-    @property
-    def keeps_call_order(self) -> bool:
-        """Whether what consecutive :meth:`start` calls send arrives in that order."""
-        return False
-
     @abc.abstractmethod
     def start(
         self, envelopes: Sequence[MessageEnvelope[DueTimeReached]], done: Outcome
@@ -60,37 +68,6 @@ class Delivery(abc.ABC):
     async def aclose(self) -> None:
         """Stop: what is under way ends (or is cut off) before this returns; an envelope
         cut off reports a failure."""
-
-
-class _Once:
-    """The outcomes a publisher tells of one call's envelopes, passed on to the pipeline's
-    ``done`` once each (the first telling counts), one by one or several together."""
-
-    __slots__ = ("done", "told")
-
-    def __init__(self, done: Outcome, count: int) -> None:
-        self.done = done
-        self.told = [False] * count
-
-    def __call__(self, index: int, error: PublishError | None) -> None:
-        told = self.told
-        if not told[index]:
-            told[index] = True
-            self.done(index, error)
-
-    def delivered(self, indices: Sequence[int]) -> None:
-        told = self.told
-        fresh = [index for index in indices if not told[index]]
-        for index in fresh:
-            told[index] = True
-        if fresh:
-            tell_delivered(self.done, fresh)
-
-    def fail_untold(self, error: PublishError) -> None:
-        """Every envelope not told yet failed with ``error``."""
-        for index, was_told in enumerate(self.told):
-            if not was_told:
-                self(index, error)
 
 
 class PublishedEvents(Delivery):
@@ -110,10 +87,6 @@ class PublishedEvents(Delivery):
         self.places = places
         self._calls: set[asyncio.Task[None]] = set()
         self._last: asyncio.Future[None] | None = None
-
-    @property
-    def keeps_call_order(self) -> bool:
-        return self.publisher.keeps_call_order
 
     def start(
         self, envelopes: Sequence[MessageEnvelope[DueTimeReached]], done: Outcome
@@ -136,13 +109,12 @@ class PublishedEvents(Delivery):
             # A publisher that does not keep the order of concurrent calls gets one at a
             # time, so events still reach the broker in due order.
             await asyncio.wait((after,))
-        once = _Once(done, len(envelopes))
         try:
-            await self.publisher.publish_each(envelopes, once)
+            await self.publisher.publish_each(envelopes, done)
         except asyncio.CancelledError as exc:
             # Cut off (the claim's lease ran out, or the shutdown): not acknowledged.
             why = str(exc.args[0]) if exc.args else "cut off before it was acknowledged"
-            once.fail_untold(PublishError(why))
+            done.fail_untold(PublishError(why))
         except Exception as exc:
             # A publisher that raised (a bug: it should not): every envelope not yet told
             # failed, and the error is the worker's, as a failed pass's is.
@@ -151,14 +123,9 @@ class PublishedEvents(Delivery):
             error = (
                 exc if isinstance(exc, PublishError) else PublishError(f"publish failed: {exc!r}")
             )
-            once.fail_untold(error)
+            done.fail_untold(error)
         else:
-            once.fail_untold(PublishError("the publisher reported no outcome for this envelope"))
-
-    def cancel(self) -> None:
-        """Cut off every publish under way (their envelopes fail)."""
-        for call in self._calls:
-            call.cancel()
+            done.fail_untold(PublishError("the publisher reported no outcome for this envelope"))
 
     async def aclose(self) -> None:
         # The acknowledgements under way are awaited: each is bounded by the publisher's

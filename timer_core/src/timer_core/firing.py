@@ -115,7 +115,9 @@ class DueBatch:
 
 
 class _Sent:
-    """A batch handed to the delivery: each timer's outcome as it comes, its marks."""
+    """A batch handed to the delivery, and the delivery's ``done``: each timer's outcome as
+    it comes (called per timer, or told several delivered at once:
+    :func:`~timer_core.ports.tell_delivered`), its marks."""
 
     __slots__ = (
         "batch",
@@ -127,6 +129,7 @@ class _Sent:
         "lease",
         "left",
         "observer",
+        "pipeline",
         "reached",
         "results",
         "settled",
@@ -135,10 +138,12 @@ class _Sent:
 
     def __init__(
         self,
+        pipeline: FiringPipeline,
         batch: DueBatch,
         envelopes: list[MessageEnvelope[DueTimeReached]],
         observer: BatchObserver,
     ) -> None:
+        self.pipeline = pipeline
         self.batch = batch
         self.keys: list[TimerKey] = []
         """Each timer's key, in the batch's order (once handed out)."""
@@ -153,6 +158,18 @@ class _Sent:
         self.call: asyncio.Future[None] | None = None
         self.lease: asyncio.Future[None] | None = None
         self.settled: asyncio.Future[None] | None = None
+
+    def __call__(self, index: int, error: PublishError | None) -> None:
+        self.pipeline._outcome(self, index, error)
+
+    def delivered(self, indices: Sequence[int]) -> None:
+        self.pipeline._delivered_many(self, indices)
+
+    def fail_untold(self, error: PublishError) -> None:
+        if self.left:
+            for index, result in enumerate(self.results):
+                if result is False:
+                    self(index, error)
 
 
 class FiringPipeline:
@@ -235,31 +252,8 @@ class FiringPipeline:
         self._spawned: set[asyncio.Future[None]] = set()
         self.retry_marks = False
         """Whether a failed mark is retried (the worker's) rather than raised (``fire``)."""
-        self.mark_failures = 0
-        """Marks in a row that failed."""
         self.mark_error: Exception | None = None
         """Why the last mark failed, while its timers wait to be marked again."""
-
-    @classmethod
-    def publishing(
-        cls,
-        store: TimerStore,
-        publisher: EventPublisher,
-        clock: Clock,
-        *,
-        batch_size: int,
-        instrumentation: Instrumentation = NO_INSTRUMENTATION,
-        mark_at_once: int = MARK_AT_ONCE,
-    ) -> FiringPipeline:
-        """The pipeline that publishes ``DueTimeReached`` envelopes to ``publisher``."""
-        return cls(
-            store,
-            publisher,
-            clock,
-            batch_size=batch_size,
-            instrumentation=instrumentation,
-            mark_at_once=mark_at_once,
-        )
 
     # -- what the worker reads ------------------------------------------------------------
 
@@ -304,7 +298,8 @@ class FiringPipeline:
         try:
             while True:
                 if self.room <= 0:
-                    await self._wait_for_room()
+                    self._moved.clear()  # set when an outcome comes in (a place frees up)
+                    await self._moved.wait()
                     continue
                 found = await self.step()
                 if found is not None:
@@ -407,17 +402,6 @@ class FiringPipeline:
         step reads afresh."""
         while self._ahead:
             _drop(self._ahead.popleft().reading)
-
-    async def _wait_for_room(self) -> None:
-        changed = asyncio.Event()
-        previous = self.on_change
-        self.on_change = changed.set
-        try:
-            while self.room <= 0:
-                changed.clear()
-                await changed.wait()
-        finally:
-            self.on_change = previous
 
     async def settle(self) -> None:
         """Wait until every timer handed out has its outcome, and every delivered one is
@@ -536,7 +520,7 @@ class FiringPipeline:
                     len(due),
                     lease,
                 )
-                sent = _Sent(batch, [], NO_OBSERVER)
+                sent = _Sent(self, batch, [], NO_OBSERVER)
                 sent.expired = list(due)
                 sent.left = 0
                 self._spawn(self.release(due))
@@ -544,14 +528,14 @@ class FiringPipeline:
                 return sent
         envelopes = due_events(due, now, self.ids)
         observer = self.instrumentation.firing_started(envelopes)
-        sent = _Sent(batch, envelopes, observer)
+        sent = _Sent(self, batch, envelopes, observer)
         sent.keys = keys = [entry.key for entry in due]
         self._held.update(zip(keys, due, strict=True))
         self.in_flight += len(due)
         self._batches.add(sent)
         sent.settled = asyncio.get_running_loop().create_future()
 
-        call = self.delivery.start(envelopes, _Told(self, sent))
+        call = self.delivery.start(envelopes, sent)
         if within is not None and call is not None and not call.done():
             sent.call = call
             sent.lease = asyncio.ensure_future(self._lease_over(sent, within))
@@ -729,7 +713,6 @@ class FiringPipeline:
             except Exception as exc:
                 self._to_mark[:0] = group
                 self._marking_keys = set()
-                self.mark_failures += 1
                 if not self.retry_marks:
                     for key, _, _ in self._to_mark:
                         held.pop(key, None)
@@ -751,7 +734,6 @@ class FiringPipeline:
                 if self.on_change is not None:
                     self.on_change()
                 return
-            self.mark_failures = 0
             self._marking_keys = set()
             marked: list[TimerEntry] = []
             for (key, at, sent), entry in zip(group, entries, strict=True):
@@ -818,23 +800,6 @@ class FiringPipeline:
         task = asyncio.ensure_future(work)
         self._spawned.add(task)
         task.add_done_callback(self._spawned.discard)
-
-
-class _Told:
-    """The outcomes of one batch handed to a delivery: called per timer as each completes,
-    or told several delivered at once (:func:`~timer_core.ports.tell_delivered`)."""
-
-    __slots__ = ("pipeline", "sent")
-
-    def __init__(self, pipeline: FiringPipeline, sent: _Sent) -> None:
-        self.pipeline = pipeline
-        self.sent = sent
-
-    def __call__(self, index: int, error: PublishError | None) -> None:
-        self.pipeline._outcome(self.sent, index, error)
-
-    def delivered(self, indices: Sequence[int]) -> None:
-        self.pipeline._delivered_many(self.sent, indices)
 
 
 NO_OBSERVER = BatchObserver()

@@ -17,7 +17,6 @@ import contextvars
 import functools
 import inspect
 import logging
-import math
 import sys
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -25,9 +24,10 @@ from typing import Any, TypeAlias
 
 import attrs
 
+from timer_core._checks import field_check, require_count, require_fraction, require_seconds
 from timer_core._messages import DueTimeReached, MessageEnvelope
 from timer_core.delivery import Delivery, Outcome
-from timer_core.errors import ConfigurationError, HandlerFailed, ValidationError
+from timer_core.errors import ConfigurationError, HandlerFailed
 from timer_core.ports import tell_delivered, tell_results
 
 __all__ = [
@@ -64,42 +64,31 @@ DueTimeBatchHandler: TypeAlias = Callable[
 BATCH_HANDLER_BATCH_SIZE = 1000
 
 
-def _positive(instance: object, attribute: attrs.Attribute[float], value: float) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
-        raise ValidationError(f"{attribute.name} must be a positive number, got {value!r}")
-
-
-def _count(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValidationError(f"{attribute.name} must be a whole number >= 1, got {value!r}")
-
-
-def _fraction(instance: object, attribute: attrs.Attribute[float], value: float) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
-        raise ValidationError(f"{attribute.name} must be between 0 and 1, got {value!r}")
+_COUNT = field_check(require_count)
+_SECONDS = field_check(require_seconds)
 
 
 @attrs.frozen
 class HandlerSettings:
     """How a :class:`~timer_core.Timer` calls its handler. Times are in seconds."""
 
-    max_concurrency: int = attrs.field(default=100, validator=_count)
+    max_concurrency: int = attrs.field(default=100, validator=_COUNT)
     """Most handler calls running at once (a sync handler's thread pool has as many; a
     batch handler's calls take up to the Timer's ``batch_size`` timers each)."""
-    timeout_s: float = attrs.field(default=60.0, validator=_positive)
+    timeout_s: float = attrs.field(default=60.0, validator=_SECONDS)
     """A call still running this long after it started counts as failed and is retried: an
     async one is cancelled; a thread cannot be, so a timed-out threaded call keeps its
     place, and its timer, until it returns (the timer is retried after that)."""
-    max_attempts: int = attrs.field(default=10, validator=_count)
+    max_attempts: int = attrs.field(default=10, validator=_COUNT)
     """Failed calls of one timer before it is quarantined (listed, left out until retried)."""
-    retry_delay_s: float = attrs.field(default=1.0, validator=_positive)
+    retry_delay_s: float = attrs.field(default=1.0, validator=_SECONDS)
     """Delay before the second attempt; it doubles with each failure."""
-    max_retry_delay_s: float = attrs.field(default=300.0, validator=_positive)
+    max_retry_delay_s: float = attrs.field(default=300.0, validator=_SECONDS)
     """Cap of the doubling delay."""
-    jitter: float = attrs.field(default=0.5, validator=_fraction)
+    jitter: float = attrs.field(default=0.5, validator=field_check(require_fraction))
     """Up to this fraction of each delay is taken off at random, so timers that failed
     together (a dependency down) are not all retried at the same moment."""
-    shutdown_grace_s: float = attrs.field(default=10.0, validator=_positive)
+    shutdown_grace_s: float = attrs.field(default=10.0, validator=_SECONDS)
     """On close, how long calls in flight may finish; the rest are cancelled, stay
     ``Scheduled`` and are delivered again after the restart."""
 
@@ -123,23 +112,13 @@ def _raised(envelope: Event, exc: BaseException) -> HandlerFailed:
     return _failure(envelope, f"{type(exc).__name__}: {exc}", exc)
 
 
-# Python 3.12 starts a task eagerly when told to; 3.11 cannot.
-if sys.version_info >= (3, 12):
-
-    def _eager_task(
-        call: Coroutine[Any, Any, None], loop: asyncio.AbstractEventLoop
-    ) -> asyncio.Task[None]:
-        # A real task, not a hand-rolled first send(): current_task(), asyncio.timeout, a
-        # cancellation and the call's copy of the context are the task's from the first
-        # line, as they are when it is scheduled.
-        return asyncio.Task(call, loop=loop, eager_start=True)
-
-else:
-
-    def _eager_task(
-        call: Coroutine[Any, Any, None], loop: asyncio.AbstractEventLoop
-    ) -> asyncio.Task[None]:
-        return asyncio.Task(call, loop=loop)
+def _eager_task(
+    call: Coroutine[Any, Any, None], loop: asyncio.AbstractEventLoop
+) -> asyncio.Task[None]:
+    """Python 3.12+ (:attr:`HandlerCalls.eager_start`): a real task, not a hand-rolled first
+    send(): current_task(), asyncio.timeout, a cancellation and the call's copy of the
+    context are the task's from the first line, as they are when it is scheduled."""
+    return asyncio.Task(call, loop=loop, eager_start=True)  # type: ignore[call-arg,unused-ignore]
 
 
 def _reraise(exc: BaseException) -> None:
@@ -188,7 +167,8 @@ class HandlerCalls(Delivery):
     #: ``timeout_s`` after each call's start; one timer handle a find rather than one a call.
     shares_deadline = False
 
-    def __init__(self, settings: HandlerSettings) -> None:
+    def __init__(self, handler: Callable[..., Any], settings: HandlerSettings) -> None:
+        self._handler = handler
         self.settings = settings
         self.places = settings.max_concurrency
         self._calls: set[asyncio.Future[None]] = set()
@@ -310,14 +290,9 @@ class _AsyncCalls(HandlerCalls):
 
     shares_deadline = True
 
-    def __init__(
-        self, handler: Callable[[Event], Awaitable[None]], settings: HandlerSettings
-    ) -> None:
-        super().__init__(settings)
-        self._handler = handler
-
     def _call(self, envelope: Event) -> Awaitable[None]:
-        return self._handler(envelope)  # awaited by the call's task itself: no frame between
+        call: Awaitable[None] = self._handler(envelope)
+        return call  # awaited by the call's task itself: no frame between
 
 
 class _ThreadCalls(HandlerCalls):
@@ -325,21 +300,12 @@ class _ThreadCalls(HandlerCalls):
     per place, so a call never waits for a thread); an awaitable it returns is awaited on the
     loop, within what is left of the timeout."""
 
-    def __init__(self, handler: Callable[[Event], object], settings: HandlerSettings) -> None:
-        super().__init__(settings)
-        self._handler = handler
-        self._executor: ThreadPoolExecutor | None = None
-
-    def start(self, envelopes: Sequence[Event], done: Outcome) -> None:
-        if self._executor is None:
-            self._executor = ThreadPoolExecutor(
-                self.settings.max_concurrency, thread_name_prefix="timer-handler"
-            )
-        super().start(envelopes, done)
+    _executor: ThreadPoolExecutor | None = None
 
     async def _call(self, envelope: Event) -> None:
         loop = asyncio.get_running_loop()
-        assert self._executor is not None
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(self.places, thread_name_prefix="timer-handler")
         context = contextvars.copy_context()
         started: asyncio.Future[float] = loop.create_future()
 
@@ -390,8 +356,7 @@ class _BatchCalls(HandlerCalls):
     def __init__(
         self, handler: DueTimeBatchHandler, settings: HandlerSettings, per_call: int
     ) -> None:
-        super().__init__(settings)
-        self._handler = handler
+        super().__init__(handler, settings)
         self.places = settings.max_concurrency * per_call
 
     def start(self, envelopes: Sequence[Event], done: Outcome) -> None:
@@ -486,5 +451,5 @@ def handler_delivery(
         return _BatchCalls(batch_handler, settings, batch_size)
     assert handler is not None
     if _is_coroutine_function(handler):
-        return _AsyncCalls(handler, settings)  # type: ignore[arg-type]
+        return _AsyncCalls(handler, settings)
     return _ThreadCalls(handler, settings)

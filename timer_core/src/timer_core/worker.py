@@ -11,12 +11,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import random
 from collections.abc import Coroutine, Iterable, Iterator, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
+from timer_core._checks import require_count, require_seconds
 from timer_core._entry import TimerEntry, TimerKey
 from timer_core._failures import Failing, FailureBook, QuarantinedTimer
 from timer_core._waits import sleep_unless
@@ -97,20 +97,20 @@ class TimerWorker:
         quarantine_after: int | None = 10,
         rng: random.Random | None = None,
     ) -> None:
-        _require_seconds("polling_interval", polling_interval)
-        _require_count("batch_size", batch_size)
-        _require_seconds("initial_backoff", initial_backoff)
-        _require_seconds("max_backoff", max_backoff)
+        require_seconds("polling_interval", polling_interval)
+        require_count("batch_size", batch_size)
+        require_seconds("initial_backoff", initial_backoff)
+        require_seconds("max_backoff", max_backoff)
         if retention is not None and not (
             isinstance(retention, timedelta) and retention > timedelta(0)
         ):
             raise ValidationError(
                 f"retention must be a positive timedelta or None (keep forever), got {retention!r}"
             )
-        _require_count("retention_batch", retention_batch)
-        _require_seconds("retention_every", retention_every)
+        require_count("retention_batch", retention_batch)
+        require_seconds("retention_every", retention_every)
         if quarantine_after is not None:
-            _require_count("quarantine_after", quarantine_after)
+            require_count("quarantine_after", quarantine_after)
         self._store = store
         self._clock = clock
         self._interval = polling_interval
@@ -559,17 +559,6 @@ class TimerWorker:
         if oldest is None:
             return None
         return max(0.0, (self._clock.now() - oldest).total_seconds())
-
-
-def _require_seconds(name: str, value: float) -> None:
-    # bool is an int; NaN fails every comparison; infinity would never wake.
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
-        raise ValidationError(f"{name} must be a positive number of seconds, got {value!r}")
-
-
-def _require_count(name: str, value: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValidationError(f"{name} must be a whole number of at least 1, got {value!r}")
 
 
 async def _logged(purge: Coroutine[Any, Any, None]) -> None:

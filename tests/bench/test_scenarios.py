@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from timer_bench import kit, otel
 from timer_bench.backlog import order_checks
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -162,6 +163,18 @@ class TestIsolation:
         (unacked,) = result["results"]["unacked"]["current"]
         assert storm["quiet_handled"] == 1
         assert unacked["published"] == result["settings"]["unacked"]["others"]
+
+
+class TestOtel:
+    def test_the_baseline_runs_off_on_the_sources_before_issue_42(self, tmp_path: Path) -> None:
+        """``--baseline-ref``'s child runs ``off`` to the end on cb42c94's packages (the
+        commit before issue 42, the figures' baseline), which lack API the parent's helpers
+        import (``command_backlog``); a current variant runs beside it."""
+        tree = kit.export_tree("cb42c94", tmp_path / "tree")
+        baseline = otel.run_one("baseline", 200, tree)
+        current = otel.run_one("sdk-timer-spans", 200, None)
+        assert baseline["rate"] > 0 and baseline["cpu_us"] > 0
+        assert current["rate"] > 0 and current["cpu_us"] > 0
 
 
 class TestHandlersPythons:

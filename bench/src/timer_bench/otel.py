@@ -8,7 +8,12 @@ hooks and the SDK are measured, not a collector), ``sdk-traced`` (every timer sc
 a sampled trace context), ``sdk-timer-spans`` (a ``timer.due`` span per traced timer), and
 ``baseline`` (``off`` on the sources of ``--baseline-ref``). Variants alternate in rotated
 order; the figure is the median of each round's ratio to ``off``. Then the hooks of one
-firing alone, without store or broker."""
+firing alone, without store or broker.
+
+Each measurement runs as ``python -m timer_bench.otel --child VARIANT --timers N``, the
+baseline's with that commit's packages first on ``PYTHONPATH``: this module imports only the
+kit and the packages under test, never the parent's helpers (``procs``), which use API an
+earlier commit lacks."""
 
 from __future__ import annotations
 
@@ -25,8 +30,10 @@ from typing import Any
 
 import attrs
 
+# The kit and the packages under test only: the baseline's child imports this module on an
+# earlier commit's packages, which the parent's helpers (procs) may not fit.
 from timer_bench import kit
-from timer_bench.procs import package_versions
+from timer_core import DueTimeReached, EventPublisher, MessageEnvelope, PublishError
 
 VARIANTS = ("off", "sdk", "sdk-traced", "sdk-timer-spans")
 BATCH = 100
@@ -39,12 +46,33 @@ def traced(entry: Any, i: int) -> Any:
     return attrs.evolve(entry, trace_context=context)
 
 
+class Counted(EventPublisher):
+    """Another publisher, setting ``done`` once ``expected`` events were accepted."""
+
+    def __init__(self, inner: EventPublisher, expected: int) -> None:
+        self.inner = inner
+        self.left = expected
+        self.done = asyncio.Event()
+
+    @property
+    def keeps_call_order(self) -> bool:
+        return self.inner.keeps_call_order
+
+    async def publish_many(
+        self, envelopes: Sequence[MessageEnvelope[DueTimeReached]]
+    ) -> list[PublishError | None]:
+        results = await self.inner.publish_many(envelopes)
+        self.left -= results.count(None)
+        if self.left <= 0:
+            self.done.set()
+        return results
+
+
 async def fire_path(variant: str, timers: int, work: Path) -> dict[str, float]:
     """Store ``timers`` overdue timers, then time a worker firing them all through NATS."""
     from timer_adapters_nats import NatsBroker, NatsServerProcess, NatsSettings
     from timer_adapters_sqlite import SqliteTimerStore
-    from timer_bench.procs import WatchedPublisher
-    from timer_core import Instrumentation, TimerEntry
+    from timer_core import Instrumentation, SystemClock, TimerEntry, TimerWorker
     from timer_service.metrics import PrometheusInstrumentation
 
     instrumentation: Instrumentation = PrometheusInstrumentation()
@@ -71,11 +99,23 @@ async def fire_path(variant: str, timers: int, work: Path) -> dict[str, float]:
             for start in range(0, timers, 1000):
                 await store.apply(entries[start : start + 1000])
             async with NatsBroker(NatsSettings(url=server.url)) as broker:
-                watched = WatchedPublisher(broker.publisher, timers)
-                cpu = time.process_time()
-                elapsed = await watched.fire_all(
-                    store, batch=BATCH, instrumentation=instrumentation
+                counted = Counted(broker.publisher, timers)
+                worker = TimerWorker(
+                    store,
+                    counted,
+                    SystemClock(),
+                    batch_size=BATCH,
+                    instrumentation=instrumentation,
                 )
+                cpu = time.process_time()
+                started = time.perf_counter()
+                running = asyncio.create_task(worker.run())
+                try:
+                    await asyncio.wait_for(counted.done.wait(), 600)
+                finally:
+                    worker.stop()
+                    await running
+                elapsed = time.perf_counter() - started
                 cpu = time.process_time() - cpu
     finally:
         server.stop()
@@ -179,7 +219,7 @@ def run_one(variant: str, timers: int, baseline_tree: Path | None) -> dict[str, 
     if variant == "baseline":
         assert baseline_tree is not None
         child = "off"
-    command = [sys.executable, "-m", "timer_bench", "otel", "--child", child]
+    command = [sys.executable, "-m", "timer_bench.otel", "--child", child]
     command += ["--timers", str(timers)]
     return kit.run_child(command, baseline_tree if variant == "baseline" else None, variant)
 
@@ -190,14 +230,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--baseline-ref", help="also run `off` on the sources of this commit")
     parser.add_argument("--variants", help=f"subset of {', '.join(VARIANTS)} (`off` always)")
-    parser.add_argument("--child", help=argparse.SUPPRESS)
 
 
 def main(args: argparse.Namespace) -> int:
-    if args.child:
-        with tempfile.TemporaryDirectory(prefix="timer-otel-bench-") as work:
-            print(json.dumps(asyncio.run(fire_path(args.child, args.timers, Path(work)))))
-        return 0
+    from timer_bench.procs import package_versions
+
     if args.quick:
         args.timers, args.rounds = 2_000, 2
     chosen = set(args.variants.split(",")) if args.variants else set(VARIANTS)
@@ -242,3 +279,19 @@ def main(args: argparse.Namespace) -> int:
 
     print(otel_block(document))
     return 0
+
+
+def child_main(argv: list[str]) -> int:
+    """``python -m timer_bench.otel --child VARIANT --timers N``: one :func:`fire_path` on
+    whatever sources this process imports; prints its rate and CPU per timer."""
+    parser = argparse.ArgumentParser(prog="python -m timer_bench.otel --child")
+    parser.add_argument("--child", choices=VARIANTS, required=True)
+    parser.add_argument("--timers", type=int, required=True)
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="timer-otel-bench-") as work:
+        print(json.dumps(asyncio.run(fire_path(args.child, args.timers, Path(work)))))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(child_main(sys.argv[1:]))

@@ -128,16 +128,19 @@ class TestCommandOrder:
 
 class TestHandlers:
     def test_every_loop_handles_every_timer(self, tmp_path: Path) -> None:
-        """The handler path (default and tuned), the batch handler, the hand-written loop and
-        the store-API loop each ran to the end (each asserts it handled every timer) and were
-        compared with the yardstick."""
+        """The handler path (default and tuned), the batch handler, the hand-written loop (also
+        the one handing out envelopes) and the store-API loop each ran to the end (each asserts
+        it handled every timer) and were compared with the yardstick; the batch handler also
+        with the loop handing out envelopes."""
         code, log, result = run("handlers", tmp_path / "handlers.json")
         assert code == 0, log[-3000:]
         sqlite = result["sqlite"]
-        assert set(sqlite) == {"timer", "timer_tuned", "timer_batch", "raw", "store_loop"}
+        sides = {"timer", "timer_tuned", "timer_batch", "raw", "raw_envelopes", "store_loop"}
+        assert set(sqlite) == sides
         assert all(sqlite[side]["median_per_s"] > 0 for side in sqlite)
-        measured = ("timer", "timer_tuned", "timer_batch", "store_loop")
+        measured = ("timer", "timer_tuned", "timer_batch", "raw_envelopes", "store_loop")
         assert all("vs_raw" in sqlite[side] for side in measured)
+        assert sqlite["timer_batch"]["vs_raw_envelopes"] > 0
 
     def test_runs_the_handler_path_on_an_earlier_commit_beside_the_current(
         self, tmp_path: Path

@@ -383,6 +383,10 @@ def handlers(d: dict[str, Any]) -> Figures:
     if "timer_batch" in sqlite:
         out["timer_batch"] = per_s(sqlite["timer_batch"]["median_per_s"])
         out["timer_batch_vs_raw"] = times(sqlite["timer_batch"]["vs_raw"])
+    if "raw_envelopes" in sqlite:
+        out["raw_envelopes"] = per_s(sqlite["raw_envelopes"]["median_per_s"])
+        out["raw_envelopes_vs_raw"] = times(sqlite["raw_envelopes"]["vs_raw"])
+        out["timer_batch_vs_raw_envelopes"] = times(sqlite["timer_batch"]["vs_raw_envelopes"])
     if "baseline" in d:
         base = d["baseline"]
         out["baseline_ref"] = d["settings"]["baseline_ref"]

@@ -8,8 +8,10 @@ calls at once) and tuned (``batch_size`` 1000, 1000 calls at once); the yardstic
 same work by hand (select 1000 due rows, call the no-op with each, mark them in one
 transaction, until none is due); and the same loop runs on the store's own API
 (``find_due``, call, ``mark_reached``), which tells the store's share of the gap from the
-handler path's. ``Timer(store, batch_handler=noop_batch)`` hands the no-op each batch the
-pipeline found (default settings). With ``--baseline-ref REF``, ``Timer(store,
+handler path's; and the loop by hand once more, handing a batch handler each row's
+``DueTimeReached`` envelope as Timer does (``raw_envelopes``: the part of the gap any loop
+that hands out envelopes pays). ``Timer(store, batch_handler=noop_batch)`` hands the no-op
+each batch the pipeline found (default settings). With ``--baseline-ref REF``, ``Timer(store,
 handler=noop)`` also runs on the sources of that commit (``timer_baseline``), in a process of
 its own as ``timer_child`` runs the current sources, alternated with the rest: the per-timer
 handler path against an earlier version of itself. Every commit that marks is unsynced on
@@ -40,12 +42,14 @@ from timer_adapters_postgres import PostgresTimerStore
 from timer_adapters_sqlite import SqliteTimerStore
 from timer_bench import kit
 from timer_core import HandlerSettings, Instrumentation, Timer, TimerEntry, TimerStore
+from timer_core.events import due_events
 from timer_core.instants import floor_ms
+from timer_core.ports import Uuid7EnvelopeIds
 
 BATCH = 1000
 #: The tuned row's settings (the default row passes none).
 TUNED = {"batch_size": BATCH, "max_concurrency": BATCH}
-SQLITE_SIDES = ["timer", "timer_tuned", "timer_batch", "raw", "store_loop"]
+SQLITE_SIDES = ["timer", "timer_tuned", "timer_batch", "raw", "raw_envelopes", "store_loop"]
 #: The sides run in a process of their own, with ``--baseline-ref``.
 CHILD_SIDES = ["timer_child", "timer_baseline"]
 POSTGRES_SIDES = ["timer", "timer_tuned", "pgqueuer"]
@@ -148,6 +152,47 @@ async def raw_round(path: Path, jobs: int) -> float:
     return kit.rate(jobs, watch.elapsed())
 
 
+async def raw_envelopes_round(path: Path, jobs: int) -> float:
+    """The loop by hand, handing a batch handler what Timer hands one: each row read made a
+    ``TimerEntry`` and its ``DueTimeReached`` envelope (``timer_core.events.due_events``,
+    the builder Timer uses), the page in one call, then marked as :func:`raw_round` marks.
+    The work any loop pays that hands out Timer's envelopes, whatever else it leaves out."""
+    watch = kit.Stopwatch()
+    db = sqlite3.connect(path, isolation_level=None)
+    db.execute("PRAGMA journal_mode = WAL")
+    db.execute("PRAGMA synchronous = NORMAL")
+    ids = Uuid7EnvelopeIds()
+    parse = datetime.fromisoformat
+    done = 0
+    while True:
+        now_ms = kit.now_ms()
+        now = kit.stamp(now_ms)
+        rows = db.execute(
+            "SELECT tenant_id, service_call_id, due_at, registered_at, correlation_id "
+            "FROM timer_schedules WHERE state = 'Scheduled' AND due_at <= ? "
+            "ORDER BY due_at, tenant_id, service_call_id LIMIT ?",
+            (now, BATCH),
+        ).fetchall()
+        if not rows:
+            break
+        entries = [
+            TimerEntry(tenant, call, parse(due), parse(registered), correlation_id=correlation)
+            for tenant, call, due, registered, correlation in rows
+        ]
+        await noop_batch(due_events(entries, datetime.fromtimestamp(now_ms / 1000, UTC), ids))
+        db.execute("BEGIN IMMEDIATE")
+        db.executemany(
+            "UPDATE timer_schedules SET state = 'Reached', reached_at = ? "
+            "WHERE tenant_id = ? AND service_call_id = ? AND state = 'Scheduled'",
+            [(now, row[0], row[1]) for row in rows],
+        )
+        db.execute("COMMIT")
+        done += len(rows)
+    db.close()
+    assert done == jobs, (done, jobs)
+    return kit.rate(jobs, watch.elapsed())
+
+
 async def store_loop_round(store: TimerStore, jobs: int) -> float:
     """The yardstick's loop on the store's API: find_due, call, mark_reached."""
     watch = kit.Stopwatch()
@@ -197,6 +242,8 @@ async def sqlite_rounds(
             result = await asyncio.to_thread(child_round, path, jobs, tree)
         elif side == "raw":
             result = await raw_round(path, jobs)
+        elif side == "raw_envelopes":
+            result = await raw_envelopes_round(path, jobs)
         else:
             result = await store_loop_round(SqliteTimerStore(path), jobs)
         kit.progress(f"sqlite round {number}: {side} {kit.per_s(result)}")
@@ -287,6 +334,9 @@ def main(args: argparse.Namespace) -> int:
         baseline = kit.export_tree(args.baseline_ref, Path(tree)) if args.baseline_ref else None
         sqlite = asyncio.run(sqlite_rounds(scratch, args.rounds, args.jobs, baseline))
     document["sqlite"] = summary(sqlite, SQLITE_SIDES, "raw")
+    document["sqlite"]["timer_batch"]["vs_raw_envelopes"] = kit.median_ratio(
+        [r["timer_batch"] for r in sqlite], [r["raw_envelopes"] for r in sqlite]
+    )
     document["sqlite_rounds"] = sqlite
     if baseline is not None:
         document["settings"]["baseline_ref"] = args.baseline_ref

@@ -715,6 +715,17 @@ def handlers_block(document: dict[str, Any]) -> str:
                 "store_loop",
                 times(sqlite["store_loop"]["vs_raw"]),
             ),
+            *(
+                [
+                    (
+                        "the loop by hand, handing a batch handler each timer's envelope",
+                        "raw_envelopes",
+                        times(sqlite["raw_envelopes"]["vs_raw"]),
+                    )
+                ]
+                if "raw_envelopes" in sqlite
+                else []
+            ),
             (
                 "`Timer(store, handler=noop)`, default settings",
                 "timer",
@@ -734,7 +745,13 @@ def handlers_block(document: dict[str, Any]) -> str:
             *(
                 [
                     (
-                        "`Timer(store, batch_handler=noop_batch)`, default settings",
+                        "`Timer(store, batch_handler=noop_batch)`, default settings"
+                        + (
+                            f" ({times(sqlite['timer_batch']['vs_raw_envelopes'])} of the loop "
+                            "by hand handing envelopes)"
+                            if "vs_raw_envelopes" in sqlite["timer_batch"]
+                            else ""
+                        ),
                         "timer_batch",
                         times(sqlite["timer_batch"]["vs_raw"]),
                     )

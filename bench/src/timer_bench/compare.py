@@ -33,7 +33,8 @@ from timer_adapters_postgres import PostgresTimerStore
 from timer_adapters_sqlite import SqliteTimerStore
 from timer_bench import kit, sqlite, yardsticks
 from timer_bench.large import PostgresLarge
-from timer_bench.procs import WatchedPublisher, postgres
+from timer_bench.procs import postgres
+from timer_bench.watched import WatchedPublisher
 from timer_core import SystemClock, TenantId, Timer, TimerEntry, TimerStore
 
 #: The peers and everything they import, pinned: the versions the figures are for.

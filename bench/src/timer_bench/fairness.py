@@ -17,7 +17,7 @@ from typing import Any
 from timer_adapters_memory import MemoryEventBus
 from timer_adapters_sqlite import SqliteTimerStore
 from timer_bench import kit
-from timer_bench.procs import WatchedPublisher
+from timer_bench.watched import WatchedPublisher
 from timer_core import TimerEntry
 
 STORM, QUIET = "a-storm", "z-quiet"  # the storm's tenant sorts first

@@ -31,7 +31,7 @@ import os
 import sqlite3
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -122,34 +122,12 @@ async def timer_round(
 
 async def raw_round(path: Path, jobs: int) -> float:
     """By hand on the same schema: select due, call, mark in one transaction, 1000 a time."""
-    watch = kit.Stopwatch()
-    db = sqlite3.connect(path, isolation_level=None)
-    db.execute("PRAGMA journal_mode = WAL")
-    db.execute("PRAGMA synchronous = NORMAL")
-    done = 0
-    while True:
-        now = kit.stamp(kit.now_ms())
-        rows = db.execute(
-            "SELECT tenant_id, service_call_id, due_at, correlation_id FROM timer_schedules "
-            "WHERE state = 'Scheduled' AND due_at <= ? "
-            "ORDER BY due_at, tenant_id, service_call_id LIMIT ?",
-            (now, BATCH),
-        ).fetchall()
-        if not rows:
-            break
+
+    async def call_each(rows: list[Any], now_ms: int) -> None:
         for row in rows:
             await noop(row)
-        db.execute("BEGIN IMMEDIATE")
-        db.executemany(
-            "UPDATE timer_schedules SET state = 'Reached', reached_at = ? "
-            "WHERE tenant_id = ? AND service_call_id = ? AND state = 'Scheduled'",
-            [(now, row[0], row[1]) for row in rows],
-        )
-        db.execute("COMMIT")
-        done += len(rows)
-    db.close()
-    assert done == jobs, (done, jobs)
-    return kit.rate(jobs, watch.elapsed())
+
+    return await _by_hand(path, jobs, "due_at, correlation_id", call_each)
 
 
 async def raw_envelopes_round(path: Path, jobs: int) -> float:
@@ -157,29 +135,41 @@ async def raw_envelopes_round(path: Path, jobs: int) -> float:
     ``TimerEntry`` and its ``DueTimeReached`` envelope (``timer_core.events.due_events``,
     the builder Timer uses), the page in one call, then marked as :func:`raw_round` marks.
     The work any loop pays that hands out Timer's envelopes, whatever else it leaves out."""
-    watch = kit.Stopwatch()
-    db = sqlite3.connect(path, isolation_level=None)
-    db.execute("PRAGMA journal_mode = WAL")
-    db.execute("PRAGMA synchronous = NORMAL")
     ids = Uuid7EnvelopeIds()
     parse = datetime.fromisoformat
-    done = 0
-    while True:
-        now_ms = kit.now_ms()
-        now = kit.stamp(now_ms)
-        rows = db.execute(
-            "SELECT tenant_id, service_call_id, due_at, registered_at, correlation_id "
-            "FROM timer_schedules WHERE state = 'Scheduled' AND due_at <= ? "
-            "ORDER BY due_at, tenant_id, service_call_id LIMIT ?",
-            (now, BATCH),
-        ).fetchall()
-        if not rows:
-            break
+
+    async def call_with_envelopes(rows: list[Any], now_ms: int) -> None:
         entries = [
             TimerEntry(tenant, call, parse(due), parse(registered), correlation_id=correlation)
             for tenant, call, due, registered, correlation in rows
         ]
         await noop_batch(due_events(entries, datetime.fromtimestamp(now_ms / 1000, UTC), ids))
+
+    return await _by_hand(path, jobs, "due_at, registered_at, correlation_id", call_with_envelopes)
+
+
+async def _by_hand(
+    path: Path, jobs: int, columns: str, call: Callable[[list[Any], int], Awaitable[None]]
+) -> float:
+    """The loop by hand: select up to 1000 due rows (key first, then ``columns``), ``call``
+    with them and the instant in epoch ms, mark them in one transaction; until none is due."""
+    watch = kit.Stopwatch()
+    db = sqlite3.connect(path, isolation_level=None)
+    db.execute("PRAGMA journal_mode = WAL")
+    db.execute("PRAGMA synchronous = NORMAL")
+    done = 0
+    while True:
+        now_ms = kit.now_ms()
+        now = kit.stamp(now_ms)
+        rows = db.execute(
+            f"SELECT tenant_id, service_call_id, {columns} FROM timer_schedules "
+            "WHERE state = 'Scheduled' AND due_at <= ? "
+            "ORDER BY due_at, tenant_id, service_call_id LIMIT ?",
+            (now, BATCH),
+        ).fetchall()
+        if not rows:
+            break
+        await call(rows, now_ms)
         db.execute("BEGIN IMMEDIATE")
         db.executemany(
             "UPDATE timer_schedules SET state = 'Reached', reached_at = ? "

@@ -30,10 +30,11 @@ from typing import Any
 
 import attrs
 
-# The kit and the packages under test only: the baseline's child imports this module on an
-# earlier commit's packages, which the parent's helpers (procs) may not fit.
+# The kit, the watching publisher and the packages under test only: the baseline's child
+# imports this module on an earlier commit's packages, which the parent's helpers (procs)
+# may not fit.
 from timer_bench import kit
-from timer_core import DueTimeReached, EventPublisher, MessageEnvelope, PublishError
+from timer_bench.watched import WatchedPublisher
 
 VARIANTS = ("off", "sdk", "sdk-traced", "sdk-timer-spans")
 BATCH = 100
@@ -46,33 +47,11 @@ def traced(entry: Any, i: int) -> Any:
     return attrs.evolve(entry, trace_context=context)
 
 
-class Counted(EventPublisher):
-    """Another publisher, setting ``done`` once ``expected`` events were accepted."""
-
-    def __init__(self, inner: EventPublisher, expected: int) -> None:
-        self.inner = inner
-        self.left = expected
-        self.done = asyncio.Event()
-
-    @property
-    def keeps_call_order(self) -> bool:
-        return self.inner.keeps_call_order
-
-    async def publish_many(
-        self, envelopes: Sequence[MessageEnvelope[DueTimeReached]]
-    ) -> list[PublishError | None]:
-        results = await self.inner.publish_many(envelopes)
-        self.left -= results.count(None)
-        if self.left <= 0:
-            self.done.set()
-        return results
-
-
 async def fire_path(variant: str, timers: int, work: Path) -> dict[str, float]:
     """Store ``timers`` overdue timers, then time a worker firing them all through NATS."""
     from timer_adapters_nats import NatsBroker, NatsServerProcess, NatsSettings
     from timer_adapters_sqlite import SqliteTimerStore
-    from timer_core import Instrumentation, SystemClock, TimerEntry, TimerWorker
+    from timer_core import Instrumentation, TimerEntry
     from timer_service.metrics import PrometheusInstrumentation
 
     instrumentation: Instrumentation = PrometheusInstrumentation()
@@ -99,23 +78,11 @@ async def fire_path(variant: str, timers: int, work: Path) -> dict[str, float]:
             for start in range(0, timers, 1000):
                 await store.apply(entries[start : start + 1000])
             async with NatsBroker(NatsSettings(url=server.url)) as broker:
-                counted = Counted(broker.publisher, timers)
-                worker = TimerWorker(
-                    store,
-                    counted,
-                    SystemClock(),
-                    batch_size=BATCH,
-                    instrumentation=instrumentation,
-                )
+                watched = WatchedPublisher(broker.publisher, timers)
                 cpu = time.process_time()
-                started = time.perf_counter()
-                running = asyncio.create_task(worker.run())
-                try:
-                    await asyncio.wait_for(counted.done.wait(), 600)
-                finally:
-                    worker.stop()
-                    await running
-                elapsed = time.perf_counter() - started
+                elapsed = await watched.fire_all(
+                    store, batch=BATCH, instrumentation=instrumentation
+                )
                 cpu = time.process_time() - cpu
     finally:
         server.stop()

@@ -20,7 +20,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from importlib.metadata import version
 from pathlib import Path
@@ -38,15 +38,6 @@ from timer_adapters_nats import (
     TimerClient,
     command_backlog,
     find_nats_server,
-)
-from timer_core import (
-    DueTimeReached,
-    EventPublisher,
-    MessageEnvelope,
-    PublishError,
-    SystemClock,
-    TimerStore,
-    TimerWorker,
 )
 from timer_service.cli import EXIT_CONFIG
 
@@ -409,40 +400,3 @@ def with_children(pid: int) -> list[int]:
     with contextlib.suppress(psutil.NoSuchProcess):
         return [pid, *(child.pid for child in psutil.Process(pid).children(recursive=True))]
     return []
-
-
-class WatchedPublisher(EventPublisher):
-    """Another publisher's ``publish_many``, noting the wall-clock time each event was
-    accepted; ``done`` is set once ``expected`` were."""
-
-    def __init__(self, inner: EventPublisher, expected: int) -> None:
-        self.inner = inner
-        self.expected = expected
-        self.received: list[tuple[float, MessageEnvelope[DueTimeReached]]] = []
-        self.done = asyncio.Event()
-
-    @property
-    def keeps_call_order(self) -> bool:
-        return self.inner.keeps_call_order
-
-    async def publish_many(
-        self, envelopes: Sequence[MessageEnvelope[DueTimeReached]]
-    ) -> list[PublishError | None]:
-        results = await self.inner.publish_many(envelopes)
-        now = time.time()
-        self.received += [(now, e) for e, r in zip(envelopes, results, strict=True) if r is None]
-        if len(self.received) >= self.expected:
-            self.done.set()
-        return results
-
-    async def fire_all(self, store: TimerStore, *, batch: int, **options: Any) -> float:
-        """Run a ``TimerWorker`` until every expected event was accepted; the seconds taken."""
-        worker = TimerWorker(store, self, SystemClock(), batch_size=batch, **options)
-        started = time.perf_counter()
-        running = asyncio.create_task(worker.run())
-        try:
-            await asyncio.wait_for(self.done.wait(), 600)
-        finally:
-            worker.stop()
-            await running
-        return time.perf_counter() - started

@@ -66,7 +66,8 @@ def e2e(d: dict[str, Any]) -> Figures:
     steady, storm, catchup, scale = r["steady"], r["storm"], r["catchup"], r["scale"]
     raw_fire = r["yardsticks"]["raw_pipeline"][str(service["yardstick_batch"])]
     setup = (
-        f"one `timer-service` process on SQLite (WAL, {NORMAL_NOW_TUNED}), "
+        f"one `timer-service` process on SQLite (WAL, "
+        f"{NORMAL_NOW_TUNED if sqlite_at_normal(d) else 'the default `synchronous=FULL`'}), "
         f"`TIMER_BATCH_SIZE={service['batch_size']}`, "
         f"`TIMER_COMMAND_BATCH_SIZE={service['command_batch_size']}`, a `nats-server` with "
         f"file storage on the same machine, {service['rounds']} alternated rounds"

@@ -12,8 +12,8 @@ firing alone, without store or broker.
 
 Each measurement runs as ``python -m timer_bench.otel --child VARIANT --timers N``, the
 baseline's with that commit's packages first on ``PYTHONPATH``: this module imports only the
-kit and the packages under test, never the parent's helpers (``procs``), which use API an
-earlier commit lacks."""
+kit, ``watched`` (which needs no more of ``timer_core`` than an earlier commit has) and the
+packages under test, never ``procs``, which uses API an earlier commit lacks."""
 
 from __future__ import annotations
 
